@@ -1,0 +1,1 @@
+"""Package: SERA shared core (environments, agent runtime, policies, RL math, CLI)."""

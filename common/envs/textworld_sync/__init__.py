@@ -1,0 +1,1 @@
+"""common/envs/textworld_sync."""

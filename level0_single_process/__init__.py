@@ -1,0 +1,1 @@
+"""level0_single_process."""

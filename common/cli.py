@@ -1,0 +1,144 @@
+"""The one command-line entry point: ``sera``.
+
+    sera --help
+    sera data textcraft --split train --n 100 --seed 0 --out data/textcraft_train.jsonl
+    sera data textworld --split test --n 28 --seed 0 --out data/textworld_test.jsonl
+    sera rollout --env textcraft --task data/textcraft_train.jsonl --policy oracle --log runs/trees.jsonl
+    sera view runs/trees.jsonl [--html runs/trees.html]
+    sera setup                       # convert the bundled SmolLM2 GGUF once to a cached safetensors dir
+
+Every command has help text (``sera COMMAND --help``) and defaults that work on a laptop. Heavy imports
+(torch, transformers, textworld) happen inside the commands, so ``sera --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(help="SERA: recursive agents that write, freeze and learn rubrics.", no_args_is_help=True,
+                  add_completion=False)
+data_app = typer.Typer(help="Generate task files.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+console = Console()
+
+ENV_HELP = "Environment: textcraft | textworld | textworld-cooking."
+POLICY_HELP = "Policy: oracle | random | replay:FILE.json | hf:MODEL (smollm2, tiny, path, HF id) | openai:URL#MODEL."
+
+
+@data_app.command("textcraft")
+def data_textcraft(
+    split: str = typer.Option("train", help="train or val (the split is by target item)."),
+    n: int = typer.Option(100, help="Number of tasks (balanced over easy/medium/hard/extreme)."),
+    seed: int = typer.Option(0, help="Task sampling seed."),
+    difficulty: str = typer.Option(None, help="Only this tier: easy | medium | hard | extreme."),
+    out: Path = typer.Option(..., help="Output JSONL file."),
+) -> None:
+    """Generate TextCraft-Synth tasks (SERA-compatible JSONL records)."""
+    from common.data import write_jsonl
+    from common.envs.textcraft.tasks import generate_tasks
+
+    tasks = generate_tasks(split=split, n=n, seed=seed, difficulty=difficulty)
+    console.print(f"wrote {write_jsonl(out, tasks)} TextCraft-Synth {split} tasks to {out}")
+
+
+@data_app.command("textworld")
+def data_textworld(
+    split: str = typer.Option("train", help="train, dev or test (foods follow textworld's cooking splits)."),
+    n: int = typer.Option(28, help="Number of tasks (cycled over 7 families x 4 tiers)."),
+    seed: int = typer.Option(0, help="Task sampling seed."),
+    family: str = typer.Option(None, help="Only this task family (e.g. multi_dish_fork_join)."),
+    tier: str = typer.Option(None, help="Only this tier: easy | medium | hard | extreme."),
+    out: Path = typer.Option(..., help="Output JSONL file."),
+) -> None:
+    """Generate TextWorld-Sync tasks in the public SERA row format."""
+    from common.data import write_jsonl
+    from common.envs.textworld_sync.tasks import generate_tasks
+
+    tasks = generate_tasks(split=split, n=n, seed=seed, family=family, tier=tier)
+    console.print(f"wrote {write_jsonl(out, tasks)} TextWorld-Sync {split} tasks to {out}")
+
+
+@app.command()
+def rollout(
+    env: str = typer.Option("textcraft", help=ENV_HELP),
+    task: str = typer.Option(None, help="Task file (JSONL); FILE:INDEX picks one row (default row 0). "
+                             "Default: one freshly generated task."),
+    policy: str = typer.Option("oracle", help=POLICY_HELP),
+    log: Path = typer.Option(Path("runs/rollouts.jsonl"), help="Offline log: one JSON line per tree."),
+    temperature: float = typer.Option(0.0, help="Sampling temperature of agent steps (0 = greedy)."),
+    best_of_n: int = typer.Option(1, help="Test-time selection candidates per delegation (paper: 2)."),
+    max_depth: int = typer.Option(3, help="Maximum delegation depth."),
+    seed: int = typer.Option(0, help="Seed for generated tasks and sampling."),
+) -> None:
+    """Run one recursive rollout (tree) and append it to the offline log."""
+    from common.agent.log import append_tree
+    from common.agent.runtime import run_root
+    from common.agent.viewer import render_tree_terminal
+    from common.envs import make_env, runtime_config_for
+    from common.policy import make_policy
+
+    the_env = make_env(env)
+    row = _pick_task(env, task, seed)
+    pol = make_policy(policy, env=env)
+    cfg = runtime_config_for(env, temperature=temperature, best_of_n=best_of_n, max_depth=max_depth, seed=seed)
+    tree = asyncio.run(run_root(row, the_env, pol, cfg))
+    append_tree(log, tree)
+    render_tree_terminal(tree, console)
+    console.print(f"root success: {tree.success}  nodes: {len(tree.nodes)}  seconds: {tree.seconds:.2f}  log: {log}")
+
+
+def _pick_task(env: str, task: str | None, seed: int) -> dict:
+    from common.envs import load_tasks
+
+    if task is None:
+        if env == "textcraft":
+            from common.envs.textcraft.tasks import generate_tasks
+
+            return generate_tasks(split="train", n=1, seed=seed, difficulty="easy")[0]
+        if env == "textworld":
+            from common.envs.textworld_sync.tasks import generate_tasks
+
+            return generate_tasks(split="train", n=1, seed=seed, tier="easy")[0]
+        from common.envs.textworld_cooking import generate_tasks
+
+        return generate_tasks(n=1, seed=seed)[0]
+    path, _, index = task.partition(":") if not Path(task).exists() else (task, "", "")
+    rows = load_tasks(env, path)
+    i = int(index) if index else 0
+    if not 0 <= i < len(rows):
+        raise typer.BadParameter(f"{path} has {len(rows)} tasks; index {i} is out of range")
+    return rows[i]
+
+
+@app.command()
+def view(
+    log: Path = typer.Argument(..., help="Offline log written by `sera rollout`, `sera eval` or `sera train`."),
+    html: Path = typer.Option(None, help="Also write one self-contained HTML page to this path."),
+    last: int = typer.Option(5, help="Draw the last N trees in the terminal."),
+) -> None:
+    """Draw recorded trees in the terminal, or write a clickable HTML page."""
+    from common.agent.log import read_trees
+    from common.agent.viewer import render_tree_terminal, write_html
+
+    trees = read_trees(log)
+    for t in trees[-last:]:
+        render_tree_terminal(t, console)
+    if html is not None:
+        write_html(trees, html)
+        console.print(f"wrote {html} ({len(trees)} trees)")
+
+
+@app.command()
+def setup(model: str = typer.Option("smollm2", help="Model alias or path to prepare.")) -> None:
+    """Convert the bundled SmolLM2-135M-Instruct GGUF once to a cached safetensors directory."""
+    from common.policy.models import prepare_model
+
+    console.print(f"model ready at {prepare_model(model)}")
+
+
+if __name__ == "__main__":
+    app()

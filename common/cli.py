@@ -132,6 +132,55 @@ def view(
         console.print(f"wrote {html} ({len(trees)} trees)")
 
 
+eval_app = typer.Typer(help="Evaluate a policy with the paper's protocol (SPEC.md §5); `sera eval compare A B`.")
+app.add_typer(eval_app, name="eval")
+
+
+@eval_app.callback(invoke_without_command=True)
+def eval_run(
+    ctx: typer.Context,
+    env: str = typer.Option("textcraft", help=ENV_HELP),
+    tasks: Path = typer.Option(None, help="Task file (JSONL or manifest JSON)."),
+    policy: str = typer.Option("oracle", help=POLICY_HELP),
+    out: Path = typer.Option(None, help="Output directory; re-running the same command resumes."),
+    concurrency: int = typer.Option(4, help="Tasks in flight at once."),
+    best_of_n: int = typer.Option(1, help="Test-time selection candidates per delegation (paper: 2)."),
+    limit: int = typer.Option(None, help="Only the first N tasks."),
+    temperature: float = typer.Option(0.0, help="Protocol: 0 (greedy)."),
+    max_steps: int = typer.Option(20, help="Protocol: steps per agent."),
+    max_depth: int = typer.Option(3, help="Protocol: maximum delegation depth."),
+) -> None:
+    """Run (or resume) an evaluation: per-task trees, report.json, report.md and a per-tier chart."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if tasks is None or out is None:
+        raise typer.BadParameter("--tasks and --out are required (see `sera eval --help`)")
+    from common.eval import EvalConfig, ManifestMismatch, evaluate, render_markdown
+
+    cfg = EvalConfig(env=env, tasks=str(tasks), policy=policy, out=str(out), concurrency=concurrency,
+                     best_of_n=best_of_n, limit=limit, temperature=temperature, max_steps=max_steps,
+                     max_depth=max_depth)
+    try:
+        report = asyncio.run(evaluate(cfg))
+    except ManifestMismatch as e:
+        console.print(f"[red]{e}")
+        raise typer.Exit(2) from None
+    console.print(render_markdown(report))
+    console.print(f"report: {out / 'report.json'}")
+
+
+@eval_app.command("compare")
+def eval_compare(
+    a: Path = typer.Argument(..., help="First eval directory (holding report.json)."),
+    b: Path = typer.Argument(..., help="Second eval directory."),
+    png: Path = typer.Option(None, help="Also draw both side by side to this PNG."),
+) -> None:
+    """Compare two evaluation reports side by side."""
+    from common.eval import compare
+
+    console.print(compare(a, b, png))
+
+
 @app.command()
 def setup(model: str = typer.Option("smollm2", help="Model alias or path to prepare.")) -> None:
     """Convert the bundled SmolLM2-135M-Instruct GGUF once to a cached safetensors directory."""

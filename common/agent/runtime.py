@@ -118,46 +118,80 @@ class _Rollout:
 
     def __init__(self, env: Environment, policy: Policy, cfg: RuntimeConfig, task: dict, judge: Judge):
         self.env, self.policy, self.cfg, self.task, self.judge = env, policy, cfg, task, judge
-        self.tree = Tree(task_id=str(task.get("id", task.get("task_id", ""))), env=env.name, config_hash=cfg.hash())
+        self.tree = Tree(
+            task_id=str(task.get("id", task.get("task_id", ""))), env=env.name, config_hash=cfg.hash()
+        )
         self.envs_used = 1
         self.n_groups = 0
         self.commit_locks: dict[int, asyncio.Lock] = {}
 
     # ---- model calls ---------------------------------------------------------------------------
-    async def call(self, role: str, messages: list[dict[str, str]], sampling: SamplingParams,
-                   session: AgentSession | None, meta: dict[str, Any]) -> CallRecord:
+    async def call(
+        self,
+        role: str,
+        messages: list[dict[str, str]],
+        sampling: SamplingParams,
+        session: AgentSession | None,
+        meta: dict[str, Any],
+    ) -> CallRecord:
         t0 = time.perf_counter()
         comp: Completion = await self.policy.generate(
             GenerationRequest(messages=messages, sampling=sampling, role=role, session=session, meta=meta)
         )
         return CallRecord(
-            role=role, messages=[dict(m) for m in messages], text=comp.text, prompt_ids=list(comp.prompt_ids),
-            output_ids=list(comp.output_ids), logprobs=list(comp.logprobs),
-            sampling=asdict(sampling), finish_reason=comp.finish_reason,
-            prompt_truncated=comp.prompt_truncated, seconds=time.perf_counter() - t0,
+            role=role,
+            messages=[dict(m) for m in messages],
+            text=comp.text,
+            prompt_ids=list(comp.prompt_ids),
+            output_ids=list(comp.output_ids),
+            logprobs=list(comp.logprobs),
+            sampling=asdict(sampling),
+            finish_reason=comp.finish_reason,
+            prompt_truncated=comp.prompt_truncated,
+            seconds=time.perf_counter() - t0,
         )
 
     def act_sampling(self, node: Node, step: int) -> SamplingParams:
-        return SamplingParams(max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature,
-                              stop=self.cfg.stop, seed=_seed(self.cfg.seed, node.node_id, step))
+        return SamplingParams(
+            max_new_tokens=self.cfg.max_new_tokens,
+            temperature=self.cfg.temperature,
+            stop=self.cfg.stop,
+            seed=_seed(self.cfg.seed, node.node_id, step),
+        )
 
     # ---- agents --------------------------------------------------------------------------------
     async def run_agent(self, st: _AgentState) -> None:
         node, session = st.node, st.session
         t0 = time.perf_counter()
         try:
-            st.messages = [{"role": "system", "content": session.system_prompt()},
-                           {"role": "user", "content": session.first_user_message()}]
+            st.messages = [
+                {"role": "system", "content": session.system_prompt()},
+                {"role": "user", "content": session.first_user_message()},
+            ]
             for i in range(node.max_steps):
                 st.step_index, st.launched, st.refused = i, [], 0
-                call = await self.call("act", st.messages, self.act_sampling(node, i), session,
-                                       {"node_id": node.node_id, "depth": node.depth, "step": i})
+                call = await self.call(
+                    "act",
+                    st.messages,
+                    self.act_sampling(node, i),
+                    session,
+                    {"node_id": node.node_id, "depth": node.depth, "step": i},
+                )
                 st.reply = call.text
                 result = await session.step(call.text)
-                node.steps.append(Step(index=i, call=call, observation=result.observation,
-                                       launched=list(st.launched), refused_launches=st.refused))
-                st.messages = st.messages + [{"role": "assistant", "content": call.text},
-                                             {"role": "user", "content": result.observation}]
+                node.steps.append(
+                    Step(
+                        index=i,
+                        call=call,
+                        observation=result.observation,
+                        launched=list(st.launched),
+                        refused_launches=st.refused,
+                    )
+                )
+                st.messages = st.messages + [
+                    {"role": "assistant", "content": call.text},
+                    {"role": "user", "content": result.observation},
+                ]
                 if result.error:
                     node.error = result.error
                     break
@@ -179,32 +213,54 @@ class _Rollout:
     def new_child_node(self, parent: _AgentState, request: LaunchRequest, suffix: str = "") -> Node:
         parent.n_children += 1
         child_id = f"{parent.node.node_id}.{parent.n_children}{suffix}"
-        node = Node(node_id=child_id, parent_id=parent.node.node_id, depth=parent.node.depth + 1,
-                    fork_step=parent.step_index, goal=request.goal, max_steps=request.max_steps,
-                    committed=not parent.in_branch)
+        node = Node(
+            node_id=child_id,
+            parent_id=parent.node.node_id,
+            depth=parent.node.depth + 1,
+            fork_step=parent.step_index,
+            goal=request.goal,
+            max_steps=request.max_steps,
+            committed=not parent.in_branch,
+        )
         self.tree.nodes[child_id] = node
         return node
 
-    def start_child(self, parent: _AgentState, node: Node, request: LaunchRequest, world: World,
-                    in_branch: bool) -> _AgentState:
+    def start_child(
+        self, parent: _AgentState, node: Node, request: LaunchRequest, world: World, in_branch: bool
+    ) -> _AgentState:
         st = _AgentState(node=node, session=None, world=world, in_branch=in_branch)  # type: ignore[arg-type]
-        st.session = self.env.child_session(world, parent.session, request, node.node_id, self.launch_hook(st))
+        st.session = self.env.child_session(
+            world, parent.session, request, node.node_id, self.launch_hook(st)
+        )
         return st
 
     # ---- rubrics and scores --------------------------------------------------------------------
     async def write_rubric(self, parent: _AgentState, request: LaunchRequest, node: Node) -> Any:
         ctx = RubricContext(
-            parent_task=parent.node.goal, parent_depth=parent.node.depth, child_depth=parent.node.depth + 1,
-            fork_step=parent.step_index, parent_messages=list(parent.messages), delegating_action=parent.reply,
-            environment_state=parent.world.describe(), delegated_goal=request.goal + (
-                f"\nContext from the parent: {request.context}" if request.context else ""),
-            child_tools=self.env.name, child_budget=request.max_steps,
+            parent_task=parent.node.goal,
+            parent_depth=parent.node.depth,
+            child_depth=parent.node.depth + 1,
+            fork_step=parent.step_index,
+            parent_messages=list(parent.messages),
+            parent_action=parent.reply,
+            pre_call_state=parent.world.describe(),
+            delegated_goal=request.goal,
+            child_tools=self.env.tools_description or self.env.name,
+            child_max_steps=request.max_steps,
+            delegated_context=request.context,
         )
-        sampling = SamplingParams(max_new_tokens=self.cfg.rubric_max_new_tokens,
-                                  temperature=self.cfg.rubric_temperature,
-                                  seed=_seed(self.cfg.seed, node.node_id, -1))
-        call = await self.call("rubric", build_rubric_messages(ctx), sampling, parent.session,
-                               {"node_id": node.node_id, "depth": node.depth})
+        sampling = SamplingParams(
+            max_new_tokens=self.cfg.rubric_max_new_tokens,
+            temperature=self.cfg.rubric_temperature,
+            seed=_seed(self.cfg.seed, node.node_id, -1),
+        )
+        call = await self.call(
+            "rubric",
+            build_rubric_messages(ctx),
+            sampling,
+            parent.session,
+            {"node_id": node.node_id, "depth": node.depth},
+        )
         node.rubric_call = call
         try:
             rubric = parse_rubric(call.text)
@@ -218,13 +274,20 @@ class _Rollout:
         node = child.node
         if rubric is None:
             return
-        messages = build_score_messages(rubric, request.goal, serialise_trajectory(node), child.world.describe())
+        messages = build_score_messages(
+            rubric, request.goal, serialise_trajectory(node), child.world.describe()
+        )
         sampling = SamplingParams(max_new_tokens=self.cfg.score_max_new_tokens, temperature=0.0)
-        call = await self.call("score", messages, sampling, child.session,
-                               {"node_id": node.node_id, "depth": node.depth, "child_success": node.success})
+        call = await self.call(
+            "score",
+            messages,
+            sampling,
+            child.session,
+            {"node_id": node.node_id, "depth": node.depth, "child_success": node.success},
+        )
         node.score_call = call
         try:
-            score = parse_score(call.text, n_items=len(rubric.items))
+            score = parse_score(call.text)
         except ScoreParseError as e:
             node.score_error = str(e)
             return
@@ -235,17 +298,28 @@ class _Rollout:
         async def launch(request: LaunchRequest) -> ChildResult:
             if parent.node.depth + 1 > self.cfg.max_depth:
                 parent.refused += 1
-                return ChildResult(request=request, returned=False, refused=True, error=(
-                    f"Launch refused: this agent is at depth {parent.node.depth} and the maximum depth is "
-                    f"{self.cfg.max_depth}, so it cannot delegate. Do the work yourself."))
-            request = LaunchRequest(goal=request.goal, context=request.context,
-                                    max_steps=min(request.max_steps, self.cfg.max_steps), targets=request.targets)
+                return ChildResult(
+                    request=request,
+                    returned=False,
+                    refused=True,
+                    error=(
+                        f"Launch refused: this agent is at depth {parent.node.depth} and the maximum depth is "
+                        f"{self.cfg.max_depth}, so it cannot delegate. Do the work yourself."
+                    ),
+                )
+            request = LaunchRequest(
+                goal=request.goal,
+                context=request.context,
+                max_steps=min(request.max_steps, self.cfg.max_steps),
+                targets=request.targets,
+            )
             if self.cfg.best_of_n > 1 and not parent.in_branch:
                 return await self.launch_best_of_n(parent, request)
             k = self.cfg.counterfactual_k
-            if (k > 1 and not parent.in_branch and self.envs_used + (k - 1) <= self.cfg.max_envs_per_rollout):
+            if k > 1 and not parent.in_branch and self.envs_used + (k - 1) <= self.cfg.max_envs_per_rollout:
                 return await self.launch_counterfactual(parent, request, k)
             return await self.launch_one(parent, request)
+
         return launch
 
     async def launch_one(self, parent: _AgentState, request: LaunchRequest) -> ChildResult:
@@ -290,7 +364,9 @@ class _Rollout:
             group = f"bo{self.n_groups}"
             snapshot = parent.world.fork()
             worlds = [snapshot.fork() for _ in range(n)]
-            nodes = [self.new_child_node(parent, request, suffix="" if b == 0 else f"~c{b}") for b in range(n)]
+            nodes = [
+                self.new_child_node(parent, request, suffix="" if b == 0 else f"~c{b}") for b in range(n)
+            ]
             rubric = await self.write_rubric(parent, request, nodes[0]) if self.cfg.use_rubrics else None
             children = []
             for b, (node, world) in enumerate(zip(nodes, worlds, strict=True)):
@@ -316,8 +392,13 @@ class _Rollout:
 
 
 def _result(request: LaunchRequest, node: Node) -> ChildResult:
-    return ChildResult(request=request, returned=node.finished, message=node.finish_message or "",
-                       steps_used=node.steps_used, error=node.error)
+    return ChildResult(
+        request=request,
+        returned=node.finished,
+        message=node.finish_message or "",
+        steps_used=node.steps_used,
+        error=node.error,
+    )
 
 
 def _mark_subtree_uncommitted(tree: Tree, node_id: str) -> None:
@@ -330,15 +411,26 @@ def _seed(base: int, node_id: str, step: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{base}/{node_id}/{step}".encode()).digest()[:4], "little")
 
 
-async def run_root(task: dict[str, Any], env: Environment, policy: Policy, config: RuntimeConfig | None = None,
-                   judge: Judge = programmatic_judge) -> Tree:
+async def run_root(
+    task: dict[str, Any],
+    env: Environment,
+    policy: Policy,
+    config: RuntimeConfig | None = None,
+    judge: Judge = programmatic_judge,
+) -> Tree:
     """Run one root rollout of ``task`` and return its recorded tree (see the module docstring)."""
     cfg = config or RuntimeConfig()
     t0 = time.perf_counter()
     ro = _Rollout(env, policy, cfg, task, judge)
     world = env.make_world(task)
-    root = Node(node_id="0", parent_id=None, depth=0, fork_step=None, goal=str(task.get("goal") or task.get(
-        "task_description") or ""), max_steps=int(task.get("max_steps") or cfg.max_steps))
+    root = Node(
+        node_id="0",
+        parent_id=None,
+        depth=0,
+        fork_step=None,
+        goal=str(task.get("goal") or task.get("task_description") or ""),
+        max_steps=int(task.get("max_steps") or cfg.max_steps),
+    )
     root.max_steps = min(root.max_steps, cfg.max_steps)
     ro.tree.nodes[root.node_id] = root
     st = _AgentState(node=root, session=None, world=world)  # type: ignore[arg-type]
@@ -350,12 +442,19 @@ async def run_root(task: dict[str, Any], env: Environment, policy: Policy, confi
         ro.tree.success, root.error = False, root.error or f"{type(e).__name__}: {e}"
     root.success = ro.tree.success
     ro.tree.seconds = time.perf_counter() - t0
-    ro.tree.meta = {"counterfactual_groups": ro.n_groups if cfg.counterfactual_k > 1 else 0,
-                    "envs_used": ro.envs_used}
+    ro.tree.meta = {
+        "counterfactual_groups": ro.n_groups if cfg.counterfactual_k > 1 else 0,
+        "envs_used": ro.envs_used,
+    }
     return ro.tree
 
 
-def run_root_sync(task: dict[str, Any], env: Environment, policy: Policy, config: RuntimeConfig | None = None,
-                  judge: Judge = programmatic_judge) -> Tree:
+def run_root_sync(
+    task: dict[str, Any],
+    env: Environment,
+    policy: Policy,
+    config: RuntimeConfig | None = None,
+    judge: Judge = programmatic_judge,
+) -> Tree:
     """Blocking wrapper of :func:`run_root` for scripts and the CLI."""
     return asyncio.run(run_root(task, env, policy, config, judge))

@@ -125,6 +125,8 @@ class Environment(ABC):
     """Factory for worlds and sessions of one benchmark."""
 
     name: str
+    tools_description: str = ""
+    """One paragraph naming the tools/actions a child agent has (shown to the rubric writer)."""
 
     @abstractmethod
     def make_world(self, task: dict[str, Any]) -> World:

@@ -1,0 +1,337 @@
+"""Evaluation harness with the paper's protocol (SPEC.md §5): ``sera eval``.
+
+    sera eval --env textcraft --tasks data/textcraft_val.jsonl --policy oracle --out runs/eval_oracle
+    sera eval --env textworld --tasks ../shared/sample_tasks/textworld_sync_sample.jsonl \
+              --policy hf:smollm2 --out runs/eval_smol --limit 50
+    sera eval compare runs/eval_a runs/eval_b
+
+Protocol: temperature 0, one trajectory per task, 20 steps per agent, max depth 3, the environment's
+context/output caps; errors count as failures; root success is judged by the environment only.
+
+Output directory layout (every file written atomically, so a killed run leaves no torn file):
+
+    DIR/manifest.json         what was evaluated (env, task file hash, policy, protocol); pinned
+    DIR/results/NNNNN.json    one per finished task: success, tier, error, seconds, the whole tree
+    DIR/report.json           aggregate (``success_rate``, per-tier figures, counts)
+    DIR/report.md             a table like the paper's
+    DIR/success_by_tier.png   a bar chart per tier
+
+Re-running the same command resumes: finished tasks are skipped, errored ones are retried. A changed
+model, protocol or task file is refused (the manifest pins them) instead of mixing results.
+
+Aggregation: TextCraft success = successes / all tasks (task-weighted across tiers); TextWorld =
+per-tier rates and their macro average (equal to the plain rate when tiers have equal counts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+TIERS = ("easy", "medium", "hard", "extreme")
+MACRO_ENVS = ("textworld", "textworld-cooking")
+
+
+@dataclass
+class EvalConfig:
+    """One evaluation run."""
+
+    env: str
+    """textcraft | textworld | textworld-cooking."""
+    tasks: str
+    """Task file (JSONL or manifest JSON)."""
+    policy: str
+    """Policy spec: oracle | random | replay:FILE | hf:MODEL | openai:URL#MODEL."""
+    out: str
+    """Output directory (resumable)."""
+    concurrency: int = 4
+    """Tasks in flight at once (their model calls batch together for `hf`, run in parallel for `openai`)."""
+    best_of_n: int = 1
+    """Test-time selection candidates per delegation (the paper reports N=2 on TextWorld)."""
+    limit: int | None = None
+    """Evaluate only the first N tasks of the file."""
+    temperature: float = 0.0
+    """Protocol: greedy decoding."""
+    max_steps: int = 20
+    """Protocol: steps per agent."""
+    max_depth: int = 3
+    """Protocol: maximum delegation depth."""
+    seed: int = 0
+    """Seed passed to the policy (irrelevant at temperature 0)."""
+
+
+class ManifestMismatch(RuntimeError):
+    """The output directory holds results of a different model, protocol or task file."""
+
+
+# ---- files -------------------------------------------------------------------------------------------
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to ``path`` through a temp file + rename (never a torn file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def policy_fingerprint(spec: str) -> str:
+    """Identify the model behind a policy spec: the spec, plus file names/sizes and the config hash of a
+    local model directory (so a retrained checkpoint at the same path is a different model)."""
+    parts = [spec]
+    _, _, target = spec.partition(":")
+    path = Path(target.split("#")[0]) if target else None
+    if path is not None and path.exists():
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for p in files:
+            parts.append(f"{p.relative_to(path) if path.is_dir() else p.name}:{p.stat().st_size}")
+            if p.suffix in (".json", ".safetensors") and p.stat().st_size < (1 << 30):
+                parts.append(file_sha256(p)[:16])
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def make_manifest(cfg: EvalConfig, runtime_hash: str) -> dict[str, Any]:
+    return {
+        "env": cfg.env,
+        "tasks_file": str(cfg.tasks),
+        "tasks_sha256": file_sha256(cfg.tasks),
+        "limit": cfg.limit,
+        "policy": cfg.policy,
+        "policy_fingerprint": policy_fingerprint(cfg.policy),
+        "protocol": {"temperature": cfg.temperature, "max_steps": cfg.max_steps, "max_depth": cfg.max_depth,
+                     "best_of_n": cfg.best_of_n, "seed": cfg.seed, "runtime_config_hash": runtime_hash},
+    }
+
+
+def check_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """Write the manifest on the first run; refuse a different one on later runs."""
+    path = out / "manifest.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        diffs = [k for k in sorted(set(old) | set(manifest)) if old.get(k) != manifest.get(k) and k != "tasks_file"]
+        if diffs:
+            lines = [f"  {k}: was {old.get(k)!r}, now {manifest.get(k)!r}" for k in diffs]
+            raise ManifestMismatch(
+                f"{out} holds results of a different evaluation; refusing to mix them:\n" + "\n".join(lines)
+                + "\nUse a new --out directory (or delete the old one).")
+        return
+    write_json_atomic(path, manifest)
+
+
+# ---- aggregation -------------------------------------------------------------------------------------
+def task_tier(task: dict[str, Any]) -> str:
+    """The difficulty tier of a task record (TextCraft ``misc.difficulty``, TextWorld ``difficulty``)."""
+    tier = task.get("difficulty") or (task.get("misc") or {}).get("difficulty") or "unknown"
+    return str(tier)
+
+
+def aggregate(results: list[dict[str, Any]], env: str, n_tasks: int | None = None) -> dict[str, Any]:
+    """Aggregate per-task results (each ``{"success": bool, "tier": str, "error": str|None}``).
+
+    Tasks that have no result yet (``n_tasks`` > len(results)) count as not done, NOT as failures; an
+    errored task counts as a failure.
+
+    >>> r = [{"success": True, "tier": "easy"}, {"success": False, "tier": "easy"},
+    ...      {"success": True, "tier": "hard"}]
+    >>> a = aggregate(r, "textworld")
+    >>> a["per_tier"]["easy"]["rate"], a["per_tier"]["hard"]["rate"], a["success_rate"]
+    (0.5, 1.0, 0.75)
+    >>> aggregate(r, "textcraft")["success_rate"]  # task-weighted: 2 of 3
+    0.6666666666666666
+    """
+    per: dict[str, dict[str, Any]] = {}
+    for r in results:
+        t = per.setdefault(r.get("tier", "unknown"), {"n": 0, "successes": 0, "errors": 0})
+        t["n"] += 1
+        t["successes"] += int(bool(r.get("success")) and not r.get("error"))
+        t["errors"] += int(bool(r.get("error")))
+    for t in per.values():
+        t["rate"] = t["successes"] / t["n"] if t["n"] else 0.0
+    order = [k for k in TIERS if k in per] + sorted(k for k in per if k not in TIERS)
+    per = {k: per[k] for k in order}
+    n_done = len(results)
+    successes = sum(t["successes"] for t in per.values())
+    task_weighted = successes / n_done if n_done else 0.0
+    macro = sum(t["rate"] for t in per.values()) / len(per) if per else 0.0
+    return {
+        "env": env,
+        "aggregation": "macro_over_tiers" if env in MACRO_ENVS else "task_weighted",
+        "success_rate": macro if env in MACRO_ENVS else task_weighted,
+        "task_weighted_rate": task_weighted,
+        "macro_rate": macro,
+        "n_tasks": n_tasks if n_tasks is not None else n_done,
+        "n_done": n_done,
+        "successes": successes,
+        "errors": sum(t["errors"] for t in per.values()),
+        "per_tier": per,
+    }
+
+
+def render_markdown(report: dict[str, Any], title: str = "") -> str:
+    """A table like the paper's: one row per tier plus the headline figure."""
+    lines = [f"# {title or 'SERA evaluation'}", "",
+             f"env `{report['env']}` · policy `{report.get('policy', '?')}` · "
+             f"{report['n_done']}/{report['n_tasks']} tasks done · {report['errors']} errors (counted as failures)",
+             "", "| tier | tasks | successes | success % |", "|---|---:|---:|---:|"]
+    for tier, t in report["per_tier"].items():
+        lines.append(f"| {tier} | {t['n']} | {t['successes']} | {100 * t['rate']:.2f} |")
+    label = "macro avg over tiers" if report["aggregation"] == "macro_over_tiers" else "all (task-weighted)"
+    lines.append(f"| **{label}** | {report['n_done']} | {report['successes']} | **{100 * report['success_rate']:.2f}** |")
+    if "wall_seconds" in report:
+        lines += ["", f"wall time: {report['wall_seconds']:.1f} s"]
+    return "\n".join(lines) + "\n"
+
+
+def plot_tiers(reports: dict[str, dict[str, Any]], out_png: Path) -> None:
+    """Bar chart of per-tier success rates; several reports are drawn side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tiers = list(dict.fromkeys(t for r in reports.values() for t in r["per_tier"]))
+    width = 0.8 / max(1, len(reports))
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(tiers), 3.6))
+    for i, (name, r) in enumerate(reports.items()):
+        xs = [j + i * width for j in range(len(tiers))]
+        ys = [100 * r["per_tier"].get(t, {"rate": 0.0})["rate"] for t in tiers]
+        bars = ax.bar(xs, ys, width=width, label=name)
+        ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax.set_xticks([j + width * (len(reports) - 1) / 2 for j in range(len(tiers))], tiers)
+    ax.set_ylabel("success %")
+    ax.set_ylim(0, 105)
+    ax.set_title(" vs ".join(reports) if len(reports) > 1 else f"success by tier ({next(iter(reports))})")
+    if len(reports) > 1:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+
+
+def load_results(out: Path) -> dict[int, dict[str, Any]]:
+    """Finished per-task results by task index (summaries only; trees are not kept in memory)."""
+    done = {}
+    for p in sorted((out / "results").glob("*.json")):
+        try:
+            r = json.loads(p.read_text())
+        except json.JSONDecodeError:
+            continue  # cannot happen with atomic writes; a stray file is simply redone
+        r.pop("tree", None)
+        done[int(r["index"])] = r
+    return done
+
+
+def write_report(cfg: EvalConfig, out: Path, n_tasks: int, wall: float) -> dict[str, Any]:
+    results = load_results(out)
+    report = aggregate(list(results.values()), cfg.env, n_tasks=n_tasks)
+    report.update(policy=cfg.policy, tasks_file=str(cfg.tasks), wall_seconds=wall)
+    write_json_atomic(out / "report.json", report)
+    (out / "report.md").write_text(render_markdown(report, f"SERA evaluation: {cfg.policy} on {cfg.env}"))
+    plot_tiers({cfg.policy: report}, out / "success_by_tier.png")
+    return report
+
+
+# ---- the run -----------------------------------------------------------------------------------------
+async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) an evaluation and return the report. ``policy`` may be passed pre-built."""
+    from common.agent.runtime import run_root
+    from common.envs import load_tasks, make_env, runtime_config_for
+    from common.policy import make_policy
+
+    out = Path(cfg.out)
+    tasks = load_tasks(cfg.env, cfg.tasks)
+    if cfg.limit is not None:
+        tasks = tasks[: cfg.limit]
+    rcfg = runtime_config_for(cfg.env, temperature=cfg.temperature, max_steps=cfg.max_steps,
+                              max_depth=cfg.max_depth, best_of_n=cfg.best_of_n, seed=cfg.seed)
+    check_manifest(out, make_manifest(cfg, rcfg.hash()))
+    done = load_results(out)
+    todo = [i for i in range(len(tasks)) if i not in done or done[i].get("error")]
+    env = make_env(cfg.env)
+    pol = policy if policy is not None else make_policy(cfg.policy, env=cfg.env)
+    t0 = time.perf_counter()
+    sem = asyncio.Semaphore(max(1, cfg.concurrency))
+    finished = [r for i, r in done.items() if i not in todo]
+    stats = {"done": len(finished), "ok": sum(bool(r["success"]) for r in finished)}
+
+    async def one(i: int) -> None:
+        task = tasks[i]
+        async with sem:
+            ts = time.perf_counter()
+            rec: dict[str, Any] = {"index": i, "task_id": str(task.get("id", task.get("task_id", i))),
+                                   "tier": task_tier(task), "success": False, "error": None}
+            try:
+                tree = await run_root(task, env, pol, rcfg)
+                rec["success"] = bool(tree.success)
+                rec["nodes"] = len(tree.nodes)
+                rec["tree"] = tree.to_dict()
+            except Exception as e:  # errors count as failures and are retried on the next run
+                rec["error"] = f"{type(e).__name__}: {e}"
+            rec["seconds"] = time.perf_counter() - ts
+            write_json_atomic(out / "results" / f"{i:05d}.json", rec)
+            stats["done"] += 1
+            stats["ok"] += int(rec["success"])
+
+    if progress and todo:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("success {task.fields[rate]:.1%}"), TimeRemainingColumn()) as bar:
+            tid = bar.add_task("eval", total=len(tasks), completed=stats["done"], rate=0.0)
+
+            async def tracked(i: int) -> None:
+                await one(i)
+                bar.update(tid, completed=stats["done"], rate=stats["ok"] / max(1, stats["done"]))
+
+            await asyncio.gather(*(tracked(i) for i in todo))
+    else:
+        await asyncio.gather(*(one(i) for i in todo))
+    prev = json.loads((out / "report.json").read_text()).get("wall_seconds", 0.0) if (out / "report.json").exists() else 0.0
+    return write_report(cfg, out, len(tasks), prev + time.perf_counter() - t0)
+
+
+def compare(dir_a: str | Path, dir_b: str | Path, out_png: str | Path | None = None) -> str:
+    """Side-by-side table (and optional chart) of two report.json files."""
+    a = json.loads((Path(dir_a) / "report.json").read_text())
+    b = json.loads((Path(dir_b) / "report.json").read_text())
+    tiers = list(dict.fromkeys(list(a["per_tier"]) + list(b["per_tier"])))
+    lines = [f"| tier | {Path(dir_a).name} | {Path(dir_b).name} | delta (pp) |", "|---|---:|---:|---:|"]
+
+    def rate(r: dict, t: str) -> float | None:
+        return r["per_tier"][t]["rate"] if t in r["per_tier"] else None
+
+    for t in tiers + ["overall"]:
+        ra, rb = (a["success_rate"], b["success_rate"]) if t == "overall" else (rate(a, t), rate(b, t))
+        fa = "-" if ra is None else f"{100 * ra:.2f}"
+        fb = "-" if rb is None else f"{100 * rb:.2f}"
+        d = "-" if ra is None or rb is None else f"{100 * (rb - ra):+.2f}"
+        lines.append(f"| {t} | {fa} | {fb} | {d} |")
+    if out_png is not None:
+        plot_tiers({Path(dir_a).name: a, Path(dir_b).name: b}, Path(out_png))
+    return "\n".join(lines) + "\n"
+
+
+def config_dict(cfg: EvalConfig) -> dict[str, Any]:
+    return asdict(cfg)

@@ -1,0 +1,236 @@
+"""Recorded trees -> the datums of one training stage, plus the fixed batch metrics (SPEC.md §4).
+
+This is the glue between the runtime's :class:`~common.agent.tree.Tree` and the pure reward/datum
+functions of this package. Every tier calls :func:`build_stage_batch` and :func:`tree_metrics`, so the
+datums and the metric names are the same everywhere.
+
+Input: ``groups`` = one list of trees per task (its root rollouts). Output: a :class:`StageBatch`.
+
+* ``execution``: node reward r = R (root) or the child's reward (rubric score s for SERA presets, binary
+  success for RAO presets); advantage = r - b_i with b_i the LOO mean of the group's ROOT rewards.
+  Children whose rubric or score failed contribute no datums. Zero-variance groups are dropped
+  (``zero_variance="drop"``, TextCraft: the trainer replaces the task) or kept at zero (TextWorld).
+* ``delegation``: every launch point (a step whose reply has a launch statement, or that launched
+  children) gets leaf credit R x |leaves under its event| / |leaves|; LOO over the rollouts' mean launch
+  rewards; only the launch-statement tokens are trained.
+* ``rubric``: every counterfactual group (K branches with verified labels and scores under one frozen
+  rubric) gives R = -L_rank when mixed; LOO over the mixed groups of the task; only the
+  rubric-generation tokens are trained. Scoring tokens are never trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.agent.tree import Node, Tree
+from common.rl.datums import Datum, delegation_datum, execution_datums, rubric_datum
+from common.rl.rewards import (
+    delegation_advantages,
+    execution_advantages,
+    launch_rewards,
+    leaves_under_events,
+    node_reward,
+    ranking_reward,
+    rubric_advantages,
+)
+from common.rl.spans import reply_launch_spans
+from common.rl.weights import depth_weights
+
+METRIC_NAMES = (
+    "reward/root_success",
+    "reward/exec_mean",
+    "rubric/pair_accuracy",
+    "rubric/parse_fail_rate",
+    "delegation/leaf_reward_mean",
+    "tree/depth_mean",
+    "tree/nodes_mean",
+)
+"""Fixed metric names every tier logs (plus ``loss/cispo``, ``grad_norm``, ``tokens_per_s``, ``stage``)."""
+
+
+@dataclass
+class StageBatch:
+    """The datums of one optimizer step and what was dropped on the way."""
+
+    stage: str
+    datums: list[Datum] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    """Depth weights, one per datum (mean 1)."""
+    zero_variance_groups: list[int] = field(default_factory=list)
+    """Indices of task groups whose root rewards were all equal."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Dropped/unaligned/no-signal counters for the log."""
+
+
+def _child_reward(node: Node, execution_reward: str) -> float | None:
+    if execution_reward == "binary":
+        return 1.0 if node.success else 0.0
+    if node.rubric is None or node.score is None:
+        return None  # rubric or score failed to parse: the child's tokens are dropped
+    return float(node.score)
+
+
+def _traj(g: int, i: int, node_id: str) -> str:
+    return f"{g}/{i}/{node_id}"
+
+
+def execution_batch(
+    groups: Sequence[Sequence[Tree]], execution_reward: str, zero_variance: str
+) -> StageBatch:
+    batch = StageBatch("execution", counts={"dropped_children": 0})
+    for g, trees in enumerate(groups):
+        roots = [1.0 if t.success else 0.0 for t in trees]
+        nodes = [[n for n in t.committed_nodes()] for t in trees]
+        rewards = [
+            [
+                node_reward(
+                    n.parent_id is None,
+                    R,
+                    None if n.parent_id is None else _child_reward(n, execution_reward),
+                )
+                for n in ns
+            ]
+            for ns, R in zip(nodes, roots, strict=True)
+        ]
+        advantages, flat = execution_advantages(roots, rewards)
+        if flat:
+            batch.zero_variance_groups.append(g)
+            if zero_variance == "drop":
+                continue
+        for i, (ns, advs) in enumerate(zip(nodes, advantages, strict=True)):
+            for n, a in zip(ns, advs, strict=True):
+                if a is None:
+                    batch.counts["dropped_children"] += 1
+                    continue
+                calls = [s.call for s in n.steps if s.call.output_ids]
+                batch.datums += execution_datums(calls, a, n.depth, _traj(g, i, n.node_id))
+    return batch
+
+
+def launch_points(tree: Tree) -> list[tuple[Node, Any, tuple[str, int]]]:
+    """``(node, step, (node_id, step index))`` for every step that launched or wrote a launch statement."""
+    out = []
+    for n in tree.committed_nodes():
+        for s in n.steps:
+            if s.launched or s.refused_launches or reply_launch_spans(s.call.text):
+                out.append((n, s, (n.node_id, s.index)))
+    return out
+
+
+def delegation_batch(groups: Sequence[Sequence[Tree]], tokenizer: Any) -> StageBatch:
+    batch = StageBatch("delegation", counts={"unaligned": 0, "no_launch": 0, "launches": 0})
+    for g, trees in enumerate(groups):
+        points = [launch_points(t) for t in trees]
+        rewards = [
+            launch_rewards(1.0 if t.success else 0.0, [p[2] for p in pts], t.committed_nodes())
+            for t, pts in zip(trees, points, strict=True)
+        ]
+        advantages = delegation_advantages(rewards)
+        for i, (pts, advs) in enumerate(zip(points, advantages, strict=True)):
+            for (node, step, _), a in zip(pts, advs, strict=True):
+                batch.counts["launches"] += 1
+                if not step.call.output_ids:
+                    continue
+                r = delegation_datum(
+                    step.call,
+                    a,
+                    node.depth,
+                    _traj(g, i, node.node_id) + f"/launch{step.index}",
+                    tokenizer=tokenizer,
+                    traj_start=True,
+                )
+                if r.datum is None:
+                    batch.counts[r.status] += 1
+                else:
+                    batch.datums.append(r.datum)
+    return batch
+
+
+def counterfactual_groups(tree: Tree) -> dict[str, list[Node]]:
+    """``group id -> branch nodes ordered by branch index`` for every counterfactual group of a tree."""
+    groups: dict[str, list[Node]] = {}
+    for n in tree.nodes.values():
+        if n.branch_group is not None and n.branch_group.startswith("g"):
+            groups.setdefault(n.branch_group, []).append(n)
+    return {k: sorted(v, key=lambda n: n.branch_index or 0) for k, v in groups.items()}
+
+
+def rubric_batch(groups: Sequence[Sequence[Tree]]) -> StageBatch:
+    batch = StageBatch("rubric", counts={"groups": 0, "mixed_groups": 0, "rubric_parse_fail": 0})
+    for g, trees in enumerate(groups):
+        entries = []  # (branch-0 node, reward or None) over all groups of all rollouts of this task
+        for t in trees:
+            for branches in counterfactual_groups(t).values():
+                batch.counts["groups"] += 1
+                head = branches[0]
+                if head.rubric is None:
+                    batch.counts["rubric_parse_fail"] += 1
+                    continue
+                reward = ranking_reward([b.score for b in branches], [bool(b.branch_label) for b in branches])
+                batch.counts["mixed_groups"] += int(reward is not None)
+                entries.append((t, head, reward))
+        advantages = rubric_advantages([r for _, _, r in entries])
+        for k, ((_t, head, _), a) in enumerate(zip(entries, advantages, strict=True)):
+            if a is None or head.rubric_call is None or not head.rubric_call.output_ids:
+                continue
+            batch.datums.append(
+                rubric_datum(head.rubric_call, a, head.depth - 1, f"{g}/rubric{k}/{head.node_id}")
+            )
+    return batch
+
+
+def build_stage_batch(
+    stage: str,
+    groups: Sequence[Sequence[Tree]],
+    execution_reward: str = "rubric",
+    zero_variance: str = "drop",
+    tokenizer: Any = None,
+) -> StageBatch:
+    """The datums of ``stage`` for one optimizer step, with depth weights over the whole batch."""
+    if stage == "execution":
+        batch = execution_batch(groups, execution_reward, zero_variance)
+    elif stage == "delegation":
+        batch = delegation_batch(groups, tokenizer)
+    elif stage == "rubric":
+        batch = rubric_batch(groups)
+    else:
+        raise ValueError(f"unknown stage {stage!r}; expected execution, delegation or rubric")
+    batch.weights = depth_weights([d.depth for d in batch.datums], [d.trajectory_id for d in batch.datums])
+    return batch
+
+
+def tree_metrics(trees: Sequence[Tree], execution_reward: str = "rubric") -> dict[str, float]:
+    """The fixed batch metrics (:data:`METRIC_NAMES`) of a list of trees."""
+    n = max(1, len(trees))
+    exec_rewards, pairs_ok, pairs, children, fails, leaf = [], 0, 0, 0, 0, []
+    for t in trees:
+        committed = t.committed_nodes()
+        R = 1.0 if t.success else 0.0
+        for node in committed:
+            r = R if node.parent_id is None else _child_reward(node, execution_reward)
+            if r is not None:
+                exec_rewards.append(r)
+        for node in t.nodes.values():
+            if node.parent_id is not None and (node.branch_index in (None, 0)):
+                children += 1
+                fails += int(node.rubric_error is not None or node.score_error is not None)
+        for branches in counterfactual_groups(t).values():
+            pos = [b.score for b in branches if b.branch_label and b.score is not None]
+            neg = [b.score for b in branches if b.branch_label is False and b.score is not None]
+            pairs += len(pos) * len(neg)
+            pairs_ok += sum(si > sj for si in pos for sj in neg)
+        pts = launch_points(t)
+        if pts:
+            events, total = leaves_under_events(committed)
+            leaf += launch_rewards(R, [p[2] for p in pts], committed) if total else []
+    return {
+        "reward/root_success": sum(t.success for t in trees) / n,
+        "reward/exec_mean": sum(exec_rewards) / len(exec_rewards) if exec_rewards else 0.0,
+        "rubric/pair_accuracy": pairs_ok / pairs if pairs else float("nan"),
+        "rubric/parse_fail_rate": fails / children if children else 0.0,
+        "delegation/leaf_reward_mean": sum(leaf) / len(leaf) if leaf else 0.0,
+        "tree/depth_mean": sum(t.depth_max() for t in trees) / n,
+        "tree/nodes_mean": sum(len(t.committed_nodes()) for t in trees) / n,
+    }

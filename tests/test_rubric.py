@@ -1,0 +1,529 @@
+"""Tests of common/agent/rubric.py: prompts, clip_middle, and both parsers (hand cases + fuzzing)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common.agent.rubric import (
+    PARENT_CONTEXT_CHARS,
+    Rubric,
+    RubricContext,
+    RubricItem,
+    RubricParseError,
+    Score,
+    ScoreParseError,
+    build_rubric_messages,
+    build_score_messages,
+    clip_middle,
+    format_rubric,
+    parse_rubric,
+    parse_score,
+    serialise_trajectory,
+)
+from common.agent.tree import CallRecord, Node, Step
+
+GOOD_ITEMS = [
+    {
+        "name": "crafted",
+        "weight": 5,
+        "description": "targets in inventory",
+        "score_0": "none",
+        "score_full": "all",
+    },
+    {"name": "no waste", "weight": 3, "description": "d", "score_0": "a", "score_full": "b"},
+    {"name": "report", "weight": 2, "description": "d", "score_0": "a", "score_full": "b"},
+]
+GOOD = {
+    "rubric_items": GOOD_ITEMS,
+    "success_gate": "2x a1_i5 more than before",
+    "failure_conditions": ["crashed", "consumed targets"],
+    "scoring_procedure": "weighted sum",
+}
+
+
+def _weights_ok(r: Rubric) -> None:
+    assert len(r.items) >= 2
+    assert abs(math.fsum(r.weights) - 1.0) <= 1e-9
+    assert all(math.isfinite(w) and w >= 0 for w in r.weights)
+
+
+# ---- clip_middle --------------------------------------------------------------------------------------
+def test_clip_middle_short_text_unchanged():
+    assert clip_middle("abc", 10) == "abc"
+    assert clip_middle("x" * 12000) == "x" * 12000
+
+
+def test_clip_middle_head_quarter_tail_three_quarters():
+    text = "".join(chr(ord("a") + i % 26) for i in range(30000))
+    out = clip_middle(text, 12000, marker="|")
+    head, tail = out.split("|")
+    assert len(head) == 3000 and len(tail) == 9000
+    assert text.startswith(head) and text.endswith(tail)
+    default = clip_middle(text)
+    assert "18000 characters omitted" in default
+    assert default.startswith(text[:3000]) and default.endswith(text[-9000:])
+
+
+@given(st.text(max_size=300), st.integers(min_value=0, max_value=200))
+def test_clip_middle_lengths(text, limit):
+    out = clip_middle(text, limit, marker="<cut>")
+    if len(text) <= limit:
+        assert out == text
+    else:
+        assert len(out) == limit + len("<cut>")
+        head_n = limit // 4
+        assert out[:head_n] == text[:head_n]
+        tail_n = limit - head_n
+        assert out[len(out) - tail_n :] == text[len(text) - tail_n :]
+
+
+# ---- rubric parsing: hand cases ---------------------------------------------------------------------------
+def test_parse_plain_json_renormalises():
+    r = parse_rubric(json.dumps(GOOD))
+    assert [i.name for i in r.items] == ["crafted", "no waste", "report"]
+    assert r.weights == pytest.approx((0.5, 0.3, 0.2))
+    _weights_ok(r)
+    assert r.success_gate == "2x a1_i5 more than before"
+    assert r.failure_conditions == ("crashed", "consumed targets")
+    assert r.items[0].score_full == "all"
+
+
+def test_parse_fenced_block_in_prose():
+    text = "Here is my rubric:\n```json\n" + json.dumps(GOOD, indent=2) + "\n```\nHope it helps {really}."
+    r = parse_rubric(text)
+    assert len(r.items) == 3
+
+
+def test_parse_embedded_in_prose_with_trailing_text_and_braces():
+    # first-{ to last-} fails here (a stray "}" at the end); the raw_decode scan still finds it.
+    text = "Sure. " + json.dumps(GOOD) + " Note: the gate uses {set} notation }"
+    r = parse_rubric(text)
+    assert len(r.items) == 3
+
+
+def test_parse_nested_braces_inside_strings():
+    d = json.loads(json.dumps(GOOD))
+    d["rubric_items"][0]["description"] = 'inventory must equal {"a1_i5": 2} } {'
+    d["scoring_procedure"] = "sum over {items}"
+    r = parse_rubric("prefix { not json " + json.dumps(d) + " suffix")
+    assert r.items[0].description == 'inventory must equal {"a1_i5": 2} } {'
+
+
+def test_parse_skips_objects_without_rubric_items():
+    text = 'Example item: {"name": "x", "weight": 1}. Rubric: ' + json.dumps(GOOD)
+    assert len(parse_rubric(text).items) == 3
+
+
+def test_item_level_rule_drops_malformed_items():
+    items = GOOD_ITEMS + [
+        "not an object",
+        {"weight": 1},  # no name
+        {"name": "  ", "weight": 1},  # blank name
+        {"name": "w-str", "weight": "0.4"},  # weight not a number
+        {"name": "w-bool", "weight": True},
+        {"name": "bad-text", "weight": 1, "description": 3},
+    ]
+    r = parse_rubric(json.dumps({"rubric_items": items}))
+    assert [i.name for i in r.items] == ["crafted", "no waste", "report"]
+    assert r.success_gate == "" and r.failure_conditions == () and r.scoring_procedure == ""
+
+
+@pytest.mark.parametrize(
+    "items, why",
+    [
+        ([{"name": "a", "weight": 1}], "at least 2"),
+        ([{"name": "a", "weight": 0}, {"name": "b", "weight": 0}], "sum to 0"),
+        ([{"name": "a", "weight": 1}, {"name": "b", "weight": -1}], "negative"),
+        ([{"name": "a", "weight": 1}, {"name": "b", "weight": float("nan")}], "non-finite"),
+        ([{"name": "a", "weight": 1}, {"name": "b", "weight": float("inf")}], "non-finite"),
+    ],
+)
+def test_rejects_bad_weights(items, why):
+    with pytest.raises(RubricParseError, match=why):
+        parse_rubric(json.dumps({"rubric_items": items}))
+
+
+def test_huge_finite_weights_do_not_overflow():
+    r = parse_rubric('{"rubric_items": [{"name": "a", "weight": 1e308}, {"name": "b", "weight": 1e308}]}')
+    assert r.weights == (0.5, 0.5)
+    tiny = parse_rubric('{"rubric_items": [{"name": "a", "weight": 5e-324}, {"name": "b", "weight": 0}]}')
+    assert tiny.weights == (1.0, 0.0)
+
+
+def test_huge_integer_weight_is_non_finite():
+    big = "1" + "0" * 400  # a valid JSON integer that no float can hold
+    with pytest.raises(RubricParseError, match="non-finite"):
+        parse_rubric('{"rubric_items": [{"name": "a", "weight": ' + big + '}, {"name": "b", "weight": 1}]}')
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "no json here",
+        "{",
+        '{"rubric_items": "x"}',
+        '{"rubric_items": [1, 2]}',
+        '{"rubric_items": [{"name": "a", "weight": 1}, {"name": "b", "weight": 1}], "success_gate": 3}',
+        '{"rubric_items": [{"name": "a", "weight": 1}, {"name": "b", "weight": 1}], "failure_conditions": 3}',
+        "[" * 100000,
+        "{" * 100000,
+        '{"a":' * 50000,
+    ],
+    ids=lambda t: t[:30],
+)
+def test_rubric_parse_failures(text):
+    with pytest.raises(RubricParseError):
+        parse_rubric(text)
+
+
+def test_rubric_is_frozen_and_roundtrips():
+    r = parse_rubric(json.dumps(GOOD))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.success_gate = "changed"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.items[0].weight = 1.0  # type: ignore[misc]
+    assert isinstance(r.items, tuple) and isinstance(r.failure_conditions, tuple)
+    with pytest.raises(TypeError):
+        r.items[0] = r.items[1]  # type: ignore[index]
+    d = r.to_dict()
+    assert json.loads(json.dumps(d)) == d
+    assert Rubric.from_dict(d) == r
+    assert parse_rubric(json.dumps(d)) == r or parse_rubric(json.dumps(d)).weights == pytest.approx(r.weights)
+    bad = dict(d, rubric_items=[dict(d["rubric_items"][0], weight=5.0), d["rubric_items"][1]])
+    with pytest.raises(ValueError, match="sum to"):
+        Rubric.from_dict(bad)
+
+
+def test_rubric_lists_become_tuples():
+    r = Rubric(items=[RubricItem("a", 0.5), RubricItem("b", 0.5)], failure_conditions=["x"])  # type: ignore[arg-type]
+    assert isinstance(r.items, tuple) and r.failure_conditions == ("x",)
+    hash(r)
+
+
+# ---- score parsing: hand cases ---------------------------------------------------------------------------
+def test_parse_score_ok():
+    s = parse_score(
+        'I think: ```json\n{"success": true, "criterion_scores": [1, 0.5, {"name": "c", "score": 0}],'
+        ' "final_score": 0.75, "reason": " fine "}\n```',
+        n_items=3,
+    )
+    assert s == Score(True, (1.0, 0.5, 0.0), 0.75, "fine")
+
+
+@pytest.mark.parametrize(
+    "obj, ok",
+    [
+        ({"success": False, "final_score": 0}, True),
+        ({"success": False, "final_score": 0.0}, True),
+        ({"success": False, "final_score": 0.1}, False),
+        ({"success": True, "final_score": 0}, False),
+        ({"success": True, "final_score": 1}, True),
+        ({"success": True, "final_score": 1.01}, False),
+        ({"success": True, "final_score": -0.5}, False),
+        ({"success": "true", "final_score": 0.4}, True),
+        ({"success": " FALSE ", "final_score": 0}, True),
+        ({"success": "yes", "final_score": 0.4}, False),
+        ({"success": 1, "final_score": 0.4}, False),
+        ({"success": True, "final_score": "0.4"}, True),
+        ({"success": True, "final_score": "high"}, False),
+        ({"success": True, "final_score": None}, False),
+        ({"final_score": 0.4}, False),
+        ({"success": True, "final_score": 0.4, "reason": 5}, False),
+        ({"success": True, "final_score": 0.4, "criterion_scores": "1,2"}, False),
+        ({"success": True, "final_score": 0.4, "criterion_scores": [{"name": "x"}]}, False),
+        ({"success": True, "final_score": 0.4, "criterion_scores": ["NaN"]}, False),
+    ],
+)
+def test_parse_score_rules(obj, ok):
+    text = json.dumps(obj)
+    if ok:
+        s = parse_score(text)
+        assert (s.success and s.final_score > 0) or (not s.success and s.final_score == 0)
+    else:
+        with pytest.raises(ScoreParseError):
+            parse_score(text)
+
+
+@pytest.mark.parametrize(
+    "text", ['{"success": true, "final_score": NaN}', '{"success": true, "final_score": Infinity}']
+)
+def test_parse_score_non_finite(text):
+    with pytest.raises(ScoreParseError, match="finite"):
+        parse_score(text)
+
+
+def test_parse_score_n_items():
+    text = '{"success": true, "criterion_scores": [1, 1], "final_score": 1}'
+    assert parse_score(text, n_items=2).criterion_scores == (1.0, 1.0)
+    with pytest.raises(ScoreParseError, match="expected 3"):
+        parse_score(text, n_items=3)
+
+
+def test_negative_zero_is_normalised():
+    s = parse_score('{"success": false, "final_score": -0.0}')
+    assert s.final_score == 0.0 and math.copysign(1.0, s.final_score) == 1.0
+
+
+# ---- prompts ------------------------------------------------------------------------------------------------
+def _ctx(**kw) -> RubricContext:
+    base = dict(
+        parent_task="Craft the following items: 3x a1_i5",
+        parent_depth=0,
+        child_depth=1,
+        fork_step=2,
+        parent_messages=[
+            {"role": "system", "content": "SYSTEM PROMPT"},
+            {"role": "user", "content": "HEAD" + "m" * 30000 + "TAIL"},
+        ],
+        parent_action="await launch_subagent({'a1_i4': 2})",
+        pre_call_state="inventory: {'m3_ore': 4}",
+        delegated_goal="Craft the following items: 2x a1_i4",
+        child_tools="craft, get_info, view_inventory, finish, launch_subagent",
+        child_max_steps=20,
+    )
+    base.update(kw)
+    return RubricContext(**base)
+
+
+def test_build_rubric_messages_contains_everything_and_clips():
+    msgs = build_rubric_messages(_ctx(delegated_context="use the ore", extra={"env": "textcraft"}))
+    assert [m["role"] for m in msgs] == ["system", "user"]
+    user = msgs[1]["content"]
+    for needle in (
+        "Craft the following items: 3x a1_i5",
+        "parent depth: 0",
+        "sub-agent depth: 1",
+        "parent step at delegation: 2",
+        "sub-agent step budget: 20",
+        "env: textcraft",
+        "await launch_subagent",
+        "m3_ore",
+        "2x a1_i4",
+        "use the ore",
+        "view_inventory",
+        "[system]\nSYSTEM PROMPT",
+        "TAIL",
+        "characters omitted",
+    ):
+        assert needle in user, needle
+    assert "HEAD" in user and "m" * 20000 not in user
+    assert len(user) < PARENT_CONTEXT_CHARS + 3000
+    assert "rubric_items" in msgs[0]["content"] and "4 to 8" in msgs[0]["content"]
+
+
+def _node() -> Node:
+    steps = [
+        Step(index=i, call=CallRecord(role="act", messages=[], text=f"reply {i}"), observation=f"obs {i}")
+        for i in range(3)
+    ]
+    return Node(
+        node_id="0.1",
+        parent_id="0",
+        depth=1,
+        fork_step=2,
+        goal="g",
+        max_steps=20,
+        steps=steps,
+        finished=True,
+        finish_message="done it",
+        success=True,
+    )
+
+
+def test_serialise_trajectory_and_score_messages():
+    node = _node()
+    traj = serialise_trajectory(node)
+    assert "reply 0" in traj and "obs 2" in traj and "Steps used: 3/20" in traj and "done it" in traj
+    assert "success" not in traj.lower()  # the env verdict is never shown to the scorer
+    node.steps[1].observation = "x" * 50000
+    clipped = serialise_trajectory(node, max_chars=1000)
+    assert "characters omitted" in clipped and "Steps used: 3/20" in clipped and len(clipped) < 1300
+    rubric = parse_rubric(json.dumps(GOOD))
+    msgs = build_score_messages(rubric, "Craft 2x a1_i4", traj, "inventory: {}")
+    assert [m["role"] for m in msgs] == ["system", "user"]
+    user = msgs[1]["content"]
+    assert format_rubric(rubric) in user and "Craft 2x a1_i4" in user and "reply 0" in user
+    assert "3 criterion scores" in user and "weight 0.500" in user
+    empty = serialise_trajectory(Node("c", "0", 1, 0, "g", 20, error="boom"))
+    assert "took no steps" in empty and "boom" in empty and "Did not call finish" in empty
+
+
+# ---- fuzzing -------------------------------------------------------------------------------------------------
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=5), st.dictionaries(st.text(max_size=10), children, max_size=5)
+    ),
+    max_leaves=25,
+)
+weights = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-5, max_value=10**400),
+    st.text(max_size=5),
+    st.booleans(),
+    st.none(),
+)
+item = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": st.one_of(st.text(max_size=10), json_scalars),
+        "weight": weights,
+        "description": st.one_of(st.text(max_size=10), json_scalars),
+        "score_0": st.text(max_size=10),
+        "score_full": st.text(max_size=10),
+    },
+)
+good_item = st.fixed_dictionaries(
+    {
+        "name": st.text(min_size=1, max_size=10).filter(str.strip),
+        "weight": st.one_of(st.floats(0, 1e300), st.integers(0, 10**6)),
+    },
+    optional={
+        "description": st.text(max_size=10),
+        "score_0": st.text(max_size=5),
+        "score_full": st.text(max_size=5),
+    },
+)
+rubric_obj = st.fixed_dictionaries(
+    {
+        "rubric_items": st.one_of(
+            st.lists(st.one_of(good_item, good_item, item, json_values), max_size=10), json_values
+        )
+    },
+    optional={
+        "success_gate": st.one_of(st.text(max_size=10), json_scalars),
+        "failure_conditions": st.one_of(st.lists(st.text(max_size=5), max_size=3), json_values),
+        "scoring_procedure": st.text(max_size=10),
+    },
+)
+wrappers = st.sampled_from(
+    ["{}", "```json\n{}\n```", "Here you go: {} thanks", "noise {{ {} }} trailing }", "{}\n```"]
+)
+
+
+def _dump(obj) -> str:
+    return json.dumps(obj)  # allow_nan=True by default: NaN / Infinity appear as tokens
+
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(rubric_obj, wrappers)
+def test_fuzz_parse_rubric_structured(obj, wrap):
+    text = wrap.replace("{}", _dump(obj), 1)
+    try:
+        r = parse_rubric(text)
+    except RubricParseError:
+        return
+    _weights_ok(r)
+    assert all(isinstance(i.name, str) and i.name for i in r.items)
+
+
+@FUZZ
+@given(st.text(max_size=400))
+def test_fuzz_parse_rubric_text(text):
+    try:
+        _weights_ok(parse_rubric(text))
+    except RubricParseError:
+        pass
+
+
+@FUZZ
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "{",
+                "}",
+                '"',
+                ":",
+                ",",
+                "[",
+                "]",
+                "rubric_items",
+                "name",
+                "weight",
+                "1",
+                "-1",
+                "NaN",
+                " ",
+                "```",
+                "json",
+                "\n",
+            ]
+        ),
+        max_size=60,
+    )
+)
+def test_fuzz_parse_rubric_token_soup(tokens):
+    try:
+        _weights_ok(parse_rubric("".join(tokens)))
+    except RubricParseError:
+        pass
+
+
+good_score = st.fixed_dictionaries(
+    {"success": st.booleans(), "final_score": st.one_of(st.just(0), st.floats(0, 1))},
+    optional={"criterion_scores": st.lists(st.floats(0, 1), max_size=4), "reason": st.text(max_size=10)},
+)
+any_score = st.fixed_dictionaries(
+    {},
+    optional={
+        "success": st.one_of(
+            st.booleans(), st.sampled_from(["true", "false", "True", "yes", "0"]), json_scalars
+        ),
+        "final_score": st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 3), json_scalars
+        ),
+        "criterion_scores": st.one_of(
+            st.lists(st.one_of(st.floats(0, 1), json_values), max_size=5), json_values
+        ),
+        "reason": st.one_of(st.text(max_size=10), json_scalars),
+    },
+)
+score_obj = st.one_of(good_score, any_score)
+
+
+@FUZZ
+@given(score_obj, wrappers, st.one_of(st.none(), st.integers(0, 5)))
+def test_fuzz_parse_score_structured(obj, wrap, n_items):
+    text = wrap.replace("{}", _dump(obj), 1)
+    try:
+        s = parse_score(text, n_items=n_items)
+    except ScoreParseError:
+        return
+    _score_ok(s)
+    if n_items is not None:
+        assert len(s.criterion_scores) == n_items
+
+
+@FUZZ
+@given(st.text(max_size=400))
+def test_fuzz_parse_score_text(text):
+    try:
+        _score_ok(parse_score(text))
+    except ScoreParseError:
+        pass
+
+
+def _score_ok(s: Score) -> None:
+    assert isinstance(s.success, bool)
+    assert math.isfinite(s.final_score) and 0.0 <= s.final_score <= 1.0
+    assert (s.success and s.final_score > 0) or (not s.success and s.final_score == 0)
+    assert all(math.isfinite(c) for c in s.criterion_scores)
+    assert isinstance(s.reason, str)

@@ -19,14 +19,19 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-app = typer.Typer(help="SERA: recursive agents that write, freeze and learn rubrics.", no_args_is_help=True,
-                  add_completion=False)
+app = typer.Typer(
+    help="SERA: recursive agents that write, freeze and learn rubrics.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 data_app = typer.Typer(help="Generate task files.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 console = Console()
 
 ENV_HELP = "Environment: textcraft | textworld | textworld-cooking."
-POLICY_HELP = "Policy: oracle | random | replay:FILE.json | hf:MODEL (smollm2, tiny, path, HF id) | openai:URL#MODEL."
+POLICY_HELP = (
+    "Policy: oracle | random | replay:FILE.json | hf:MODEL (smollm2, tiny, path, HF id) | openai:URL#MODEL."
+)
 
 
 @data_app.command("textcraft")
@@ -65,8 +70,11 @@ def data_textworld(
 @app.command()
 def rollout(
     env: str = typer.Option("textcraft", help=ENV_HELP),
-    task: str = typer.Option(None, help="Task file (JSONL); FILE:INDEX picks one row (default row 0). "
-                             "Default: one freshly generated task."),
+    task: str = typer.Option(
+        None,
+        help="Task file (JSONL); FILE:INDEX picks one row (default row 0). "
+        "Default: one freshly generated task.",
+    ),
     policy: str = typer.Option("oracle", help=POLICY_HELP),
     log: Path = typer.Option(Path("runs/rollouts.jsonl"), help="Offline log: one JSON line per tree."),
     temperature: float = typer.Option(0.0, help="Sampling temperature of agent steps (0 = greedy)."),
@@ -84,11 +92,15 @@ def rollout(
     the_env = make_env(env)
     row = _pick_task(env, task, seed)
     pol = make_policy(policy, env=env)
-    cfg = runtime_config_for(env, temperature=temperature, best_of_n=best_of_n, max_depth=max_depth, seed=seed)
+    cfg = runtime_config_for(
+        env, temperature=temperature, best_of_n=best_of_n, max_depth=max_depth, seed=seed
+    )
     tree = asyncio.run(run_root(row, the_env, pol, cfg))
     append_tree(log, tree)
     render_tree_terminal(tree, console)
-    console.print(f"root success: {tree.success}  nodes: {len(tree.nodes)}  seconds: {tree.seconds:.2f}  log: {log}")
+    console.print(
+        f"root success: {tree.success}  nodes: {len(tree.nodes)}  seconds: {tree.seconds:.2f}  log: {log}"
+    )
 
 
 def _pick_task(env: str, task: str | None, seed: int) -> dict:
@@ -116,7 +128,9 @@ def _pick_task(env: str, task: str | None, seed: int) -> dict:
 
 @app.command()
 def view(
-    log: Path = typer.Argument(..., help="Offline log written by `sera rollout`, `sera eval` or `sera train`."),
+    log: Path = typer.Argument(
+        ..., help="Offline log written by `sera rollout`, `sera eval` or `sera train`."
+    ),
     html: Path = typer.Option(None, help="Also write one self-contained HTML page to this path."),
     last: int = typer.Option(5, help="Draw the last N trees in the terminal."),
 ) -> None:
@@ -132,7 +146,9 @@ def view(
         console.print(f"wrote {html} ({len(trees)} trees)")
 
 
-eval_app = typer.Typer(help="Evaluate a policy with the paper's protocol (SPEC.md §5); `sera eval compare A B`.")
+eval_app = typer.Typer(
+    help="Evaluate a policy with the paper's protocol (SPEC.md §5); `sera eval compare A B`."
+)
 app.add_typer(eval_app, name="eval")
 
 
@@ -157,9 +173,18 @@ def eval_run(
         raise typer.BadParameter("--tasks and --out are required (see `sera eval --help`)")
     from common.eval import EvalConfig, ManifestMismatch, evaluate, render_markdown
 
-    cfg = EvalConfig(env=env, tasks=str(tasks), policy=policy, out=str(out), concurrency=concurrency,
-                     best_of_n=best_of_n, limit=limit, temperature=temperature, max_steps=max_steps,
-                     max_depth=max_depth)
+    cfg = EvalConfig(
+        env=env,
+        tasks=str(tasks),
+        policy=policy,
+        out=str(out),
+        concurrency=concurrency,
+        best_of_n=best_of_n,
+        limit=limit,
+        temperature=temperature,
+        max_steps=max_steps,
+        max_depth=max_depth,
+    )
     try:
         report = asyncio.run(evaluate(cfg))
     except ManifestMismatch as e:
@@ -187,6 +212,49 @@ def setup(model: str = typer.Option("smollm2", help="Model alias or path to prep
     from common.policy.models import prepare_model
 
     console.print(f"model ready at {prepare_model(model)}")
+
+
+def _train(cfg, level: int = 0, paper: bool = False) -> None:
+    if paper:
+        cfg = cfg.paper()
+    if level == 0:
+        from level0_single_process.train import train
+
+        train(cfg)
+    else:
+        raise typer.BadParameter(f"--level {level} is not available yet; level 0 is")
+
+
+def _register_train() -> None:
+    import inspect
+
+    from common.config import dataclass_command
+    from common.train_config import TrainConfig
+
+    extra = [
+        inspect.Parameter(
+            "level",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=int,
+            default=typer.Option(0, help="Tier: 0 = one readable process (level0_single_process)."),
+        ),
+        inspect.Parameter(
+            "paper",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=bool,
+            default=typer.Option(
+                False,
+                help="Use the paper's sizes (8x8 rollouts, K=8, 20 steps, "
+                "full caps, bf16) instead of the laptop defaults.",
+            ),
+        ),
+    ]
+    cmd = dataclass_command(TrainConfig, _train, extra=extra)
+    cmd.__doc__ = "Train a policy with SERA (or an ablation preset); resumable with --resume."
+    app.command("train")(cmd)
+
+
+_register_train()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,194 @@
+"""Tests of TextWorld-Sync task loading (public rows, manifest form, file:line errors) and generation.
+
+The public sample rows live in ``shared/sample_tasks`` beside the clone (``<clone>/../shared``) or inside
+it; tests that need them are skipped with a message when neither exists.
+
+Run: ``pytest tests/test_textworld_sync_tasks.py -q``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from common.data import TaskFileError
+from common.envs.textworld_sync.oracle import sample_tasks_path
+from common.envs.textworld_sync.tasks import (
+    FAMILIES,
+    RUNTIME_BANDS,
+    TIER_BANDS,
+    TIERS,
+    food_catalogue,
+    generate_tasks,
+    load_tasks,
+    normalize_row,
+    validate_row,
+)
+from common.envs.textworld_sync.world import SyncWorld
+
+SAMPLE = sample_tasks_path()
+needs_sample = pytest.mark.skipif(
+    SAMPLE is None, reason="shared/sample_tasks not found in <repo>/shared or <repo>/../shared"
+)
+
+
+@needs_sample
+def test_public_sample_rows_load_unchanged():
+    rows = load_tasks(SAMPLE)
+    raw = [json.loads(line) for line in Path(SAMPLE).read_text().splitlines() if line.strip()]
+    assert rows == raw  # flat rows are not converted
+    assert {r["difficulty"] for r in rows} == {"easy", "medium", "hard", "extreme"}
+    w = SyncWorld(rows[2])  # resource_constrained hard: capacity 1, cooldown 1
+    assert w.spec.capacity == 1 and w.spec.cooldown == 1 and w.spec.max_steps == 82
+
+
+@needs_sample
+def test_manifest_form_is_lifted_to_the_flat_form(tmp_path):
+    rows = load_tasks(SAMPLE)
+    manifest_rows = []
+    for r in rows:
+        m = {k: r[k] for k in ("difficulty", "task_id", "task_description", "seed")}
+        m["fold"] = r["split"]
+        m["game_params"] = json.dumps(r["game_params"])
+        m["generation_properties"] = {k: r[k] for k in ("dishes", "parallelism", "task_family", "task_view")}
+        manifest_rows.append(m)
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"dataset": "x", "tasks": manifest_rows}, indent=2))
+    loaded = load_tasks(path)
+    assert [r["dishes"] for r in loaded] == [r["dishes"] for r in rows]
+    assert [r["game_params"] for r in loaded] == [r["game_params"] for r in rows]
+    assert loaded[0]["split"] == "test"
+    for a, b in zip(loaded, rows, strict=True):
+        assert SyncWorld(a).spec == SyncWorld(b).spec
+
+
+def _row(**over):
+    row = generate_tasks("train", 1, seed=0)[0]
+    row.update(over)
+    return row
+
+
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda r: r.pop("dishes"), "missing required key 'dishes'"),
+        (lambda r: r.update(task_description=""), "task_description"),
+        (lambda r: r["parallelism"].update(shared_environment_max_steps=0), "shared_environment_max_steps"),
+        (lambda r: r["dishes"][0]["recipe"][0].update(preparation=["boiled"]), "unknown preparation"),
+        (lambda r: r["dishes"][0]["recipe"][0].pop("preparation"), "no 'preparation'"),
+        (lambda r: r["dishes"][1]["recipe"].append(dict(r["dishes"][0]["recipe"][0])), "two dishes"),
+        (lambda r: r.update(dishes=[]), "non-empty"),
+        (lambda r: r.update(game_params="{not json"), "invalid record"),
+    ],
+)
+def test_malformed_row_reports_file_and_line(tmp_path, mutate, needle):
+    good = generate_tasks("train", 3, seed=0)
+    bad = json.loads(json.dumps(good[1]))
+    mutate(bad)
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [good[0], bad, good[2]]) + "\n")
+    with pytest.raises(TaskFileError) as e:
+        load_tasks(path)
+    assert e.value.line == 2 and e.value.path == str(path)
+    assert f"{path}:2:" in str(e.value) and needle in str(e.value), str(e.value)
+
+
+def test_bad_json_and_duplicate_ids_report_the_line(tmp_path):
+    rows = generate_tasks("train", 2, seed=0)
+    p = tmp_path / "a.jsonl"
+    p.write_text(json.dumps(rows[0]) + "\n\n{oops\n")
+    with pytest.raises(TaskFileError, match=r"a\.jsonl:3: invalid JSON"):
+        load_tasks(p)
+    p.write_text(json.dumps(rows[0]) + "\n" + json.dumps(rows[0]) + "\n")
+    with pytest.raises(TaskFileError, match=r"a\.jsonl:2: .*duplicate task_id"):
+        load_tasks(p)
+    with pytest.raises(FileNotFoundError):
+        load_tasks(tmp_path / "missing.jsonl")
+
+
+def test_catalogue_comes_from_textworld_and_splits_differ():
+    from textworld.challenges.tw_cooking import cooking
+
+    train, dev, test = food_catalogue("train"), food_catalogue("dev"), food_catalogue("test")
+    assert set(train) == set(cooking.FOODS_SPLITS["train"])
+    assert set(cooking.FOODS_SPLITS["valid"]) <= set(dev) and not set(cooking.FOODS_SPLITS["test"]) & set(dev)
+    assert set(cooking.FOODS_SPLITS["test"]) <= set(test)
+    # train foods keep the fold's preparations (textworld holds preparations out per fold)
+    assert test["white onion"].preparations == tuple(
+        sorted(cooking.FOOD_PREPARATIONS_SPLITS["test"]["white onion"])
+    )
+    assert train["carrot"].locations == ("kitchen.fridge", "garden")
+    with pytest.raises(ValueError):
+        food_catalogue("nope")
+
+
+def test_generation_is_deterministic_and_seeded():
+    a = generate_tasks("train", 10, seed=7)
+    assert a == generate_tasks("train", 10, seed=7)
+    assert a != generate_tasks("train", 10, seed=8)
+    assert [r["task_family"] for r in a[:7]] == list(FAMILIES)
+    assert {r["difficulty"] for r in generate_tasks("dev", 8, seed=0, family="conflict")} == set(TIERS)
+    assert len({r["task_id"] for r in generate_tasks("test", 28, seed=0)}) == 28
+
+
+@needs_sample
+def test_generated_rows_have_the_public_schema():
+    public_keys = set(json.loads(Path(SAMPLE).read_text().splitlines()[0]))
+    dish_keys = {"dish_id", "estimated_branch_work", "ingredient_names", "recipe"}
+    ing_keys = {"branch_work", "candidate_source_locations", "name", "preparation", "requires_preparation"}
+    for r in generate_tasks("test", 28, seed=1):
+        assert set(r) == public_keys
+        assert all(set(d) == dish_keys and all(set(i) == ing_keys for i in d["recipe"]) for d in r["dishes"])
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generated_rows_respect_family_and_tier(family, tier):
+    for split in ("train", "dev", "test"):
+        foods = food_catalogue(split)
+        for r in generate_tasks(split, 2, seed=3, family=family, tier=tier):
+            validate_row(normalize_row(r))
+            band, rband = TIER_BANDS[tier], RUNTIME_BANDS[tier]
+            n = len(r["dishes"])
+            assert band["dish_count"][0] <= n <= band["dish_count"][1]
+            lo, hi = rband["shared_environment_max_steps"]
+            par = r["parallelism"]
+            assert lo <= par["shared_environment_max_steps"] <= hi
+            assert par["mechanisms"]["tool_cooldown_steps"] in rband["tool_cooldown_steps"]
+            names = [i["name"] for d in r["dishes"] for i in d["recipe"]]
+            assert len(names) == len(set(names))  # disjoint ingredients
+            for d in r["dishes"]:
+                assert band["ingredients_per_dish"][0] <= len(d["recipe"]) <= band["ingredients_per_dish"][1]
+                prepared = sum(i["requires_preparation"] for i in d["recipe"])
+                assert prepared == min(
+                    r["generation"]["v7_sampled_parameters"]["min_prepared_ingredients_per_dish"],
+                    len(d["recipe"]),
+                )
+                for i in d["recipe"]:
+                    assert tuple(i["preparation"]) in foods[i["name"]].preparations
+            assert par["estimated_sequential_actions"] + 2 <= par["shared_environment_max_steps"]
+            assert r["task_view"] == ("coarse" if tier == "extreme" else "structured")
+            if tier == "extreme":  # coarse: no preparations in the description
+                assert "(raw, uncut)" not in r["task_description"] and "cookbook" in r["task_description"]
+            else:
+                assert all(
+                    f"{i['name']} ({', '.join(i['preparation'])})" in r["task_description"]
+                    for d in r["dishes"]
+                    for i in d["recipe"]
+                )
+            w = SyncWorld(r)
+            if family == "dependency_gate":
+                assert w.spec.gated_dishes == frozenset(range(1, n)) and not w.spec.gate_initially_open
+            if family == "resource_constrained":
+                assert par["resource_capacity"]["inventory"] == w.spec.capacity >= 1
+            if family == "conflict":
+                assert par["resource_conflict"] is True
+            if family == "hierarchical":
+                assert par["hierarchy_depth"] == 2 and len(par["dependencies"]) == n + len(names)
+            work = [d["estimated_branch_work"] for d in r["dishes"]]
+            if family == "critical_path":
+                assert work[-1] > max(work[:-1])
+            if family == "load_balanced":
+                assert max(work) > min(work)

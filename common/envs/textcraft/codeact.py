@@ -1,0 +1,131 @@
+"""CodeAct reply parsing and cell-observation text for TextCraft-Synth (SPEC.md §2.1).
+
+The model answers ``<thought>...</thought><python>...</python>``. :func:`parse_codeact_reply` extracts
+the thought and the code; it never raises, whatever the text. It tolerates what samplers and models
+commonly produce:
+
+* a missing ``</python>`` (generation stopped at the stop string ``</python>``) or ``</thought>``;
+* a Markdown fence inside the block (```` ```python ... ``` ````), and code indented as a whole;
+* upper-case tags, and a ``<python>`` mentioned inside a closed thought (the block after the thought
+  wins).
+
+Only the first ``<python>`` block is run; a bare Markdown fence without the tags is NOT run (the
+error says so), so the reply format stays the one the system prompt teaches.
+:func:`format_cell_observation` turns a :class:`~common.sandbox.CellResult` into the next observation:
+``[Cell i Output]`` + output (or ``(no output)``), ``[Error]`` + the error when there is one, and a short
+request for the next action.
+
+Run the tests with ``python -m pytest tests/test_codeact_parse.py -q``.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass
+
+from ...sandbox import CellResult
+
+_THOUGHT_OPEN = re.compile(r"<thought\s*>", re.IGNORECASE)
+_THOUGHT_CLOSE = re.compile(r"</thought\s*>", re.IGNORECASE)
+_PY_OPEN = re.compile(r"<python\s*>", re.IGNORECASE)
+_PY_CLOSE = re.compile(r"</python\s*>", re.IGNORECASE)
+_FENCE_OPEN = re.compile(r"^\s*```[\w+.-]*\s*$")
+_FENCE_CLOSE = re.compile(r"^\s*```\s*$")
+_BARE_FENCE = re.compile(r"```(?:python|py)\b", re.IGNORECASE)
+
+FORMAT_HINT = (
+    "Reply with <thought>your reasoning</thought> followed by <python>the code to run</python>."
+)
+NEXT_ACTION = "Continue with your next <thought>...</thought><python>...</python>."
+
+
+@dataclass
+class ParsedReply:
+    """One model reply, split into its parts."""
+
+    thought: str | None
+    """Text of the ``<thought>`` block (stripped), or None when there is none."""
+    code: str | None
+    """The ``<python>`` block's code, ready to run (fences removed, dedented), or None."""
+    error: str | None
+    """Why no code could be taken from the reply (tells the model the expected format); None if ok."""
+    code_span: tuple[int, int] | None = None
+    """Character offsets ``(start, end)`` of the raw block content in the reply (between the tags)."""
+
+
+def _clean_code(raw: str) -> str:
+    lines = raw.split("\n")
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if lines and _FENCE_OPEN.match(lines[0]):
+        lines.pop(0)
+        while lines and not lines[-1].strip():
+            lines.pop()
+        if lines and _FENCE_CLOSE.match(lines[-1]):
+            lines.pop()
+    elif lines and _FENCE_CLOSE.match(lines[-1]):
+        lines.pop()
+    return textwrap.dedent("\n".join(lines)).strip("\n")
+
+
+def parse_codeact_reply(text: str) -> ParsedReply:
+    """Split a CodeAct reply into thought and code; malformed replies get an explanatory ``error``.
+
+    >>> r = parse_codeact_reply("<thought>craft sticks</thought>\\n<python>\\nprint(craft({'log': 1}, ('stick', 4)))")
+    >>> r.thought, r.code, r.error
+    ('craft sticks', "print(craft({'log': 1}, ('stick', 4)))", None)
+    >>> parse_codeact_reply("I will craft.").error.startswith("no <python>")
+    True
+    """
+    if not isinstance(text, str):
+        return ParsedReply(None, None, f"the reply is not text ({type(text).__name__}). {FORMAT_HINT}")
+    thought = None
+    search_from = 0
+    t_open = _THOUGHT_OPEN.search(text)
+    if t_open is not None:
+        t_close = _THOUGHT_CLOSE.search(text, t_open.end())
+        if t_close is not None:
+            # "<thought> ... <python>...</python> ... </thought>" with no block after the thought:
+            # the block inside is the code, and the thought ends where it starts.
+            inside = _PY_OPEN.search(text, t_open.end(), t_close.start())
+            if inside is not None and _PY_OPEN.search(text, t_close.end()) is None:
+                t_close = None
+        if t_close is not None:
+            thought = text[t_open.end() : t_close.start()].strip()
+            search_from = t_close.end()
+        else:
+            py = _PY_OPEN.search(text, t_open.end())
+            search_from = py.start() if py is not None else len(text)
+            thought = text[t_open.end() : search_from].strip()
+    py_open = _PY_OPEN.search(text, search_from)
+    if py_open is None:
+        hint = " A Markdown ```python fence alone is not run." if _BARE_FENCE.search(text) else ""
+        return ParsedReply(thought, None, f"no <python>...</python> code block found.{hint} {FORMAT_HINT}")
+    start = py_open.end()
+    py_close = _PY_CLOSE.search(text, start)
+    end = py_close.start() if py_close is not None else len(text)
+    code = _clean_code(text[start:end])
+    if not code.strip():
+        return ParsedReply(thought, None, f"the <python> block is empty. {FORMAT_HINT}", (start, end))
+    return ParsedReply(thought, code, None, (start, end))
+
+
+def format_cell_observation(cell_index: int, result: CellResult) -> str:
+    """The observation after a cell: its output, its error (if any) and a request for the next action.
+
+    >>> print(format_cell_observation(2, CellResult(stdout="", error="NameError: name 'x' is not defined")))
+    [Cell 2 Output]
+    (no output)
+    [Error]
+    NameError: name 'x' is not defined
+    Continue with your next <thought>...</thought><python>...</python>.
+    """
+    out = result.stdout.rstrip("\n") if result.stdout and result.stdout.strip() else "(no output)"
+    parts = [f"[Cell {cell_index} Output]", out]
+    if result.error:
+        parts += ["[Error]", result.error]
+    parts.append(NEXT_ACTION)
+    return "\n".join(parts)

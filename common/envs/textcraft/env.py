@@ -1,0 +1,363 @@
+"""TextCraft-Synth as a SERA environment: :class:`TextCraftEnv` makes worlds and CodeAct agent sessions.
+
+One session = one agent (root or child) with its own persistent Python namespace (``common.sandbox``)
+whose tools are bound to the SHARED world (or to the fork the runtime gave the child):
+
+* ``craft`` / ``get_info`` / ``view_inventory`` -- :class:`TextCraftWorld` methods;
+* ``finish(message)`` -- ends the agent after the current cell;
+* ``await launch_subagent(targets, context="")`` -- validates the arguments (clear ``Error: ...``
+  strings), builds a :class:`LaunchRequest` (``goal="Craft the following items: ..."``), awaits the
+  runtime's ``launch`` hook and returns the :class:`ChildResult` as text: the child's finish message (or
+  why it did not finish) and ``Budget used by subagent: u/20 steps.``. Several launches in one cell may be
+  gathered (``asyncio`` is in the namespace). A launch that is never awaited is reported back.
+
+``step(reply)`` = one model call: parse ``<thought>...</thought><python>...</python>``; a malformed reply
+gets an explanatory observation (the step still counts); otherwise the cell runs and its output is the
+observation (``[Cell i Output]`` ...). The agent halts when it calls finish or runs out of steps.
+
+Success: the root succeeds iff ``world.root_success()`` (finish with a non-empty message and every target
+crafted on top of the initial inventory); a child succeeds iff it called finish with a non-empty message
+and each of its targets rose by the required count since the child started (same rule, child's targets).
+
+``echo_launch_hook`` is a test double for the injection point: it "runs" nothing and echoes the goal.
+
+Simplifies: the step budget per agent comes from the environment (20, SPEC §5), not from the record's
+``max_steps`` (public records say 75); pass ``max_steps=None`` to use the record's value.
+Run: ``pytest tests/test_textcraft_env.py -q``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import Counter
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...sandbox import Sandbox, SandboxLimits
+from ..base import (
+    AgentSession,
+    ChildResult,
+    Environment,
+    LaunchHook,
+    LaunchRequest,
+    StepResult,
+    World,
+)
+from . import prompts
+from .codeact import format_cell_observation, parse_codeact_reply
+from .tasks import DEFAULT_MAX_STEPS, book_for_task, goal_text, parse_goal_targets
+from .world import TextCraftWorld
+
+
+@dataclass
+class LaunchRecord:
+    """One ``launch_subagent`` call of a session (kept for logs, delegation rewards and tests)."""
+
+    step: int
+    """The parent's step (1-based) during which the launch happened."""
+    request: LaunchRequest | None
+    """None when the arguments were invalid (the hook was never called)."""
+    result: ChildResult | None = None
+    error: str | None = None
+    """The argument error returned to the model, when the arguments were invalid."""
+
+
+async def echo_launch_hook(request: LaunchRequest) -> ChildResult:
+    """Test double for the runtime's launch hook: runs no child, reports the goal back as finished."""
+    return ChildResult(request=request, returned=True, message=f"(echo) {request.goal}", steps_used=1)
+
+
+class TextCraftSession(AgentSession):
+    """One CodeAct agent over a :class:`TextCraftWorld`."""
+
+    def __init__(
+        self,
+        world: TextCraftWorld,
+        *,
+        goal: str,
+        targets: Mapping[str, int],
+        agent_id: str,
+        depth: int,
+        launch: LaunchHook,
+        max_steps: int = DEFAULT_MAX_STEPS,
+        child_max_steps: int = DEFAULT_MAX_STEPS,
+        context: str = "",
+        is_root: bool = False,
+        sandbox_limits: SandboxLimits | None = None,
+    ):
+        self.world = world
+        self.goal = goal
+        self.targets: dict[str, int] = dict(targets)
+        self.agent_id = agent_id
+        self.depth = depth
+        self.launch = launch
+        self.max_steps = max_steps
+        self.child_max_steps = child_max_steps
+        self.context = context
+        self.is_root = is_root
+        self.steps_used = 0
+        self.finished = False
+        self.finish_message: str | None = None
+        self.start_inventory: dict[str, int] = world.initial_inventory if is_root else dict(world.inventory)
+        """Counts at this agent's start; its targets are net gains over these."""
+        self.halted = False
+        """True once a step returned done (finish, budget, or a runtime error)."""
+        self.success_at_halt: bool | None = None
+        """:meth:`success` judged at the moment the agent halted."""
+        self.cell_index = 0
+        self.launches: list[LaunchRecord] = []
+        self.tool_calls: Counter[str] = Counter()
+        self._created_launches: list[Coroutine[Any, Any, str]] = []
+        self._hook_error: str | None = None
+        self.sandbox = Sandbox(tools=self._tools(), limits=sandbox_limits)
+
+    # --- tools bound into the namespace ----------------------------------------------------------------
+    def _tools(self) -> dict[str, Any]:
+        world, calls = self.world, self.tool_calls
+
+        def craft(ingredients: Any = None, target: Any = None) -> str:
+            calls["craft"] += 1
+            return world.craft(ingredients, target)
+
+        def get_info(items: Any = None) -> list[dict[str, Any]] | str:
+            calls["get_info"] += 1
+            return world.get_info(items)
+
+        def view_inventory() -> dict[str, int]:
+            calls["view_inventory"] += 1
+            return world.view_inventory()
+
+        def finish(message: Any) -> str:
+            calls["finish"] += 1
+            msg = "" if message is None else message if isinstance(message, str) else str(message)
+            if not self.finished:
+                self.finished = True
+                self.finish_message = msg
+                if self.is_root:
+                    world.root_finish_message = msg
+            return prompts.FINISH_RECORDED.format(message=msg)
+
+        def launch_subagent(targets: Any = None, context: Any = "") -> Coroutine[Any, Any, str]:
+            # A plain function returning the coroutine, so a call that is never awaited can be noticed.
+            calls["launch_subagent"] += 1
+            coro = self._launch(targets, context)
+            self._created_launches.append(coro)
+            return coro
+
+        return {
+            "craft": craft,
+            "get_info": get_info,
+            "view_inventory": view_inventory,
+            "finish": finish,
+            "launch_subagent": launch_subagent,
+            "asyncio": asyncio,
+        }
+
+    def _validate_targets(self, targets: Any, context: Any) -> str | None:
+        if not isinstance(targets, dict) or not targets:
+            return (
+                "Error: targets must be a non-empty dict {item_name: count}, e.g. "
+                'launch_subagent({"a1_i4": 2})'
+            )
+        book = self.world.book
+        for item, n in targets.items():
+            if not isinstance(item, str):
+                return f"Error: target item names must be strings, got {type(item).__name__}"
+            if not book.knows(item):
+                return f"Error: unknown item {item!r} in targets"
+            if book.recipe(item) is None:
+                return f"Error: {item} is a base item; it cannot be crafted, so it cannot be delegated"
+            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+                return f"Error: count for {item} must be a positive int, got {n!r}"
+        if not isinstance(context, str):
+            return f"Error: context must be a string, got {type(context).__name__}"
+        return None
+
+    async def _launch(self, targets: Any, context: Any) -> str:
+        error = self._validate_targets(targets, context)
+        if error is not None:
+            self.launches.append(LaunchRecord(step=self.steps_used, request=None, error=error))
+            return error
+        request = LaunchRequest(
+            goal=goal_text(targets),
+            context=context,
+            max_steps=self.child_max_steps,
+            targets=dict(targets),
+        )
+        record = LaunchRecord(step=self.steps_used, request=request)
+        self.launches.append(record)
+        try:
+            result = await self.launch(request)
+        except Exception as e:  # a runtime bug, not the model's: surfaces as this step's error
+            self._hook_error = f"launch hook failed: {type(e).__name__}: {e}"
+            return "Error: the sub-agent could not be started (internal error)."
+        record.result = result
+        if result.refused:
+            return result.error or "Launch refused."
+        text = result.message if result.returned else prompts.child_did_not_finish(result.error)
+        budget = result.request.max_steps if result.request is not None else request.max_steps
+        return prompts.launch_report(text, result.steps_used, budget)
+
+    def _close_unawaited_launches(self) -> bool:
+        """Close launch coroutines the cell created but never awaited; True if there were any."""
+        found = False
+        for coro in self._created_launches:
+            if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                coro.close()
+                found = True
+        self._created_launches.clear()
+        return found
+
+    # --- AgentSession -------------------------------------------------------------------------------
+    def system_prompt(self) -> str:
+        return prompts.system_prompt(self.max_steps)
+
+    def first_user_message(self) -> str:
+        return prompts.first_user_message(self.goal, self.world.inventory, self.max_steps, self.context)
+
+    @property
+    def steps_left(self) -> int:
+        return self.max_steps - self.steps_used
+
+    async def step(self, reply: str) -> StepResult:
+        if self.halted or self.finished or self.steps_used >= self.max_steps:
+            return StepResult(
+                observation="This agent has already stopped.",
+                done=True,
+                error="step() called after the agent halted",
+            )
+        self.steps_used += 1
+        parsed = parse_codeact_reply(reply)
+        info: dict[str, Any] = {"step": self.steps_used, "parse_error": parsed.error, "cell_index": None}
+        n_launch = len(self.launches)
+        calls_before = sum(self.tool_calls.values())
+        if parsed.code is None or not parsed.code.strip():
+            observation = prompts.parse_error_observation(parsed.error or "no <python> code block found")
+        else:
+            self.cell_index += 1
+            info["cell_index"] = self.cell_index
+            result = await self.sandbox.run(parsed.code)
+            info["timed_out"] = result.timed_out
+            info["cell_error"] = result.error
+            observation = format_cell_observation(self.cell_index, result)
+            if self._close_unawaited_launches():
+                observation += prompts.UNAWAITED_LAUNCH
+        info["tool_calls"] = sum(self.tool_calls.values()) - calls_before
+        info["launches"] = [
+            {
+                "targets": r.request.targets if r.request else None,
+                "error": r.error,
+                "refused": bool(r.result and r.result.refused),
+                "returned": bool(r.result and r.result.returned),
+            }
+            for r in self.launches[n_launch:]
+        ]
+        if self._hook_error is not None:
+            err, self._hook_error = self._hook_error, None
+            return self._halt(StepResult(observation=observation, done=True, error=err, info=info))
+        if self.finished:
+            return self._halt(
+                StepResult(observation=observation, done=True, finish_message=self.finish_message, info=info)
+            )
+        if self.steps_used >= self.max_steps:
+            return self._halt(
+                StepResult(observation=observation + prompts.BUDGET_EXHAUSTED, done=True, info=info)
+            )
+        return StepResult(observation=observation + prompts.steps_left_note(self.steps_left), info=info)
+
+    def success(self) -> bool:
+        """Judged when the agent halts (later agents may consume a child's products: that does not undo
+        the child's success); live before that."""
+        if self.success_at_halt is not None:
+            return self.success_at_halt
+        return self._judge()
+
+    def _judge(self) -> bool:
+        if self.is_root:
+            return self.world.root_success()
+        msg = self.finish_message
+        if not self.finished or not msg or not msg.strip():
+            return False
+        return self.world.targets_met(self.targets, self.start_inventory)
+
+    def _halt(self, result: StepResult) -> StepResult:
+        self.halted = True
+        self.success_at_halt = self._judge()
+        result.info["success"] = self.success_at_halt
+        return result
+
+
+class TextCraftEnv(Environment):
+    """Factory of TextCraft-Synth worlds and sessions."""
+
+    name = "textcraft"
+    tools_description = prompts.TOOLS_DESCRIPTION
+
+    def __init__(
+        self,
+        max_steps: int | None = DEFAULT_MAX_STEPS,
+        sandbox_limits: SandboxLimits | None = None,
+        task_dir: str | Path | None = None,
+    ):
+        """``max_steps``: every agent's step budget (None: the record's ``max_steps``); ``task_dir``: base
+        for relative ``misc.recipes_path`` (records from :func:`load_tasks` are already absolute)."""
+        self.max_steps = max_steps
+        self.sandbox_limits = sandbox_limits
+        self.task_dir = task_dir
+
+    def make_world(self, task: dict[str, Any]) -> TextCraftWorld:
+        misc = task["misc"]
+        book = book_for_task(task, self.task_dir)
+        return TextCraftWorld(book, misc.get("initial_inventory") or {}, misc["target_items"])
+
+    def _budget(self, task: Mapping[str, Any] | None) -> int:
+        if self.max_steps is not None:
+            return self.max_steps
+        return int((task or {}).get("max_steps", DEFAULT_MAX_STEPS))
+
+    def root_session(self, world: World, task: dict[str, Any], launch: LaunchHook) -> TextCraftSession:
+        if not isinstance(world, TextCraftWorld):
+            raise TypeError(f"TextCraftEnv needs a TextCraftWorld, got {type(world).__name__}")
+        budget = self._budget(task)
+        return TextCraftSession(
+            world,
+            goal=task.get("goal") or goal_text(world.targets),
+            targets=world.targets,
+            agent_id=str(task.get("id", "root")),
+            depth=0,
+            launch=launch,
+            max_steps=budget,
+            child_max_steps=self.max_steps or DEFAULT_MAX_STEPS,
+            is_root=True,
+            sandbox_limits=self.sandbox_limits,
+        )
+
+    def child_session(
+        self,
+        world: World,
+        parent: AgentSession,
+        request: LaunchRequest,
+        agent_id: str,
+        launch: LaunchHook,
+    ) -> TextCraftSession:
+        if not isinstance(world, TextCraftWorld):
+            raise TypeError(f"TextCraftEnv needs a TextCraftWorld, got {type(world).__name__}")
+        targets = request.targets or parse_goal_targets(request.goal)
+        if not targets:
+            raise ValueError(f"launch request names no targets: {request.goal!r}")
+        return TextCraftSession(
+            world,
+            goal=request.goal,
+            targets=targets,
+            agent_id=agent_id,
+            depth=parent.depth + 1,
+            launch=launch,
+            max_steps=request.max_steps,
+            child_max_steps=self.max_steps or DEFAULT_MAX_STEPS,
+            context=request.context,
+            is_root=False,
+            sandbox_limits=self.sandbox_limits,
+        )

@@ -1,0 +1,286 @@
+"""Tests of the TextCraft-Synth CodeAct sessions: tools in the namespace, finish/success rules, the
+launch_subagent injection point (argument errors, report text, refusals, un-awaited launches), shared
+world vs fork for children, malformed replies and budgets.
+
+Run: ``pytest tests/test_textcraft_env.py -q``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from common.envs.base import ChildResult, LaunchRequest
+from common.envs.textcraft import prompts
+from common.envs.textcraft.env import TextCraftEnv, TextCraftSession, echo_launch_hook
+
+TABLE = {
+    "recipes": {
+        "plank": {"ingredients": {"log": 1}, "result_count": 4},
+        "stick": {"ingredients": {"plank": 2}, "result_count": 4},
+        "torch": {"ingredients": {"stick": 1, "coal": 1}, "result_count": 1},
+    }
+}
+TASK = {
+    "id": "t-1",
+    "goal": "Craft the following items: 2x torch",
+    "max_steps": 20,
+    "misc": {"target_items": {"torch": 2}, "initial_inventory": {"log": 3, "coal": 2}, "recipes": TABLE},
+}
+SOLVE = (
+    'craft({"log": 1}, ("plank", 4))\n'
+    'craft({"plank": 2}, ("stick", 4))\n'
+    'print(craft({"stick": 2, "coal": 2}, ("torch", 2)))\n'
+)
+
+
+def reply(code: str, thought: str = "go") -> str:
+    return f"<thought>{thought}</thought>\n<python>\n{code}\n</python>"
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+class Recorder:
+    """A launch hook that records requests and answers with a canned ChildResult."""
+
+    def __init__(self, **result):
+        self.requests: list[LaunchRequest] = []
+        self.result = result
+
+    async def __call__(self, request: LaunchRequest) -> ChildResult:
+        self.requests.append(request)
+        return ChildResult(request=request, **self.result)
+
+
+def root(hook=echo_launch_hook, env=None) -> TextCraftSession:
+    env = env or TextCraftEnv()
+    return env.root_session(env.make_world(TASK), TASK, hook)
+
+
+def test_prompts_cover_the_contract():
+    s = root()
+    sp = s.system_prompt()
+    for needle in (
+        "<thought>",
+        "<python>",
+        "craft(",
+        "get_info(",
+        "view_inventory(",
+        "finish(",
+        "launch_subagent(",
+        "await",
+        "asyncio.gather",
+        "ON TOP",
+        "20 steps",
+    ):
+        assert needle in sp, needle
+    fm = s.first_user_message()
+    assert "Craft the following items: 2x torch" in fm and "log: 3" in fm and "coal: 2" in fm
+
+
+def test_solve_and_finish_root_success():
+    async def go():
+        s = root()
+        r1 = await s.step(reply(SOLVE))
+        assert "Successfully crafted 2 torch(s)" in r1.observation and not r1.done
+        r2 = await s.step(reply('finish("made 2 torches")'))
+        assert r2.done and r2.finish_message == "made 2 torches" and s.finished
+        assert s.success() and s.world.root_success()
+        assert s.tool_calls["craft"] == 3 and s.tool_calls["finish"] == 1
+        r3 = await s.step(reply("print(1)"))
+        assert r3.done and r3.error
+
+    run(go())
+
+
+def test_namespace_persists_between_cells():
+    async def go():
+        s = root()
+        await s.step(reply("x = view_inventory()"))
+        r = await s.step(reply("print(x['log'])"))
+        assert "3" in r.observation
+
+    run(go())
+
+
+def test_empty_finish_and_no_finish_are_failures():
+    async def go():
+        s = root()
+        r = await s.step(reply(SOLVE + 'finish("")'))
+        assert r.done and not s.success()  # crafted, but the finish message is empty
+        env = TextCraftEnv(max_steps=2)
+        s2 = root(env=env)
+        await s2.step(reply(SOLVE))
+        r2 = await s2.step(reply("print('still here')"))
+        assert r2.done and r2.finish_message is None and not s2.success()
+        assert "budget exhausted" in r2.observation.lower()
+
+    run(go())
+
+
+def test_finish_without_crafting_fails_and_held_targets_do_not_count():
+    async def go():
+        task = {**TASK, "misc": {**TASK["misc"], "initial_inventory": {"log": 3, "coal": 2, "torch": 9}}}
+        env = TextCraftEnv()
+        s = env.root_session(env.make_world(task), task, echo_launch_hook)
+        r = await s.step(reply('finish("I have torches already")'))
+        assert r.done and not s.success()
+
+    run(go())
+
+
+def test_malformed_reply_costs_a_step_and_explains():
+    async def go():
+        s = root()
+        r = await s.step("I think I should craft a torch.")
+        assert not r.done and s.steps_used == 1 and s.cell_index == 0
+        assert "<python>" in r.observation and r.info["parse_error"]
+
+    run(go())
+
+
+def test_cell_errors_are_observations_not_crashes():
+    async def go():
+        s = root()
+        r = await s.step(reply("1/0"))
+        assert not r.done and r.error is None and "ZeroDivisionError" in r.observation
+        r = await s.step(reply('print(craft("log", ("plank", 4)))'))
+        assert "Error: ingredients must be a dict" in r.observation
+
+    run(go())
+
+
+def test_launch_builds_request_and_formats_report():
+    async def go():
+        hook = Recorder(returned=True, message="made the sticks", steps_used=3)
+        s = root(hook)
+        r = await s.step(reply('print(await launch_subagent({"stick": 4}, context="for torches"))'))
+        (req,) = hook.requests
+        assert req.goal == "Craft the following items: 4x stick"
+        assert req.context == "for torches" and req.max_steps == 20 and req.targets == {"stick": 4}
+        assert "made the sticks" in r.observation
+        assert "Budget used by subagent: 3/20 steps" in r.observation
+        assert r.info["launches"] == [
+            {"targets": {"stick": 4}, "error": None, "refused": False, "returned": True}
+        ]
+        assert s.launches[0].step == 1 and s.launches[0].result.message == "made the sticks"
+
+    run(go())
+
+
+def test_echo_hook_and_parallel_gather():
+    async def go():
+        s = root()
+        code = (
+            'rs = await asyncio.gather(launch_subagent({"stick": 4}), launch_subagent({"plank": 4}))\n'
+            "for x in rs:\n    print(x)"
+        )
+        r = await s.step(reply(code))
+        assert "(echo) Craft the following items: 4x stick" in r.observation
+        assert "(echo) Craft the following items: 4x plank" in r.observation
+        assert r.observation.count("Budget used by subagent: 1/20 steps") == 2
+
+    run(go())
+
+
+def test_child_that_did_not_finish_and_refusal():
+    async def go():
+        s = root(Recorder(returned=False, steps_used=20))
+        r = await s.step(reply('print(await launch_subagent({"stick": 4}))'))
+        assert "did not finish" in r.observation and "Budget used by subagent: 20/20 steps" in r.observation
+        s2 = root(Recorder(returned=False, refused=True, error="Launch refused: depth limit reached."))
+        r2 = await s2.step(reply('print(await launch_subagent({"stick": 4}))'))
+        assert (
+            "Launch refused: depth limit reached." in r2.observation and "Budget used" not in r2.observation
+        )
+        assert r2.info["launches"][0]["refused"] and not r2.done
+
+    run(go())
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        ('launch_subagent(["stick"])', "Error: targets must be a non-empty dict"),
+        ("launch_subagent({})", "Error: targets must be a non-empty dict"),
+        ('launch_subagent({"gold": 1})', "Error: unknown item 'gold' in targets"),
+        ('launch_subagent({"log": 1})', "Error: log is a base item"),
+        ('launch_subagent({"stick": 0})', "Error: count for stick must be a positive int"),
+        ('launch_subagent({"stick": "4"})', "Error: count for stick must be a positive int"),
+        ('launch_subagent({"stick": 4}, context=5)', "Error: context must be a string"),
+    ],
+)
+def test_launch_argument_errors_never_reach_the_hook(call, expected):
+    async def go():
+        hook = Recorder(returned=True)
+        s = root(hook)
+        r = await s.step(reply(f"print(await {call})"))
+        assert expected in r.observation and not hook.requests
+        assert s.launches[0].error and s.launches[0].request is None
+
+    run(go())
+
+
+def test_unawaited_launch_is_reported_and_never_runs():
+    async def go():
+        hook = Recorder(returned=True)
+        s = root(hook)
+        r = await s.step(reply('x = launch_subagent({"stick": 4})'))
+        assert not hook.requests and prompts.UNAWAITED_LAUNCH.strip() in r.observation
+
+    run(go())
+
+
+def test_hook_exception_ends_the_agent_with_an_error():
+    async def boom(request):
+        raise RuntimeError("runtime bug")
+
+    async def go():
+        s = root(boom)
+        r = await s.step(reply('print(await launch_subagent({"stick": 4}))'))
+        assert r.done and "runtime bug" in r.error
+
+    run(go())
+
+
+def test_children_share_the_live_world_or_a_fork():
+    async def go():
+        env = TextCraftEnv()
+        world = env.make_world(TASK)
+        parent = env.root_session(world, TASK, echo_launch_hook)
+        req = LaunchRequest(goal="Craft the following items: 4x plank", targets={"plank": 4})
+        child = env.child_session(world, parent, req, "c1", echo_launch_hook)
+        assert child.depth == 1 and child.targets == {"plank": 4} and child.max_steps == 20
+        await child.step(reply('craft({"log": 1}, ("plank", 4))\nfinish("4 planks")'))
+        assert child.success() and parent.world.inventory["plank"] == 4  # the parent sees it
+        # A second child must craft on top of what it finds: the parent's planks do not count.
+        child2 = env.child_session(world, parent, req, "c2", echo_launch_hook)
+        await child2.step(reply('finish("there are planks already")'))
+        assert child2.finished and not child2.success()
+        # A child on a fork is isolated until commit; goal-only requests parse their targets.
+        fork = world.fork()
+        req3 = LaunchRequest(goal="Craft the following items: 4x stick")
+        child3 = env.child_session(fork, parent, req3, "c3", echo_launch_hook)
+        assert child3.targets == {"stick": 4}
+        await child3.step(reply('craft({"plank": 2}, ("stick", 4))\nfinish("sticks")'))
+        assert child3.success() and "stick" not in world.inventory
+        world.commit(fork)
+        assert world.inventory["stick"] == 4 and "stick" in parent.world.inventory
+
+    run(go())
+
+
+def test_child_with_empty_finish_fails():
+    async def go():
+        env = TextCraftEnv()
+        world = env.make_world(TASK)
+        parent = env.root_session(world, TASK, echo_launch_hook)
+        req = LaunchRequest(goal="Craft the following items: 4x plank", targets={"plank": 4})
+        child = env.child_session(world, parent, req, "c1", echo_launch_hook)
+        await child.step(reply('craft({"log": 1}, ("plank", 4))\nfinish("")'))
+        assert child.finished and not child.success()
+
+    run(go())

@@ -28,6 +28,8 @@ class TrainConfig:
     """Continue from the last checkpoint in `out` (same config required)."""
     tasks: str | None = None
     """Task file; default: a generated pool (`n_tasks`, split train)."""
+    difficulty: str = "easy"
+    """Tiers of the generated pool: easy | medium | hard | extreme | all (the paper trains on all)."""
     n_tasks: int = 64
     """Size of the generated task pool when no task file is given."""
     tasks_per_step: int = 2
@@ -64,6 +66,12 @@ class TrainConfig:
     """Global gradient-norm clip."""
     dtype: str = "float32"
     """Training dtype (float32 on CPU; bfloat16 on GPU as in the paper)."""
+    oracle_mix: float = 0.0
+    """Fraction of replies written by the scripted oracle and teacher-forced through the model (off-policy
+    warm start for tiny/untrained models; 0 = pure on-policy RL, the paper's setting)."""
+    score_noise: float = 0.0
+    """With oracle_mix: probability that a teacher-forced score flips its verdict (keeps rubric groups
+    imperfectly ranked so the Rubric stage has signal)."""
     max_task_replacements: int = 2
     """TextCraft: extra tasks tried per step to replace zero-variance groups."""
     save_every: int = 1

@@ -71,13 +71,14 @@ class TaskSampler:
 def task_pool(cfg: TrainConfig) -> list[dict]:
     if cfg.tasks:
         return load_tasks(cfg.env, cfg.tasks)
+    tier = None if cfg.difficulty == "all" else cfg.difficulty
     if cfg.env == "textcraft":
         from common.envs.textcraft.tasks import generate_tasks
 
-        return generate_tasks(split="train", n=cfg.n_tasks, seed=cfg.seed)
+        return generate_tasks(split="train", n=cfg.n_tasks, seed=cfg.seed, difficulty=tier)
     from common.envs.textworld_sync.tasks import generate_tasks
 
-    return generate_tasks(split="train", n=cfg.n_tasks, seed=cfg.seed)
+    return generate_tasks(split="train", n=cfg.n_tasks, seed=cfg.seed, tier=tier)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -248,6 +249,12 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, float]]:
         raise SystemExit(f"method {cfg.method} writes no rubrics, so its schedule cannot have a rubric stage")
     model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
     policy = HFPolicy(model, tokenizer, max_batch_size=8, seed=cfg.seed)
+    if cfg.oracle_mix > 0:  # off-policy warm start: some replies written by the oracle, teacher-forced
+        from common.policy import make_policy
+        from common.policy.forced import TeacherForcedPolicy
+
+        policy = TeacherForcedPolicy(policy, make_policy("oracle", env=cfg.env, delegate=True), cfg.oracle_mix, cfg.score_noise,
+                                     seed=cfg.seed, max_prompt_tokens=cfg.max_prompt_tokens)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2)
     )

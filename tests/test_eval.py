@@ -164,7 +164,7 @@ def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path: Path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     n_before = len(list(results.glob("*.json")))
-    assert 3 <= n_before, "the run was killed before writing results"
+    assert 3 <= n_before < 40, f"the kill should land mid-run (had {n_before} results)"
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     files = sorted(results.glob("*.json"))

@@ -6,8 +6,8 @@ What it does
     API, compiles the game with Inform 7 and stores it under a cache directory keyed by the settings
     and the seed. The same (settings, seed) always yields the same game (same map, recipe, walkthrough);
     a cached game is returned at once, a new one takes a few seconds. :func:`request_infos` is the one
-    ``textworld.EnvInfos`` every consumer uses (admissible commands, the walkthrough extra, the
-    winning policy, description, inventory, score). :func:`generate_tasks` / :func:`load_tasks` make
+    ``textworld.EnvInfos`` every consumer uses (admissible commands, the walkthrough extra,
+    description, inventory, score; optionally the winning policy). :func:`generate_tasks` / :func:`load_tasks` make
     and read task records.
 
 What it simplifies
@@ -34,6 +34,9 @@ import os
 import random
 import shutil
 import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -131,7 +134,9 @@ def default_cache_dir() -> Path:
     return Path("~/.cache/sera/tw_games").expanduser()
 
 
-def game_dir(settings: CookingSettings | dict | str, seed: int, cache_dir: str | os.PathLike | None = None) -> Path:
+def game_dir(
+    settings: CookingSettings | dict | str, seed: int, cache_dir: str | os.PathLike | None = None
+) -> Path:
     """Where the game of (settings, seed) lives in the cache (it may not exist yet)."""
     s = CookingSettings.from_any(settings)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
@@ -147,6 +152,15 @@ def _require_textworld():
             "the real TextWorld cooking games need the `textworld` package: pip install textworld==1.7.0"
         ) from e
     return textworld
+
+
+@contextmanager
+def quiet_jericho() -> Iterator[None]:
+    """Silence jericho's ``UnsupportedGameWarning`` (emitted for every generated game on every load and
+    copy; textworld filters it globally, but test runners reset warning filters)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*is not fully supported.*")
+        yield
 
 
 def generate_game(
@@ -176,8 +190,9 @@ def generate_game(
         options.path = str(tmp / GAME_FILE_NAME)
         options.file_ext = ".z8"
         options.force_recompile = True
-        game = make_game(settings=s.to_dict(), options=options)
-        textworld.generator.compile_game(game, options)
+        with quiet_jericho():
+            game = make_game(settings=s.to_dict(), options=options)
+            textworld.generator.compile_game(game, options)
         (tmp / "settings.json").write_text(json.dumps({"settings": s.to_dict(), "seed": int(seed)}, indent=1))
         if force and final.exists():
             shutil.rmtree(final)
@@ -204,12 +219,16 @@ def game_metadata(game_file: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-def request_infos():
-    """The ``textworld.EnvInfos`` every SERA consumer requests (one place, so all envs agree)."""
+def request_infos(policy_commands: bool = False):
+    """The ``textworld.EnvInfos`` every SERA consumer requests (one place, so all envs agree).
+
+    ``policy_commands`` (TextWorld's winning policy from the current state) is off by default: it makes
+    each step about 2.5x slower on the extreme tier and is often empty on harder games anyway (the
+    generator's walkthrough, always present as ``extra.walkthrough``, is what the oracle follows)."""
     textworld = _require_textworld()
     return textworld.EnvInfos(
         admissible_commands=True,
-        policy_commands=True,
+        policy_commands=policy_commands,
         extras=["walkthrough", "recipe"],
         description=True,
         inventory=True,
@@ -225,6 +244,12 @@ def request_infos():
 # ---------------------------------------------------------------------------------------------------
 # Task records: {"task_id", "game_file" | ("settings", "seed"), "max_steps", ...}
 # ---------------------------------------------------------------------------------------------------
+
+DEFAULT_GOAL = (
+    "You are hungry! Let's cook a delicious meal. Check the cookbook in the kitchen for the recipe. "
+    "Once done, enjoy your meal!"
+)
+"""The objective of every tw-cooking game (the generator always writes this text)."""
 
 DEFAULT_MAX_STEPS = 20
 """The root agent's own step budget (SPEC.md §1)."""
@@ -259,6 +284,7 @@ def generate_tasks(
     for g in game_seeds:
         rec: dict[str, Any] = {
             "task_id": f"twc-{s.key()}-s{g}",
+            "goal": DEFAULT_GOAL,
             "settings": s.to_dict(),
             "seed": g,
             "max_steps": int(max_steps),

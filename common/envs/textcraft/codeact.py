@@ -34,9 +34,7 @@ _FENCE_OPEN = re.compile(r"^\s*```[\w+.-]*\s*$")
 _FENCE_CLOSE = re.compile(r"^\s*```\s*$")
 _BARE_FENCE = re.compile(r"```(?:python|py)\b", re.IGNORECASE)
 
-FORMAT_HINT = (
-    "Reply with <thought>your reasoning</thought> followed by <python>the code to run</python>."
-)
+FORMAT_HINT = "Reply with <thought>your reasoning</thought> followed by <python>the code to run</python>."
 NEXT_ACTION = "Continue with your next <thought>...</thought><python>...</python>."
 
 

@@ -131,37 +131,34 @@ def datum_logprobs(model, datum) -> torch.Tensor:
     return token_logprobs(logits[:, P - 1 : -1], ids[:, P:])  # [1, T]: position t predicts token t+1
 
 
-def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float]:
-    """Accumulate the CISPO gradient datum by datum (token-mean over the WHOLE batch), clip, step."""
-    n_tokens = sum(sum(d.loss_mask) for d in batch.datums)
-    if n_tokens == 0:
-        return {"loss/cispo": 0.0, "grad_norm": 0.0, "loss/tokens": 0.0, "train/skipped": 1.0}
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
+def accumulate_gradients(model, datums, weights) -> dict[str, float]:
+    """Backpropagate the CISPO loss of a whole batch, datum by datum. Each datum's loss is divided by the
+    batch's trained-token count |M|, so the accumulated gradient is that of the token-mean over the batch."""
+    n_tokens = sum(sum(d.loss_mask) for d in datums)
     total, clipped = 0.0, 0.0
-    for d, w in zip(batch.datums, batch.weights, strict=True):
-        logp = datum_logprobs(model, d)  # [1, T]
-        loss, m = cispo_loss(
-            logp,
-            torch.tensor([d.behaviour_logprobs]),
-            torch.tensor([d.advantage]),
-            torch.tensor([d.loss_mask], dtype=torch.float32),
-            weights=torch.tensor([w]),
-            num_tokens=n_tokens,
-        )  # this datum's share
-        loss.backward()  # grads add up
+    for d, w in zip(datums, weights, strict=True):
+        logp = datum_logprobs(model, d)                                              # [1, T]
+        loss, m = cispo_loss(logp, torch.tensor([d.behaviour_logprobs]),              # [1, T]
+                             torch.tensor([d.advantage]),                             # [1]
+                             torch.tensor([d.loss_mask], dtype=torch.float32),        # [1, T]
+                             weights=torch.tensor([w]), num_tokens=n_tokens)          # this datum's share
+        loss.backward()                                                               # grads add up
         total += loss.item()
         clipped += m["loss/clip_frac"] * sum(d.loss_mask)
+    return {"loss/cispo": total, "loss/tokens": float(n_tokens), "loss/clip_frac": clipped / max(1, n_tokens)}
+
+
+def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float]:
+    """One optimizer step: gradients of the whole batch, global-norm clip, AdamW."""
+    if not any(sum(d.loss_mask) for d in batch.datums):  # nothing to learn from: no update (no weight decay)
+        return {"loss/cispo": 0.0, "grad_norm": 0.0, "loss/tokens": 0.0, "loss/clip_frac": 0.0, "train/skipped": 1.0}
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    metrics = accumulate_gradients(model, batch.datums, batch.weights)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     optimizer.step()
     model.eval()
-    return {
-        "loss/cispo": total,
-        "grad_norm": float(grad_norm),
-        "loss/tokens": float(n_tokens),
-        "loss/clip_frac": clipped / n_tokens,
-        "train/skipped": 0.0,
-    }
+    return {**metrics, "grad_norm": float(grad_norm), "train/skipped": 0.0}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -248,7 +245,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, float]]:
     if "rubric" in schedule.stages and not preset.generate_rubrics:
         raise SystemExit(f"method {cfg.method} writes no rubrics, so its schedule cannot have a rubric stage")
     model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
-    policy = HFPolicy(model, tokenizer, max_batch_size=8, seed=cfg.seed)
+    policy = HFPolicy(model, tokenizer, max_batch_size=1, seed=cfg.seed)  # level 0: no batching (level 1 batches)
     if cfg.oracle_mix > 0:  # off-policy warm start: some replies written by the oracle, teacher-forced
         from common.policy import make_policy
         from common.policy.forced import TeacherForcedPolicy

@@ -1,0 +1,383 @@
+"""``HFPolicy``: batched generation with a local transformers model (the trainable backend).
+
+Concurrent ``await policy.generate(request)`` calls from many asyncio agents are collected by a small
+batching queue (up to ``max_batch_size`` requests, waiting at most ``max_wait_ms`` for the batch to
+fill) and run together as ONE left-padded batch on a single worker thread, so the event loop stays
+responsive while the model runs. Batches run one after another; requests arriving meanwhile form the
+next batch.
+
+The sampling loop is our own (prefill + KV-cache decode: ``model(..., cache=DynamicCache(), use_cache=True)``)
+so that every row can have its own sampling parameters (temperature, top-p, max_new_tokens, stop strings,
+seed) and so that the behaviour log-probs are taken from exactly the logits used for sampling:
+
+* temperature 0 = greedy (argmax); the recorded log-prob is the untempered ``log_softmax(logits)``;
+* temperature T > 0: the recorded log-prob is ``log_softmax(logits / T)`` of the sampled token, after
+  top-p filtering and renormalisation when ``top_p < 1`` (i.e. the distribution actually sampled from);
+* left padding with an attention mask and explicit position ids (``cumsum(mask) - 1``), so a prompt
+  gives the same greedy tokens alone or inside a batch; finished rows are removed from the batch and
+  the KV cache;
+* ``output_ids`` run up to and including EOS or the token that completes a stop string. ``text`` is
+  the decoded output (special tokens skipped) cut right after the stop string (the stop string is kept);
+  when a stop string ends inside a token, ``output_ids`` may decode to a few more characters than ``text``.
+
+``score_logprobs(prompt_ids, output_ids)`` gives teacher-forced log-probs (tests; the trainer has its own).
+Simplifications: no continuous batching (a batch runs to its last finished row, finished rows only drop
+out), no speculative decoding, no prefix caching. Prompt over ``max_context_tokens - max_new_tokens`` is
+shortened by ``context.build_prompt_ids``.
+
+Try it: ``python -m common.policy.hf "Say hello"`` (SmolLM2 on the CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from common.policy.base import Completion, GenerationRequest, Policy, SamplingParams
+from common.policy.context import build_prompt_ids
+from common.policy.models import DEFAULT_MODEL, load_model
+
+
+@dataclass
+class _Row:
+    """Decoding state of one request inside a batch."""
+
+    index: int
+    request: GenerationRequest
+    prompt_ids: list[int]
+    truncated: bool
+    generator: torch.Generator | None
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "length"
+    text: str | None = None
+
+
+@dataclass
+class _LoopState:
+    loop: asyncio.AbstractEventLoop
+    pending: list[tuple[GenerationRequest, asyncio.Future]] = field(default_factory=list)
+    full: asyncio.Event = field(default_factory=asyncio.Event)
+    runner: asyncio.Task | None = None
+
+
+def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Set logits outside the smallest set with cumulative probability >= top_p to -inf (1-D)."""
+    sorted_logits, order = torch.sort(logits, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    cum = torch.cumsum(probs, dim=-1)
+    remove = cum - probs >= top_p  # keep a token while the mass before it is < top_p (first always kept)
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(0, order, sorted_logits)
+
+
+def find_stop(text: str, stops: tuple[str, ...] | list[str]) -> int:
+    """End index (exclusive) of the earliest stop string in ``text``, or -1."""
+    best = -1
+    for s in stops:
+        if not s:
+            continue
+        i = text.find(s)
+        if i >= 0 and (best < 0 or i + len(s) < best):
+            best = i + len(s)
+    return best
+
+
+class HFPolicy(Policy):
+    """Local transformers model with batched, token-exact generation (see module docstring)."""
+
+    name = "hf"
+    trainable = True
+
+    def __init__(
+        self,
+        model: str | Any = DEFAULT_MODEL,
+        tokenizer: Any = None,
+        *,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        max_batch_size: int = 8,
+        max_wait_ms: float = 5.0,
+        max_context_tokens: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        """``model``: a name for ``models.load_model`` (``smollm2``, ``tiny``, HF id, path) or a loaded model
+        (then ``tokenizer`` is required). ``dtype`` defaults to bfloat16 (generation on CPU is fine in
+        bf16 on AVX512-BF16 machines; pass ``float32`` for exact tests). ``max_context_tokens`` defaults
+        to the model's ``max_position_embeddings``."""
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if dtype is None:
+            dtype = "bfloat16"
+        if isinstance(model, str):
+            self.model_name = model
+            model, loaded_tok = load_model(model, dtype=dtype, device=device, seed=seed)
+            tokenizer = tokenizer if tokenizer is not None else loaded_tok
+        else:
+            if tokenizer is None:
+                raise ValueError("HFPolicy(model=<loaded model>) needs tokenizer=")
+            self.model_name = getattr(getattr(model, "config", None), "name_or_path", "model") or "model"
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.max_batch_size = max(1, int(max_batch_size))
+        self.max_wait_ms = float(max_wait_ms)
+        cfg_max = getattr(model.config, "max_position_embeddings", None) or 8192
+        self.max_context_tokens = int(max_context_tokens or cfg_max)
+        self.eos_ids = self._eos_ids()
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self._generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-policy")
+        self._lock = threading.Lock()  # one forward pass at a time (sync callers + the worker thread)
+        self._state: _LoopState | None = None
+        # transformers 5 renamed forward(past_key_values=...) to forward(cache=...)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0}
+
+    # ------------------------------------------------------------------ async API (batching queue)
+    async def generate(self, request: GenerationRequest) -> Completion:
+        loop = asyncio.get_running_loop()
+        if self._state is None or self._state.loop is not loop:
+            self._state = _LoopState(loop=loop)
+        st = self._state
+        fut: asyncio.Future = loop.create_future()
+        st.pending.append((request, fut))
+        if len(st.pending) >= self.max_batch_size:
+            st.full.set()
+        if st.runner is None or st.runner.done():
+            st.runner = loop.create_task(self._runner(st))
+        return await fut
+
+    async def _runner(self, st: _LoopState) -> None:
+        while st.pending:
+            if len(st.pending) < self.max_batch_size and self.max_wait_ms > 0:
+                st.full.clear()
+                try:
+                    await asyncio.wait_for(st.full.wait(), self.max_wait_ms / 1000.0)
+                except asyncio.TimeoutError:
+                    pass
+            batch, st.pending = st.pending[: self.max_batch_size], st.pending[self.max_batch_size :]
+            batch = [(r, f) for r, f in batch if not f.done()]
+            if not batch:
+                continue
+            try:
+                results = await st.loop.run_in_executor(
+                    self._executor, self._generate_batch_locked, [r for r, _ in batch]
+                )
+            except Exception as exc:  # a model error: fail every waiter of this batch, keep serving
+                results = [exc] * len(batch)
+            for (_, f), res in zip(batch, results, strict=True):
+                if f.done():
+                    continue
+                if isinstance(res, BaseException):
+                    f.set_exception(res)
+                else:
+                    f.set_result(res)
+
+    async def aclose(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ sync API
+    def _eos_ids(self) -> list[int]:
+        ids: list[int] = []
+        for src in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            if src is None:
+                continue
+            for i in src if isinstance(src, (list, tuple)) else [src]:
+                if i not in ids:
+                    ids.append(int(i))
+        if not ids:
+            raise ValueError("tokenizer/model define no EOS token")
+        return ids
+
+    def generate_batch(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """Run ``requests`` as one left-padded batch (synchronous; thread-safe). A request whose prompt
+        cannot be built raises here; through ``generate`` only that request's caller gets the error."""
+        results = self._generate_batch_locked(requests)
+        for res in results:
+            if isinstance(res, BaseException):
+                raise res
+        return results  # type: ignore[return-value]
+
+    def _generate_batch_locked(self, requests: list[GenerationRequest]) -> list[Completion | Exception]:
+        with self._lock, torch.inference_mode():
+            return self._generate_batch(requests)
+
+    def _make_row(self, i: int, req: GenerationRequest) -> _Row:
+        sp = req.sampling
+        budget = self.max_context_tokens - max(1, sp.max_new_tokens)
+        if budget < 1:
+            raise ValueError(
+                f"max_new_tokens={sp.max_new_tokens} leaves no room for a prompt in "
+                f"max_context_tokens={self.max_context_tokens}"
+            )
+        ids, truncated = build_prompt_ids(self.tokenizer, req.messages, budget)
+        gen = None
+        if sp.seed is not None:
+            gen = torch.Generator(device="cpu").manual_seed(int(sp.seed))
+        return _Row(i, req, ids, truncated, gen)
+
+    def _pick(self, row: _Row, logits: torch.Tensor) -> tuple[int, float]:
+        """Choose the next token for one row from its float32 logits; return (token, behaviour logprob)."""
+        sp: SamplingParams = row.request.sampling
+        if sp.temperature <= 0:
+            logp = torch.log_softmax(logits, dim=-1)
+            tok = int(torch.argmax(logits))
+            return tok, float(logp[tok])
+        scaled = logits / float(sp.temperature)
+        if sp.top_p < 1.0:
+            scaled = _top_p_filter(scaled, float(sp.top_p))
+        logp = torch.log_softmax(scaled, dim=-1)
+        gen = row.generator if row.generator is not None else self._generator
+        # Inverse-CDF sampling: one uniform draw per token (torch.multinomial is ~100x slower over a 49K vocab).
+        cdf = torch.cumsum(logp.exp(), dim=-1)
+        u = torch.rand(1, generator=gen) * cdf[-1]
+        tok = min(int(torch.searchsorted(cdf, u)), cdf.numel() - 1)
+        return tok, float(logp[tok])
+
+    def _check_done(self, row: _Row) -> bool:
+        sp = row.request.sampling
+        if row.output_ids[-1] in self.eos_ids:
+            row.finish_reason = "stop"
+            return True
+        if sp.stop:
+            # Decode only a tail window (a stop string of L characters spans at most ~4L byte-level
+            # tokens); decode everything once a stop string shows up in it.
+            window = 4 * max(len(x) for x in sp.stop) + 8
+            tail = self.tokenizer.decode(row.output_ids[-window:], skip_special_tokens=True)
+            if find_stop(tail, sp.stop) >= 0:
+                text = self.tokenizer.decode(row.output_ids, skip_special_tokens=True)
+                end = find_stop(text, sp.stop)
+                if end >= 0:
+                    row.finish_reason, row.text = "stop", text[:end]
+                    return True
+        if len(row.output_ids) >= sp.max_new_tokens:
+            row.finish_reason = "length"
+            return True
+        return False
+
+    def _generate_batch(self, requests: list[GenerationRequest]) -> list[Completion | Exception]:
+        from transformers import DynamicCache
+
+        results: list[Completion | Exception | None] = [None] * len(requests)
+        rows: list[_Row] = []
+        for i, req in enumerate(requests):
+            try:
+                rows.append(self._make_row(i, req))
+            except (ValueError, TypeError, KeyError) as exc:  # bad messages / impossible budget
+                results[i] = exc
+        active = [r for r in rows if r.request.sampling.max_new_tokens > 0]
+        for r in rows:
+            if r.request.sampling.max_new_tokens <= 0:
+                r.text = ""
+        if active:
+            width = max(len(r.prompt_ids) for r in active)
+            input_ids = torch.full((len(active), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(active), width), dtype=torch.long)
+            for b, r in enumerate(active):
+                input_ids[b, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+                mask[b, width - len(r.prompt_ids) :] = 1
+            input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+            position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+            cache = DynamicCache()
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_kw: cache},
+            )
+            logits = out.logits[:, -1, :].float().cpu()
+            next_pos = position_ids[:, -1:] + 1
+            self.stats["batches"] += 1
+            self.stats["requests"] += len(requests)
+            while active:
+                next_tokens: list[int] = []
+                keep: list[int] = []
+                for b, r in enumerate(active):
+                    tok, lp = self._pick(r, logits[b])
+                    r.output_ids.append(tok)
+                    r.logprobs.append(lp)
+                    next_tokens.append(tok)
+                    if not self._check_done(r):
+                        keep.append(b)
+                self.stats["generated_tokens"] += len(active)
+                if not keep:
+                    break
+                if len(keep) < len(active):
+                    idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+                    cache.reorder_cache(idx)
+                    mask, next_pos = mask[idx], next_pos[idx]
+                    active = [active[b] for b in keep]
+                    next_tokens = [next_tokens[b] for b in keep]
+                step_ids = torch.tensor(next_tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
+                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+                out = self.model(
+                    input_ids=step_ids,
+                    attention_mask=mask,
+                    position_ids=next_pos,
+                    use_cache=True,
+                    **{self._cache_kw: cache},
+                )
+                logits = out.logits[:, -1, :].float().cpu()
+                next_pos = next_pos + 1
+        for r in rows:
+            results[r.index] = self._completion(r)
+        return results  # type: ignore[return-value]
+
+    def _completion(self, r: _Row) -> Completion:
+        text = r.text
+        if text is None:
+            text = self.tokenizer.decode(r.output_ids, skip_special_tokens=True)
+        return Completion(
+            text=text,
+            prompt_ids=list(r.prompt_ids),
+            output_ids=list(r.output_ids),
+            logprobs=list(r.logprobs),
+            finish_reason=r.finish_reason,
+            prompt_truncated=r.truncated,
+        )
+
+    def score_logprobs(
+        self, prompt_ids: list[int], output_ids: list[int], temperature: float = 1.0
+    ) -> list[float]:
+        """Teacher-forced log-probs of ``output_ids`` after ``prompt_ids`` (``log_softmax(logits / T)``)."""
+        if not output_ids:
+            return []
+        ids = torch.tensor([list(prompt_ids) + list(output_ids)], dtype=torch.long, device=self.device)
+        with self._lock, torch.inference_mode():
+            logits = self.model(input_ids=ids).logits[0].float().cpu()
+        t = temperature if temperature > 0 else 1.0
+        logp = torch.log_softmax(logits[len(prompt_ids) - 1 : -1] / t, dim=-1)
+        target = torch.tensor(output_ids, dtype=torch.long).unsqueeze(-1)
+        return logp.gather(-1, target).squeeze(-1).tolist()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    prompt = " ".join(argv) or "Say hello in five words."
+    policy = HFPolicy(DEFAULT_MODEL)
+    req = GenerationRequest(
+        messages=[{"role": "user", "content": prompt}], sampling=SamplingParams(64, temperature=0)
+    )
+    comp = policy.generate_batch([req])[0]
+    print(comp.text)
+    print(
+        f"[{len(comp.prompt_ids)} prompt tokens, {len(comp.output_ids)} output tokens, "
+        f"finish={comp.finish_reason}, mean logprob={sum(comp.logprobs) / max(1, len(comp.logprobs)):.3f}]"
+    )
+    return 0 if math.isfinite(sum(comp.logprobs)) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

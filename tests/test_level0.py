@@ -1,0 +1,148 @@
+"""Level 0: the recorded fixture's golden loss/grad-norm, end-to-end runs of every stage on both
+environments, resume equivalence after kill -9, and dropped datums for malformed rubric/score output."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.rl.datums import Datum
+from common.train_config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "rl_fixture.json"
+
+
+def load_fixture() -> dict:
+    fx = json.loads(FIXTURE.read_text())
+    assert fx["version"] == 1, f"fixture version {fx['version']}: regenerate with {fx['regenerate']}"
+    return fx
+
+
+def fixture_datums(stage: dict) -> list[Datum]:
+    return [Datum(**d) for d in stage["datums"]]
+
+
+@pytest.mark.parametrize("stage", ["execution", "delegation", "rubric"])
+def test_fixture_loss_and_grad_norm_match_golden(stage: str):
+    from common.policy.models import load_model
+    from level0_single_process.train import accumulate_gradients
+
+    st = load_fixture()["stages"][stage]
+    datums = fixture_datums(st)
+    assert any(d.advantage != 0 for d in datums)  # the fixture carries signal
+    model, _ = load_model("tiny", dtype="float32", seed=0)
+    model.train()
+    m = accumulate_gradients(model, datums, st["weights"])
+    norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters() if p.grad is not None))
+    gold = st["golden"]
+    print(f"{stage}: loss {m['loss/cispo']:.8g} vs {gold['loss']:.8g}; grad norm {norm:.8g} vs {gold['grad_norm']:.8g}")
+    assert m["loss/tokens"] == gold["tokens"]
+    assert m["loss/cispo"] == pytest.approx(gold["loss"], rel=1e-4, abs=1e-7)
+    assert norm == pytest.approx(gold["grad_norm"], rel=1e-4, abs=1e-7)
+
+
+def test_fixture_datums_respect_stage_masks():
+    fx = load_fixture()["stages"]
+    for d in fixture_datums(fx["delegation"]):  # only the launch statement is trained, cut after it
+        assert 0 < sum(d.loss_mask) < len(d.loss_mask) or d.loss_mask[-1] == 1
+        assert d.loss_mask[-1] == 1 and len(d.output_ids) == len(d.behaviour_logprobs)
+    for d in fixture_datums(fx["rubric"]):
+        assert d.stage == "rubric" and all(d.loss_mask)
+    for d in fixture_datums(fx["execution"]):
+        assert all(d.loss_mask)
+
+
+def small_config(tmp: Path, env: str, **kw) -> TrainConfig:
+    base = dict(env=env, model="tiny", out=str(tmp / "run"), steps=3, schedule="execution:1,delegation:1,rubric:1",
+                tasks_per_step=2, rollouts_per_task=2, max_steps=2, max_new_tokens=16, rubric_max_new_tokens=16,
+                oracle_mix=0.5, score_noise=0.3, n_tasks=16, difficulty="medium" if env == "textcraft" else "easy",
+                max_task_replacements=1)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", ["textcraft", "textworld"])
+def test_three_step_run_covers_every_stage(tmp_path: Path, env: str):
+    from common.agent.log import read_trees
+    from common.rl.batch import METRIC_NAMES
+    from level0_single_process.train import train
+
+    cfg = small_config(tmp_path, env)
+    history = train(cfg, progress=False)
+    assert [h["stage"] for h in history] == ["execution", "delegation", "rubric"]
+    for h in history:
+        for name in (*METRIC_NAMES, "loss/cispo", "grad_norm", "tokens_per_s", "stage"):
+            assert name in h, name
+    assert sum(h["batch/datums"] for h in history) > 0
+    assert any(h["grad_norm"] > 0 for h in history)
+    run = Path(cfg.out)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [0, 1, 2]
+    trees = read_trees(run / "trees.jsonl")
+    assert len(trees) >= 3 * cfg.tasks_per_step * cfg.rollouts_per_task
+    assert any(t.meta.get("counterfactual_groups") for t in trees if t.meta["step"] == 2)  # rubric stage forks
+    assert (run / "curves.png").stat().st_size > 1000
+    assert (run / "checkpoints" / "step_000003" / "state.pt").exists()
+
+
+def _params(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return torch.load(run / "checkpoints" / f"step_{step:06d}" / "state.pt", weights_only=False)["model"]
+
+
+@pytest.mark.slow
+def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
+    from level0_single_process.train import train
+
+    args = dict(schedule="execution:1", steps=3, tasks_per_step=1, max_new_tokens=12)
+    ref = small_config(tmp_path / "ref", "textcraft", **args)
+    train(ref, progress=False)
+
+    killed = small_config(tmp_path / "killed", "textcraft", **args)
+    cmd = [sys.executable, "-m", "common.cli", "train"] + [
+        f"--{k.replace('_', '-')}={v}" for k, v in vars(killed).items() if v is not None and not isinstance(v, bool)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    ckpt = Path(killed.out) / "checkpoints" / "step_000001"
+    deadline = time.time() + 300
+    while not ckpt.exists() and time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"training exited early: {proc.stderr.read().decode()[-3000:]}")
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # kill -9 during step 2 (index 1)
+    proc.wait()
+    assert not (Path(killed.out) / "checkpoints" / "step_000003").exists()
+
+    resumed = TrainConfig(**{**vars(killed), "resume": True})
+    train(resumed, progress=False)
+    a, b = _params(Path(ref.out), 3), _params(Path(killed.out), 3)
+    diffs = {k: float((a[k] - b[k]).abs().max()) for k in a}
+    print("max |param diff| after resume:", max(diffs.values()))
+    assert max(diffs.values()) == 0.0
+    steps = [json.loads(x)["step"] for x in (Path(killed.out) / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2]  # no lost or duplicated step in the log
+    ref_loss = [json.loads(x)["loss/cispo"] for x in (Path(ref.out) / "metrics.jsonl").read_text().splitlines()]
+    got_loss = [json.loads(x)["loss/cispo"] for x in (Path(killed.out) / "metrics.jsonl").read_text().splitlines()]
+    assert got_loss == pytest.approx(ref_loss, rel=1e-6, abs=1e-9)
+
+
+def test_resume_refuses_a_changed_config(tmp_path: Path):
+    from level0_single_process.train import train
+
+    cfg = small_config(tmp_path, "textworld", steps=1, schedule="execution:1", tasks_per_step=1,
+                       rollouts_per_task=1, max_new_tokens=4, oracle_mix=0.0)
+    train(cfg, progress=False)
+    with pytest.raises(SystemExit, match="already holds a run"):
+        train(cfg, progress=False)
+    with pytest.raises(SystemExit, match="differs"):
+        train(TrainConfig(**{**vars(cfg), "resume": True, "lr": 1e-3, "steps": 2}), progress=False)

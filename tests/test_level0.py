@@ -64,9 +64,9 @@ def test_fixture_datums_respect_stage_masks():
 
 def small_config(tmp: Path, env: str, **kw) -> TrainConfig:
     base = dict(env=env, model="tiny", out=str(tmp / "run"), steps=3, schedule="execution:1,delegation:1,rubric:1",
-                tasks_per_step=2, rollouts_per_task=2, max_steps=2, max_new_tokens=16, rubric_max_new_tokens=16,
-                oracle_mix=0.5, score_noise=0.3, n_tasks=16, difficulty="medium" if env == "textcraft" else "easy",
-                max_task_replacements=1)
+                tasks_per_step=2, rollouts_per_task=2, max_steps=3, max_new_tokens=16, rubric_max_new_tokens=16,
+                oracle_mix=0.7, score_noise=0.3, n_tasks=16, difficulty="medium" if env == "textcraft" else "easy",
+                max_task_replacements=3)
     return TrainConfig(**{**base, **kw})
 
 

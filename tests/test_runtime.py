@@ -1,0 +1,208 @@
+"""The recursive runtime on both environments with scripted, replay and function policies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+import pytest
+
+from common.agent.runtime import RuntimeConfig, run_root
+from common.envs import make_env
+from common.envs.textcraft.oracle import oracle_reply as tc_oracle
+from common.envs.textcraft.tasks import generate_tasks as tc_tasks
+from common.envs.textworld_sync.oracle import oracle_reply as tw_oracle
+from common.envs.textworld_sync.tasks import generate_tasks as tw_tasks
+from common.policy.base import Completion, GenerationRequest, Policy
+from common.policy.scripted import OraclePolicy, ReplayPolicy, rubric_json, score_json
+from common.rl.batch import build_stage_batch
+
+
+class FnPolicy(Policy):
+    """Replies from ``fn(request)``; records (role, node_id) of every call in order."""
+
+    def __init__(self, fn: Callable[[GenerationRequest], str]):
+        self.fn, self.calls = fn, []
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        self.calls.append((request.role, request.meta.get("node_id")))
+        await asyncio.sleep(0)  # let siblings interleave
+        return Completion(text=self.fn(request), prompt_ids=[1], output_ids=[2, 3], logprobs=[-0.1, -0.2])
+
+
+def oracle_fn(reply: Callable, **kw) -> Callable[[GenerationRequest], str]:
+    def fn(req: GenerationRequest) -> str:
+        if req.role == "rubric":
+            return rubric_json("goal")
+        if req.role == "score":
+            return score_json(bool(req.meta.get("child_success")))
+        return reply(req.session, **kw)
+    return fn
+
+
+def run(task, env: str, policy: Policy, **cfg) -> object:
+    return asyncio.run(run_root(task, make_env(env), policy, RuntimeConfig(**cfg)))
+
+
+def test_textcraft_delegation_reaches_depth_three_with_rubrics_before_children():
+    task = tc_tasks("train", 1, seed=4, difficulty="hard")[0]
+    policy = FnPolicy(oracle_fn(tc_oracle, delegate=True, max_delegation_depth=3))
+    tree = run(task, "textcraft", policy)
+    assert tree.success and tree.depth_max() == 3
+    for node in tree.nodes.values():
+        if node.parent_id is None:
+            continue
+        assert node.rubric is not None and node.score == (1.0 if node.success else 0.0)
+        order = [i for i, c in enumerate(policy.calls) if c[1] == node.node_id]
+        roles = [policy.calls[i][0] for i in order]
+        assert roles[0] == "rubric" and roles[-1] == "score"  # frozen before the child acts, scored after
+        assert set(roles[1:-1]) == {"act"}
+    # the frozen rubric is immutable and equals what was parsed
+    child = next(n for n in tree.nodes.values() if n.depth == 1)
+    assert json.loads(json.dumps(child.rubric))["rubric_items"][0]["name"] == "goal_completed"
+
+
+def test_depth_limit_refuses_and_costs_only_the_step():
+    task = tc_tasks("train", 1, seed=4, difficulty="hard")[0]
+    policy = FnPolicy(oracle_fn(tc_oracle, delegate=True, max_delegation_depth=3))
+    tree = run(task, "textcraft", policy, max_depth=1)
+    assert tree.depth_max() == 1
+    refused = [s for n in tree.nodes.values() if n.depth == 1 for s in n.steps if s.refused_launches]
+    assert refused and "Launch refused" in refused[0].observation
+    assert tree.success  # the refused agents did the work themselves
+
+
+def test_budget_exhaustion_and_malformed_replies_become_observations():
+    task = tc_tasks("train", 1, seed=1, difficulty="easy")[0]
+    tree = run(task, "textcraft", ReplayPolicy(["no code here"] * 3 + ["<python>import os</python>"]),
+               max_steps=4)
+    root = tree.root
+    assert not tree.success and root.steps_used == 4 and not root.finished and root.error is None
+    assert "<python>" in root.steps[0].observation
+    assert "import" in root.steps[3].observation and "not allowed" in root.steps[3].observation
+
+
+def test_textworld_concurrent_siblings_share_the_world():
+    task = tw_tasks("train", 1, seed=2, tier="hard")[0]
+    policy = FnPolicy(oracle_fn(tw_oracle, delegate=True))
+    tree = run(task, "textworld", policy)
+    assert tree.success
+    kids = tree.children("0")
+    assert len(kids) >= 2 and len({k.fork_step for k in kids}) == 1  # one delegation event
+    acts = [nid for role, nid in policy.calls if role == "act" and nid in {k.node_id for k in kids}]
+    first_done = max(i for i, n in enumerate(acts) if n == kids[0].node_id)
+    assert any(n != kids[0].node_id for n in acts[:first_done])  # siblings interleaved (ran concurrently)
+    assert "[SubAgent Results]" in tree.root.steps[kids[0].fork_step].observation
+
+
+def test_rubric_and_score_parse_failures_are_recorded_and_drop_that_child():
+    task = tc_tasks("train", 1, seed=4, difficulty="medium")[0]
+    base = oracle_fn(tc_oracle, delegate=True)
+    seen = {"rubric": 0}
+
+    def fn(req: GenerationRequest) -> str:
+        if req.role == "rubric":
+            seen["rubric"] += 1
+            return "I will not write JSON" if seen["rubric"] == 1 else rubric_json("g")
+        if req.role == "score" and req.meta["node_id"].endswith(".2"):
+            return '{"success": true, "final_score": 0.0}'  # success with s = 0: a parse failure
+        return base(req)
+
+    tree = run(task, "textcraft", FnPolicy(fn))
+    kids = tree.children("0")
+    assert len(kids) >= 2
+    first, second = kids[0], kids[1]
+    assert first.rubric is None and "rubric" in first.rubric_error and first.score is None
+    assert second.rubric is not None and second.score is None and second.score_error
+    batch = build_stage_batch("execution", [[tree, tree]], zero_variance="keep")
+    ids = {d.trajectory_id.split("/")[-1] for d in batch.datums}
+    assert first.node_id not in ids and second.node_id not in ids and "0" in ids
+    assert batch.counts["dropped_children"] == 4  # two children x two rollouts
+
+
+def test_agent_exception_ends_that_agent_only():
+    task = tc_tasks("train", 1, seed=4, difficulty="medium")[0]
+    base = oracle_fn(tc_oracle, delegate=True)
+
+    def fn(req: GenerationRequest) -> str:
+        if req.role == "act" and req.meta["node_id"] == "0.1":
+            raise RuntimeError("model server went away")
+        return base(req)
+
+    tree = run(task, "textcraft", FnPolicy(fn))
+    assert tree.nodes["0.1"].error == "RuntimeError: model server went away" and not tree.nodes["0.1"].success
+    assert tree.root.error is None and tree.root.steps_used >= 2  # the parent carried on
+
+
+def test_best_of_two_commits_the_better_candidate():
+    task = tc_tasks("train", 1, seed=4, difficulty="medium")[0]
+    env = make_env("textcraft")
+    worlds = []
+    make_world = env.make_world
+    env.make_world = lambda t: worlds.append(make_world(t)) or worlds[-1]
+    launched = {}
+
+    def fn(req: GenerationRequest) -> str:
+        nid = req.meta.get("node_id")
+        if req.role == "rubric":
+            return rubric_json("g")
+        if req.role == "score":
+            return score_json(bool(req.meta.get("child_success")))
+        if nid == "0":
+            if req.meta["step"] == 0:
+                item, n = next(iter(req.session.targets.items()))
+                launched["item"] = item
+                return f"<python>r = await launch_subagent({{'{item}': {n}}})\nprint(r)</python>"
+            return "<python>finish('done')</python>"
+        if nid == "0.1":  # candidate 0 gives up
+            return "<python>finish('I did nothing')</python>"
+        return tc_oracle(req.session)  # candidate 1 crafts the target
+
+    tree = asyncio.run(run_root(task, env, FnPolicy(fn), RuntimeConfig(best_of_n=2)))
+    c0, c1 = tree.nodes["0.1"], tree.nodes["0.2~c1"]
+    assert (c0.score, c1.score) == (0.0, 1.0)
+    assert c1.committed and not c0.committed and tree.root.steps[0].launched == ["0.2~c1"]
+    assert worlds[0].view_inventory().get(launched["item"], 0) > 0  # the live world holds candidate 1's craft
+    assert tree.success
+
+
+def test_best_of_two_ties_go_to_candidate_zero():
+    task = tw_tasks("train", 1, seed=2, tier="medium")[0]
+    tree = run(task, "textworld", OraclePolicy(lambda s: tw_oracle(s, delegate=True)), best_of_n=2)
+    groups = {}
+    for n in tree.nodes.values():
+        if n.branch_group:
+            groups.setdefault(n.branch_group, []).append(n)
+    assert groups and tree.success
+    for nodes in groups.values():
+        winner = [n for n in nodes if n.committed]
+        assert len(winner) == 1 and winner[0].branch_index == 0  # equal scores -> candidate 0
+
+
+def test_counterfactual_branches_share_one_rubric_and_run_on_forks():
+    task = tc_tasks("train", 1, seed=4, difficulty="medium")[0]
+    tree = run(task, "textcraft", OraclePolicy(lambda s: tc_oracle(s, delegate=True)), counterfactual_k=4)
+    groups = {}
+    for n in tree.nodes.values():
+        if n.branch_group:
+            groups.setdefault(n.branch_group, []).append(n)
+    assert groups and tree.success and tree.meta["envs_used"] <= 16
+    for nodes in groups.values():
+        assert sorted(n.branch_index for n in nodes) == [0, 1, 2, 3]
+        assert len({json.dumps(n.rubric) for n in nodes}) == 1  # one rubric per group
+        assert [n.committed for n in sorted(nodes, key=lambda n: n.branch_index)] == [True, False, False, False]
+        assert all(n.branch_label for n in nodes)  # every branch crafted its targets on its own fork
+
+
+@pytest.mark.parametrize("env,difficulty", [("textcraft", "easy"), ("textworld", "easy")])
+def test_oracle_rollout_roundtrips_through_the_log(tmp_path, env, difficulty):
+    from common.agent.log import append_tree, read_trees
+
+    task = (tc_tasks("train", 1, seed=0, difficulty=difficulty) if env == "textcraft"
+            else tw_tasks("train", 1, seed=0, tier=difficulty))[0]
+    reply = tc_oracle if env == "textcraft" else tw_oracle
+    tree = run(task, env, OraclePolicy(reply))
+    append_tree(tmp_path / "log.jsonl", tree)
+    again = read_trees(tmp_path / "log.jsonl")[0]
+    assert again.to_dict() == json.loads(json.dumps(tree.to_dict())) and again.success

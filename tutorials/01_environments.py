@@ -1,0 +1,66 @@
+# %% [markdown]
+# # Tutorial 1 — the two environments
+#
+# SERA trains one policy inside a *recursive* agent tree. Every agent of a tree acts on ONE shared,
+# live world. This tutorial pokes both worlds by hand, with no model:
+#
+# * **TextCraft-Synth** (`common/envs/textcraft`): a seeded recipe world; agents write Python (CodeAct)
+#   that calls `craft`, `get_info`, `view_inventory`, `finish` and `launch_subagent`.
+# * **TextWorld-Sync** (`common/envs/textworld_sync`): a multi-dish kitchen with a global action budget,
+#   tool cooldowns, an inventory capacity and a kitchen gate.
+#
+# Run it as a script (`python tutorials/01_environments.py`) or open it as a notebook with jupytext.
+
+# %%
+from common.envs.textcraft.recipes import generate_recipe_book
+from common.envs.textcraft.tasks import generate_tasks, solve
+from common.envs.textcraft.world import TextCraftWorld
+
+book = generate_recipe_book(seed=0)
+print(len(book.items), "items; stable hash", book.stable_hash()[:12])
+task = generate_tasks(split="train", n=1, seed=0, difficulty="easy")[0]
+print(task["goal"], "| initial inventory:", task["misc"]["initial_inventory"])
+
+# %% [markdown]
+# The world is a shared inventory over an immutable recipe book. Tools return strings, errors included:
+# a bad call never raises, it becomes an observation the model can read.
+
+# %%
+targets = task["misc"]["target_items"]
+world = TextCraftWorld(book, task["misc"]["initial_inventory"], targets)
+target, count = next(iter(targets.items()))
+print(world.get_info([target])[0])
+print(world.craft({"nothing": 1}, (target, 1)))            # an explicit error string
+gold = solve(book, world.view_inventory(), {target: count})
+for s in gold:                                              # replay the solver's gold craft sequence
+    item, n_exec = s["target"]
+    print(world.craft(s["ingredients"], (item, n_exec * s["result_count"])))
+
+# %% [markdown]
+# `fork()` is an isolated copy (used for counterfactual branches and best-of-n); `commit(branch)` makes a
+# branch's state the live one, in place.
+
+# %%
+branch = world.fork()
+branch.inventory.clear()                                   # wreck the fork ...
+print("live world untouched:", world.view_inventory() != {})
+world.commit(branch)                                       # ... and make it the live state
+print("after commit:", world.view_inventory())
+print("root success needs finish() too:", world.root_success())
+
+# %% [markdown]
+# ## TextWorld-Sync
+# Agents reply with exactly one of `<action>…</action>`, `<delegate>{json}</delegate>`, `<finish>…</finish>`.
+# Every action — even a rejected one — costs one step of the GLOBAL budget shared by the whole tree.
+
+# %%
+from common.envs.textworld_sync.protocol import parse_reply
+from common.envs.textworld_sync.tasks import generate_tasks as tw_generate
+from common.envs.textworld_sync.world import SyncWorld
+
+row = tw_generate(split="train", n=1, seed=0, tier="easy")[0]
+w = SyncWorld(row)
+print(w.observe("0")[:400])
+print(parse_reply("<action>read cookbook</action>", w.valid_actions("0")))
+r = w.step("0", "fly to the moon")          # not a valid action: rejected, but the budget is spent
+print(r.accepted, r.counted, w.steps_left)

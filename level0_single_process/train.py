@@ -137,12 +137,16 @@ def accumulate_gradients(model, datums, weights) -> dict[str, float]:
     n_tokens = sum(sum(d.loss_mask) for d in datums)
     total, clipped = 0.0, 0.0
     for d, w in zip(datums, weights, strict=True):
-        logp = datum_logprobs(model, d)                                              # [1, T]
-        loss, m = cispo_loss(logp, torch.tensor([d.behaviour_logprobs]),              # [1, T]
-                             torch.tensor([d.advantage]),                             # [1]
-                             torch.tensor([d.loss_mask], dtype=torch.float32),        # [1, T]
-                             weights=torch.tensor([w]), num_tokens=n_tokens)          # this datum's share
-        loss.backward()                                                               # grads add up
+        logp = datum_logprobs(model, d)  # [1, T]
+        loss, m = cispo_loss(
+            logp,
+            torch.tensor([d.behaviour_logprobs]),  # [1, T]
+            torch.tensor([d.advantage]),  # [1]
+            torch.tensor([d.loss_mask], dtype=torch.float32),  # [1, T]
+            weights=torch.tensor([w]),
+            num_tokens=n_tokens,
+        )  # this datum's share
+        loss.backward()  # grads add up
         total += loss.item()
         clipped += m["loss/clip_frac"] * sum(d.loss_mask)
     return {"loss/cispo": total, "loss/tokens": float(n_tokens), "loss/clip_frac": clipped / max(1, n_tokens)}
@@ -151,7 +155,13 @@ def accumulate_gradients(model, datums, weights) -> dict[str, float]:
 def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float]:
     """One optimizer step: gradients of the whole batch, global-norm clip, AdamW."""
     if not any(sum(d.loss_mask) for d in batch.datums):  # nothing to learn from: no update (no weight decay)
-        return {"loss/cispo": 0.0, "grad_norm": 0.0, "loss/tokens": 0.0, "loss/clip_frac": 0.0, "train/skipped": 1.0}
+        return {
+            "loss/cispo": 0.0,
+            "grad_norm": 0.0,
+            "loss/tokens": 0.0,
+            "loss/clip_frac": 0.0,
+            "train/skipped": 1.0,
+        }
     model.train()
     optimizer.zero_grad(set_to_none=True)
     metrics = accumulate_gradients(model, batch.datums, batch.weights)
@@ -245,13 +255,21 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, float]]:
     if "rubric" in schedule.stages and not preset.generate_rubrics:
         raise SystemExit(f"method {cfg.method} writes no rubrics, so its schedule cannot have a rubric stage")
     model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
-    policy = HFPolicy(model, tokenizer, max_batch_size=1, seed=cfg.seed)  # level 0: no batching (level 1 batches)
+    policy = HFPolicy(
+        model, tokenizer, max_batch_size=1, seed=cfg.seed
+    )  # level 0: no batching (level 1 batches)
     if cfg.oracle_mix > 0:  # off-policy warm start: some replies written by the oracle, teacher-forced
         from common.policy import make_policy
         from common.policy.forced import TeacherForcedPolicy
 
-        policy = TeacherForcedPolicy(policy, make_policy("oracle", env=cfg.env, delegate=True), cfg.oracle_mix, cfg.score_noise,
-                                     seed=cfg.seed, max_prompt_tokens=cfg.max_prompt_tokens)
+        policy = TeacherForcedPolicy(
+            policy,
+            make_policy("oracle", env=cfg.env, delegate=True),
+            cfg.oracle_mix,
+            cfg.score_noise,
+            seed=cfg.seed,
+            max_prompt_tokens=cfg.max_prompt_tokens,
+        )
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2)
     )
@@ -284,6 +302,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, float]]:
         train_metrics = train_on_batch(model, optimizer, batch, cfg)
         t_train = time.perf_counter() - t1
         gen_tokens = sum(len(s.call.output_ids) for t in trees for n in t.nodes.values() for s in n.steps)
+        calls = [c for t in trees for n in t.nodes.values() for c in (n.rubric_call, n.score_call) if c]
         metrics = {
             "step": step,
             "stage": stage,
@@ -291,7 +310,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, float]]:
             **train_metrics,
             "tokens_per_s": gen_tokens / max(t_roll, 1e-9),
             "time/rollout_s": t_roll,
+            "time/scoring_s": sum(c.seconds for c in calls),  # rubric + score calls (inside the rollout time)
             "time/train_s": t_train,
+            "mem/peak_rss_gb": peak_rss_gb(),
             "batch/datums": len(batch.datums),
             "batch/replaced_tasks": replaced,
             **{f"batch/{k}": v for k, v in batch.counts.items()},
@@ -307,6 +328,13 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, float]]:
         log(log_line(metrics), step + 1)
     plot_curves(out / "metrics.jsonl", out / "curves.png")
     return history
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def log_line(m: dict[str, Any]) -> str:

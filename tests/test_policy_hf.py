@@ -1,0 +1,184 @@
+"""HFPolicy: batched generation, left padding, log-probs, stop strings, the async batching queue.
+
+Exactness tests use the seeded random ``tiny`` model in float32; one slow test loads the real SmolLM2.
+Run: ``pytest tests/test_policy_hf.py`` (``-m "not slow"`` skips the SmolLM2 test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import pytest
+
+from common.policy.base import GenerationRequest, SamplingParams
+from common.policy.hf import HFPolicy, find_stop
+
+PROMPTS = [
+    "hi",
+    "Tell me a long story about dragons and castles, with many twists. " * 3,
+    "What is 2+2?",
+    "x",
+    "Write python code that prints the first ten primes.",
+    "a b c d e f g",
+    "The quick brown fox jumps over the lazy dog.",
+    "zzz " * 30,
+]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> HFPolicy:
+    return HFPolicy("tiny", dtype="float32", device="cpu", max_batch_size=8, max_wait_ms=20)
+
+
+def _req(content: str, n: int = 12, **kw) -> GenerationRequest:
+    return GenerationRequest(
+        messages=[{"role": "user", "content": content}], sampling=SamplingParams(max_new_tokens=n, **kw)
+    )
+
+
+def test_batch_of_8_equals_batch_of_1_greedy(tiny):
+    reqs = [_req(p, temperature=0.0) for p in PROMPTS]
+    batch = tiny.generate_batch(reqs)
+    lengths = {len(c.prompt_ids) for c in batch}
+    assert len(lengths) > 3  # really different prompt lengths -> real left padding
+    for req, b in zip(reqs, batch, strict=True):
+        single = tiny.generate_batch([req])[0]
+        assert single.prompt_ids == b.prompt_ids
+        assert single.output_ids == b.output_ids
+        assert len(b.output_ids) == len(b.logprobs) == 12
+        assert max(abs(x - y) for x, y in zip(single.logprobs, b.logprobs, strict=True)) < 1e-4
+        assert b.finish_reason == "length"
+    assert len({tuple(c.output_ids) for c in batch}) > 1  # the tiny model is not degenerate
+
+
+def test_greedy_logprobs_equal_teacher_forced(tiny):
+    for comp in tiny.generate_batch([_req(p, n=16, temperature=0.0) for p in PROMPTS[:4]]):
+        forced = tiny.score_logprobs(comp.prompt_ids, comp.output_ids)
+        assert max(abs(x - y) for x, y in zip(comp.logprobs, forced, strict=True)) < 1e-4
+        assert all(lp <= 0 and math.isfinite(lp) for lp in comp.logprobs)
+
+
+def test_sampled_logprobs_are_tempered_sampler_distribution(tiny):
+    reqs = [_req(p, n=16, temperature=0.7, seed=i) for i, p in enumerate(PROMPTS[:4])]
+    comps = tiny.generate_batch(reqs)
+    for comp in comps:
+        forced = tiny.score_logprobs(comp.prompt_ids, comp.output_ids, temperature=0.7)
+        assert max(abs(x - y) for x, y in zip(comp.logprobs, forced, strict=True)) < 1e-4
+    again = tiny.generate_batch(reqs)  # per-request seeds make sampling reproducible
+    assert [c.output_ids for c in again] == [c.output_ids for c in comps]
+    alone = tiny.generate_batch(reqs[2:3])[0]  # ... whatever batch the request lands in
+    assert alone.output_ids == comps[2].output_ids
+
+
+def test_top_p_keeps_sampled_token_in_nucleus(tiny):
+    comps = tiny.generate_batch([_req(PROMPTS[2], n=12, temperature=1.0, top_p=0.5, seed=3)])
+    forced = tiny.score_logprobs(comps[0].prompt_ids, comps[0].output_ids)
+    # renormalised over the nucleus: each recorded log-prob >= the untruncated one
+    assert all(a >= b - 1e-5 for a, b in zip(comps[0].logprobs, forced, strict=True))
+
+
+def test_stop_string_cuts_generation_per_sequence(tiny):
+    reqs = [_req(p, n=24, temperature=0.0) for p in PROMPTS[:3]]
+    free = tiny.generate_batch(reqs)
+    pieces = [tiny.tokenizer.decode([t]).strip() for t in free[1].output_ids[8:]]
+    stop = next(p[:3] for p in pieces if p)  # a stop string from the middle of the free output
+    reqs[1] = _req(PROMPTS[1], n=24, temperature=0.0, stop=("NEVER-APPEARS", stop))
+    cut = tiny.generate_batch(reqs)
+    assert cut[1].finish_reason == "stop"
+    assert cut[1].text.endswith(stop) and find_stop(cut[1].text, (stop,)) == len(cut[1].text)
+    assert len(cut[1].output_ids) < 24
+    assert cut[1].output_ids == free[1].output_ids[: len(cut[1].output_ids)]  # up to and incl. the stop
+    assert stop in tiny.tokenizer.decode(cut[1].output_ids)
+    assert stop not in tiny.tokenizer.decode(cut[1].output_ids[:-1])
+    assert cut[0].output_ids == free[0].output_ids and cut[2].output_ids == free[2].output_ids
+
+
+def test_eos_stops_and_is_recorded(tiny):
+    # Make EOS the greedy choice by biasing the head: output is exactly [EOS] with finish "stop".
+    import torch
+
+    eos = tiny.eos_ids[0]
+    head = tiny.model.lm_head.weight
+    saved = head[eos].clone()
+    try:
+        with torch.no_grad():
+            head[eos] = head.abs().max() * 50 * torch.sign(tiny.model.model.norm.weight)
+        comp = tiny.generate_batch([_req("hi", n=8, temperature=0.0)])[0]
+    finally:
+        with torch.no_grad():
+            head[eos] = saved
+    assert comp.output_ids == [eos] and comp.finish_reason == "stop" and comp.text == ""
+
+
+def test_async_requests_are_batched(tiny):
+    async def run():
+        before = dict(tiny.stats)
+        comps = await asyncio.gather(*(tiny.generate(_req(p, n=6, temperature=0.0)) for p in PROMPTS))
+        return comps, tiny.stats["batches"] - before["batches"]
+
+    comps, batches = asyncio.run(run())
+    assert batches == 1
+    direct = tiny.generate_batch([_req(p, n=6, temperature=0.0) for p in PROMPTS])
+    assert [c.output_ids for c in comps] == [c.output_ids for c in direct]
+
+
+def test_event_loop_stays_responsive(tiny):
+    async def run():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.005)
+
+        t = asyncio.create_task(ticker())
+        await tiny.generate(_req(PROMPTS[1], n=200, temperature=0.0))
+        t.cancel()
+        return ticks
+
+    assert asyncio.run(run()) > 5
+
+
+def test_prompt_budget_truncates(tiny):
+    small = HFPolicy(tiny.model, tiny.tokenizer, max_context_tokens=80)
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "TASK"}]
+    for i in range(10):
+        msgs += [
+            {"role": "assistant", "content": f"reply {i} " * 5},
+            {"role": "user", "content": f"obs {i} " * 5},
+        ]
+    comp = small.generate_batch([GenerationRequest(messages=msgs, sampling=SamplingParams(8, 0.0))])[0]
+    assert comp.prompt_truncated and len(comp.prompt_ids) <= 80 - 8
+
+
+@pytest.mark.slow
+def test_real_smollm2_greedy_generation():
+    t0 = time.perf_counter()
+    policy = HFPolicy("smollm2", device="cpu")  # bf16 by default
+    load_s = time.perf_counter() - t0
+    req = GenerationRequest(
+        messages=[{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
+        sampling=SamplingParams(max_new_tokens=20, temperature=0.0),
+    )
+    comp = policy.generate_batch([req])[0]
+    assert "Paris" in comp.text
+    assert comp.output_ids and len(comp.output_ids) == len(comp.logprobs)
+    assert policy.tokenizer.decode(comp.prompt_ids).startswith("<|im_start|>system")
+    assert load_s < 60
+
+
+def test_bad_request_fails_alone(tiny):
+    async def run():
+        bad = _req("hi", n=tiny.max_context_tokens + 5, temperature=0.0)
+        return await asyncio.gather(
+            tiny.generate(bad), tiny.generate(_req("hi", n=4)), return_exceptions=True
+        )
+
+    bad, good = asyncio.run(run())
+    assert isinstance(bad, ValueError) and "leaves no room" in str(bad)
+    assert len(good.output_ids) == 4
+    with pytest.raises(ValueError, match="leaves no room"):
+        tiny.generate_batch([_req("hi", n=tiny.max_context_tokens)])

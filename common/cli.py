@@ -28,6 +28,25 @@ data_app = typer.Typer(help="Generate task files.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 console = Console()
 
+
+
+def friendly(fn):
+    """Show bad input (a malformed task file, an unknown name, a missing file) as one clear line, exit 2."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from common.data import TaskFileError
+
+        try:
+            return fn(*args, **kwargs)
+        except (TaskFileError, FileNotFoundError, ValueError) as e:
+            console.print(f"[red]error:[/red] {e}", highlight=False)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
 ENV_HELP = "Environment: textcraft | textworld | textworld-cooking."
 POLICY_HELP = (
     "Policy: oracle | random | replay:FILE.json | hf:MODEL (smollm2, tiny, path, HF id) | openai:URL#MODEL."
@@ -35,6 +54,7 @@ POLICY_HELP = (
 
 
 @data_app.command("textcraft")
+@friendly
 def data_textcraft(
     split: str = typer.Option("train", help="train or val (the split is by target item)."),
     n: int = typer.Option(100, help="Number of tasks (balanced over easy/medium/hard/extreme)."),
@@ -51,6 +71,7 @@ def data_textcraft(
 
 
 @data_app.command("textworld")
+@friendly
 def data_textworld(
     split: str = typer.Option("train", help="train, dev or test (foods follow textworld's cooking splits)."),
     n: int = typer.Option(28, help="Number of tasks (cycled over 7 families x 4 tiers)."),
@@ -67,7 +88,25 @@ def data_textworld(
     console.print(f"wrote {write_jsonl(out, tasks)} TextWorld-Sync {split} tasks to {out}")
 
 
+
+@data_app.command("textworld-cooking")
+@friendly
+def data_textworld_cooking(
+    tier: str = typer.Option("medium", help="Game settings tier: easy | medium | hard | extreme."),
+    n: int = typer.Option(20, help="Number of games (distinct seeds)."),
+    seed: int = typer.Option(0, help="Seed of the game seeds."),
+    materialize: bool = typer.Option(False, help="Generate every game now (else lazily, on first use)."),
+    out: Path = typer.Option(..., help="Output JSONL file."),
+) -> None:
+    """Task records for real TextWorld `tw-cooking` games (needs the textworld extra)."""
+    from common.data import write_jsonl
+    from common.envs.textworld_cooking import generate_tasks
+
+    tasks = generate_tasks(n=n, seed=seed, settings=tier, materialize=materialize)
+    console.print(f"wrote {write_jsonl(out, tasks)} TextWorld cooking tasks ({tier}) to {out}")
+
 @app.command()
+@friendly
 def rollout(
     env: str = typer.Option("textcraft", help=ENV_HELP),
     task: str = typer.Option(
@@ -127,6 +166,7 @@ def _pick_task(env: str, task: str | None, seed: int) -> dict:
 
 
 @app.command()
+@friendly
 def view(
     log: Path = typer.Argument(
         ..., help="Offline log written by `sera rollout`, `sera eval` or `sera train`."
@@ -153,6 +193,7 @@ app.add_typer(eval_app, name="eval")
 
 
 @eval_app.callback(invoke_without_command=True)
+@friendly
 def eval_run(
     ctx: typer.Context,
     env: str = typer.Option("textcraft", help=ENV_HELP),
@@ -195,6 +236,7 @@ def eval_run(
 
 
 @eval_app.command("compare")
+@friendly
 def eval_compare(
     a: Path = typer.Argument(..., help="First eval directory (holding report.json)."),
     b: Path = typer.Argument(..., help="Second eval directory."),

@@ -289,6 +289,8 @@ def generate_tasks(
             "seed": g,
             "max_steps": int(max_steps),
         }
+        if isinstance(settings, str):
+            rec["difficulty"] = settings  # the tier name, for per-tier evaluation reports
         if max_world_steps is not None:
             rec["max_world_steps"] = int(max_world_steps)
         if materialize:

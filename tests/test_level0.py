@@ -66,11 +66,11 @@ def small_config(tmp: Path, env: str, **kw) -> TrainConfig:
     """A few-second config with signal: the tiny model plus teacher-forced oracle replies (mixes chosen so
     that groups are mixed: some rollouts succeed, some fail)."""
     per_env = {"textcraft": dict(max_steps=3, oracle_mix=0.7, difficulty="medium"),
-               "textworld": dict(max_steps=12, oracle_mix=0.6, difficulty="easy")}[env]
+               "textworld": dict(max_steps=12, oracle_mix=0.6, difficulty="easy", tasks_per_step=1)}[env]
     base = dict(env=env, model="tiny", out=str(tmp / "run"), steps=3, schedule="execution:1,delegation:1,rubric:1",
                 tasks_per_step=2, rollouts_per_task=2, max_new_tokens=16, rubric_max_new_tokens=16,
-                score_noise=0.3, n_tasks=16, max_task_replacements=3, **per_env)
-    return TrainConfig(**{**base, **kw})
+                score_noise=0.3, n_tasks=16, max_task_replacements=3)
+    return TrainConfig(**{**base, **per_env, **kw})
 
 
 @pytest.mark.slow

@@ -176,3 +176,15 @@ def test_never_raises_on_arbitrary_delegate_json(doc):
 def test_action_blocks_keep_their_single_line_content(cmd):
     p = parse_reply(f"<action>{cmd}</action>")
     _check(p)
+
+
+def test_echoed_instruction_with_several_tags_is_not_a_finish():
+    # SmolLM2 copies the observation's last line; the trailing "<finish> block." must not end the agent.
+    echoed = "Shared steps remaining: 90.\nReply with exactly one <action>, <delegate> or <finish> block."
+    r = parse_reply(echoed, ["look around"])
+    assert r.kind == "error" and r.message is None
+
+
+def test_a_single_unclosed_tag_at_the_end_is_still_accepted():
+    r = parse_reply("I am done here.\n<finish>Both dishes are eaten", ["look around"])
+    assert r.kind == "finish" and r.message == "Both dishes are eaten"

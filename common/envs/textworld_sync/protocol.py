@@ -93,8 +93,10 @@ def parse_reply(
     body = _THINK_RE.sub(" ", text)
     blocks = [(m.group(1).lower(), m.group(2)) for m in _BLOCK_RE.finditer(body)]
     if not blocks:
+        # An unclosed block at the very end (generation cut off) counts only when it is the ONE protocol tag
+        # of the reply: a model echoing "reply with one <action>, <delegate> or <finish> block" is not a finish.
         tail = _OPEN_TAIL_RE.search(body)
-        if tail and not _BLOCK_RE.search(body):
+        if tail and len(_ANY_TAG_RE.findall(body)) == 1:
             blocks = [(tail.group(1).lower(), tail.group(2))]
     if len(blocks) > 1:
         kinds = ", ".join(f"<{k}>" for k, _ in blocks)

@@ -20,7 +20,7 @@ class TrainConfig:
     """Method preset: rao | rao_d | sera_wo_d_rt | sera_wo_d | sera (SPEC.md §4 ablation rows)."""
     model: str = "smollm2"
     """smollm2 (bundled SmolLM2-135M-Instruct) | tiny (random init, tests) | HF id | local path."""
-    steps: int = 4
+    steps: int = 2
     """Optimizer steps (paper: 250 TextCraft, 400 TextWorld)."""
     out: str = "runs/level0"
     """Run directory: metrics.jsonl, trees.jsonl, curves.png, checkpoints/."""
@@ -32,7 +32,7 @@ class TrainConfig:
     """Tiers of the generated pool: easy | medium | hard | extreme | all (the paper trains on all)."""
     n_tasks: int = 64
     """Size of the generated task pool when no task file is given."""
-    tasks_per_step: int = 2
+    tasks_per_step: int = 1
     """Tasks per optimizer step (paper: 8)."""
     rollouts_per_task: int = 2
     """Root rollouts per task, the LOO group (paper: 8)."""
@@ -44,9 +44,9 @@ class TrainConfig:
     """Environment budget of counterfactual branches per root rollout."""
     judge: str = "programmatic"
     """Branch labels: programmatic | policy | openai:URL#MODEL (TextWorld's paper setup)."""
-    max_steps: int = 4
+    max_steps: int = 3
     """Steps per agent (paper: 20)."""
-    max_new_tokens: int = 96
+    max_new_tokens: int = 64
     """Output cap per agent step (paper: 512 TextCraft, 3,072 TextWorld)."""
     rubric_max_new_tokens: int = 256
     """Output cap of rubric and score calls (paper: 1,024)."""
@@ -72,7 +72,7 @@ class TrainConfig:
     score_noise: float = 0.0
     """With oracle_mix: probability that a teacher-forced score flips its verdict (keeps rubric groups
     imperfectly ranked so the Rubric stage has signal)."""
-    max_task_replacements: int = 2
+    max_task_replacements: int = 1
     """TextCraft: extra tasks tried per step to replace zero-variance groups."""
     save_every: int = 1
     """Checkpoint every N optimizer steps."""

@@ -21,7 +21,7 @@ One loop, top to bottom, with every piece of SPEC.md §4:
 What it simplifies (only the systems, never the algorithm): rollouts run one tree at a time (the agents
 of one tree still run concurrently), generation uses the training model itself (strictly on-policy, no
 weight sync), the loss is computed one datum at a time, and the defaults are shrunk for a laptop CPU
-(2 tasks x 2 rollouts, 4 steps per agent, 96 new tokens) — ``--paper`` restores the paper's sizes.
+(1 task x 2 rollouts, 3 steps per agent, 64 new tokens, 2 optimizer steps) — ``--paper`` restores the paper's sizes.
 Level 1 (`level1_batched/`) batches all of this; level 2 distributes it.
 """
 
@@ -326,6 +326,12 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, float]]:
             save_checkpoint(out, model, optimizer, step + 1, sampler.cursor, cfg)
         history.append(metrics)
         log(log_line(metrics), step + 1)
+        if not batch.datums or metrics["grad_norm"] == 0.0:
+            log(
+                "  (no learning signal this step: every rollout of a task had the same outcome. Small models "
+                "rarely succeed; --oracle-mix 0.5 adds teacher-forced oracle replies as a warm start.)",
+                step + 1,
+            )
     plot_curves(out / "metrics.jsonl", out / "curves.png")
     return history
 

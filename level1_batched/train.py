@@ -1,0 +1,558 @@
+"""Level 1: one node, batched. Level 0's algorithm, unchanged, with three scale ideas around it.
+
+    python -m level1_batched.train --model tiny --steps 3                     # 1 process, no torchrun
+    python -m level1_batched.train --steps 20 --max-batch-size 32              # SmolLM2 on the CPU
+    torchrun --nproc_per_node 2 -m level1_batched.train --model tiny --steps 3  # 2 processes (gloo on CPU)
+    torchrun --nproc_per_node 8 -m level1_batched.train --paper --model Qwen/Qwen3-4B-Instruct-2507  # 8 GPUs
+
+The loop is level 0's loop (`level0_single_process/train.py` is the oracle of this file: same sampler,
+schedule, rewards, datums, CISPO loss, optimizer, checkpoints, metric names and log line, all imported).
+What changes is only how the work is scheduled, one small function per idea:
+
+1. Many rollouts in flight (:func:`collect_groups_in_flight`): all tasks x rollouts of a step run
+   concurrently on one asyncio loop (``asyncio.gather`` of ``run_root``), so the agents' model calls meet
+   in :class:`~common.policy.hf.HFPolicy`'s queue and run as batches of up to ``max_batch_size`` rows.
+   Level 0 uses ``max_batch_size=1`` so sampling is bit-reproducible; here every request keeps its own
+   seeded generator, but a different batch composition (padding, kernel shapes) can change logits in the
+   last bits and so, rarely, a sampled token. Level 1 trades that exact reproducibility for throughput.
+2. Packed micro-batches (:func:`accumulate_gradients_packed`): datums are packed first-fit-decreasing into
+   rows of at most ``max_tokens_per_microbatch`` tokens; position ids restart at 0 for every datum, which
+   transformers turns into a block-diagonal causal mask (no attention between datums), and logits are
+   computed only at the positions that predict output tokens (``logits_to_keep``). Every micro-batch
+   divides its CISPO sum by the trained-token count of the WHOLE step, so the micro-batch losses (and
+   gradients) add up to level 0's token-mean.
+3. Data parallel (:func:`allreduce_gradients`): with ``torchrun`` every rank rolls out its share of the
+   step's tasks (whole task groups, so the LOO baselines stay on one rank), the trees are all-gathered so
+   every rank builds the same batch (depth weights are over the whole batch), each rank trains on a
+   token-balanced shard of the datums with the GLOBAL token count, and the gradients are summed across
+   ranks before clipping and AdamW. World size 1 skips all of it.
+
+What it simplifies: no continuous batching (a wave of rollouts ends when its slowest tree ends; TextCraft's
+replacement tasks run in a second wave), generation still uses the training model on every rank
+(strictly on-policy, no weight sync, no separate inference engine), the gradient all-reduce runs after
+the last micro-batch instead of overlapping with the backward pass, and the optimizer state is
+replicated (no sharding). Level 2 (`level2_distributed/`) removes these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from common.agent.judge import make_judge
+from common.agent.log import append_tree
+from common.agent.runtime import run_root
+from common.envs import make_env, runtime_config_for
+from common.rl.batch import build_stage_batch, tree_metrics
+from common.rl.datums import Datum
+from common.rl.loss import cispo_loss, token_logprobs
+from common.rl.schedule import Schedule, get_preset
+from common.train_config import TrainConfig
+from level0_single_process.train import (
+    TaskSampler,
+    _progress,
+    hash_seed,
+    load_checkpoint,
+    log_line,
+    peak_rss_gb,
+    plot_curves,
+    save_checkpoint,
+    task_pool,
+    truncate_logs,
+)
+
+
+@dataclass
+class Level1Config:
+    """Level-1 scale settings (the algorithm's settings stay in TrainConfig)."""
+
+    max_tokens_per_microbatch: int = 8192
+    """Tokens (prompt + output) per packed training row; a longer datum gets a row of its own."""
+    max_batch_size: int = 32
+    """Most generation requests HFPolicy runs as one batch (level 0: 1)."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens_per_microbatch < 1 or self.max_batch_size < 1:
+            raise SystemExit(
+                f"--max-tokens-per-microbatch ({self.max_tokens_per_microbatch}) and --max-batch-size "
+                f"({self.max_batch_size}) must be >= 1"
+            )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data parallel: one process per device, started by torchrun (world size 1 needs no torchrun).
+# ----------------------------------------------------------------------------------------------------
+def init_distributed() -> tuple[int, int, torch.device]:
+    """``(rank, world_size, device)``; joins the process group when torchrun set ``WORLD_SIZE`` > 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
+    if world == 1:
+        return 0, 1, device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_sum(values: list[float], device: torch.device | str = "cpu") -> list[float]:
+    """Element-wise sum of ``values`` over ranks (identity at world size 1)."""
+    if not distributed():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def broadcast_parameters(model) -> None:
+    """Every rank starts from rank 0's weights."""
+    if distributed():
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+
+
+def allreduce_gradients(model, bucket_numel: int = 2**24) -> None:
+    """THE data-parallel step: ``grad = sum over ranks of grad``, in flat buckets (a rank without datums
+    contributes zeros). Each rank's loss already divides by the global token count, so the sum is the
+    gradient of the step's token-mean. Not overlapped with the backward pass (DDP does that)."""
+    if not distributed():
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    bucket: list[torch.Tensor] = []
+    for i, p in enumerate(params):
+        bucket.append(p.grad)
+        if sum(g.numel() for g in bucket) >= bucket_numel or i == len(params) - 1:
+            flat = torch.cat([g.reshape(-1) for g in bucket])  # [sum numel]
+            dist.all_reduce(flat)
+            for g, new in zip(bucket, flat.split([g.numel() for g in bucket]), strict=True):
+                g.copy_(new.view_as(g))
+            bucket = []
+
+
+def balanced_shards(sizes: list[int], world: int) -> list[list[int]]:
+    """Indices per rank, largest first onto the least-loaded rank (deterministic on every rank).
+
+    >>> balanced_shards([5, 1, 4, 2], 2)
+    [[0, 1], [2, 3]]
+    """
+    shards: list[list[int]] = [[] for _ in range(world)]
+    load = [0] * world
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        shards[r].append(i)
+        load[r] += sizes[i]
+    return [sorted(s) for s in shards]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rollouts: every tree of a wave in flight at once; each rank runs its share of the task groups.
+# ----------------------------------------------------------------------------------------------------
+def runtime_config(cfg: TrainConfig, stage: str, generate_rubrics: bool):
+    """The runtime settings of one rollout (as in level 0's ``collect_groups``)."""
+    return runtime_config_for(
+        cfg.env,
+        max_steps=cfg.max_steps,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        max_prompt_tokens=cfg.max_prompt_tokens,
+        use_rubrics=generate_rubrics,
+        rubric_max_new_tokens=cfg.rubric_max_new_tokens,
+        score_max_new_tokens=cfg.rubric_max_new_tokens,
+        counterfactual_k=cfg.counterfactual_k if stage == "rubric" else 1,
+        max_envs_per_rollout=cfg.max_envs_per_rollout,
+    )
+
+
+async def rollout_in_flight(jobs: list[tuple[dict, list[int]]], env, policy, judge, rcfg) -> list[list[Any]]:
+    """``jobs`` = ``(task, one seed per rollout)``; all their trees run concurrently, one group per job."""
+    coros = [
+        run_root(task, env, policy, replace(rcfg, seed=s), judge=judge) for task, seeds in jobs for s in seeds
+    ]
+    trees = await asyncio.gather(*coros)
+    groups, i = [], 0
+    for _, seeds in jobs:
+        groups.append(list(trees[i : i + len(seeds)]))
+        i += len(seeds)
+    return groups
+
+
+def gather_groups(mine: list[list[Any]], n_jobs: int, world: int) -> list[list[Any]]:
+    """All ranks' groups in job order (rank r ran jobs r, r + world, ...)."""
+    if world == 1:
+        return mine
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, mine)
+    return [parts[j % world][j // world] for j in range(n_jobs)]
+
+
+def collect_groups_in_flight(
+    cfg: TrainConfig,
+    stage: str,
+    step: int,
+    sampler: TaskSampler,
+    env,
+    policy,
+    judge,
+    generate_rubrics: bool,
+    rank: int = 0,
+    world: int = 1,
+) -> tuple[list[list[Any]], int]:
+    """Level 0's ``collect_groups`` in waves: draw the missing tasks, roll all of them out at once, then
+    accept/replace in draw order. Same tasks, seeds and replacement rule as level 0 (the sampler and
+    its cursor are identical on every rank); only the schedule differs."""
+    rcfg = runtime_config(cfg, stage, generate_rubrics)
+    groups, extra = [], 0
+    while len(groups) < cfg.tasks_per_step:
+        jobs = []
+        for _ in range(cfg.tasks_per_step - len(groups)):
+            task = sampler.next()
+            jobs.append(
+                (task, [hash_seed(cfg.seed, step, sampler.cursor, r) for r in range(cfg.rollouts_per_task)])
+            )
+        mine = asyncio.run(rollout_in_flight(jobs[rank::world], env, policy, judge, rcfg))
+        for trees in gather_groups(mine, len(jobs), world):
+            flat = len({t.success for t in trees}) == 1
+            if stage == "execution" and cfg.env == "textcraft" and flat and extra < cfg.max_task_replacements:
+                extra += 1  # no signal: another task in the next wave (SPEC.md §4)
+                continue
+            groups.append(trees)
+    return groups, extra
+
+
+# ----------------------------------------------------------------------------------------------------
+# The loss: packed micro-batches (level 0: one datum at a time).
+# ----------------------------------------------------------------------------------------------------
+def pack_microbatches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """First-fit decreasing: longest first, each into the first micro-batch with room (a datum longer than
+    ``max_tokens`` gets its own). Returns datum indices per micro-batch.
+
+    >>> pack_microbatches([5, 3, 4, 2], max_tokens=7)
+    [[0, 3], [2, 1]]
+    """
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        b = next((b for b in range(len(bins)) if room[b] >= lengths[i]), None)
+        if b is None:
+            bins.append([])
+            room.append(max_tokens)
+            b = len(bins) - 1
+        bins[b].append(i)
+        room[b] -= lengths[i]
+    return bins
+
+
+def packed_logprobs(model, datums: list[Datum]) -> torch.Tensor:
+    """log pi_theta of every datum's output tokens from ONE packed row, as a [D, T_max] grid (0 = no token).
+
+    Row: ``prompt_0 + output_0 + prompt_1 + output_1 + ...`` with position ids ``0..L_0-1, 0..L_1-1, ...``.
+    With no attention mask and no cache, transformers reads the restarts as packed sequences and builds a
+    block-diagonal causal mask, so each datum sees only itself (exactly level 0's separate forwards).
+    """
+    ids, pos, keep, spans = [], [], [], []
+    for d in datums:
+        seq = d.prompt_ids + d.output_ids
+        start = len(ids) + len(d.prompt_ids) - 1  # position that predicts the first output token
+        keep.extend(range(start, start + len(d.output_ids)))
+        spans.append(len(d.output_ids))
+        ids.extend(seq)
+        pos.extend(range(len(seq)))
+    dev = model.device
+    row = torch.tensor([ids], device=dev)  # [1, N]
+    keep_t = torch.tensor(keep, device=dev)  # [K], K = sum of T_d
+    logits = model(
+        input_ids=row,
+        position_ids=torch.tensor([pos], device=dev),  # [1, N]
+        use_cache=False,
+        logits_to_keep=keep_t,
+    ).logits  # [1, K, V]: logits only where an output token is predicted
+    flat = token_logprobs(logits, row[:, keep_t + 1])[0]  # [K]
+    grid = flat.new_zeros(len(datums), max(spans))  # [D, T_max]
+    r = torch.repeat_interleave(torch.arange(len(datums), device=dev), torch.tensor(spans, device=dev))  # [K]
+    c = torch.cat([torch.arange(n, device=dev) for n in spans])  # [K]
+    return grid.index_put((r, c), flat)  # [D, T_max]
+
+
+def check_packing(model, n: int = 12) -> None:
+    """Refuse a model whose attention does not isolate packed datums (e.g. custom code that ignores
+    position-id packing): two random sequences packed in one row must score as they do alone."""
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    a, b = (torch.randint(0, vocab, (n,), generator=g).tolist() for _ in range(2))
+    pair = [
+        Datum(x[:4], x[4:], [0.0] * (n - 4), [1] * (n - 4), 0.0, 0, i, True, "check")
+        for i, x in enumerate((a, b))
+    ]
+    with torch.no_grad():
+        packed = packed_logprobs(model, pair)  # [2, n - 4]
+        alone = torch.cat([packed_logprobs(model, [d]) for d in pair])  # [2, n - 4]
+    diff = float((packed - alone).abs().max())
+    if diff > (1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2):
+        raise SystemExit(
+            f"packed datums leak attention into each other with this model (max |log-prob diff| {diff:.3g}); "
+            "train without packing: --max-tokens-per-microbatch 1"
+        )
+
+
+def _grid(rows: list[list[float]], width: int, dtype=torch.float32) -> torch.Tensor:
+    return torch.tensor([list(x) + [0] * (width - len(x)) for x in rows], dtype=dtype)  # [D, T_max]
+
+
+def accumulate_gradients_packed(
+    model,
+    datums: list[Datum],
+    weights: list[float],
+    max_tokens_per_microbatch: int,
+    num_tokens: float | None = None,
+) -> dict[str, float]:
+    """Backpropagate the CISPO loss of ``datums`` in packed micro-batches; gradients accumulate in ``.grad``.
+
+    ``num_tokens`` is |M|, the trained-token count of the whole optimizer step (all ranks); default: this
+    call's count. Every micro-batch divides by it, so the micro-batch (and rank) losses sum to the
+    step's token-mean. ``loss/cispo`` and ``loss/clip_frac`` are this call's shares (they add up over
+    ranks); ``train/microbatches`` and ``train/packed_tokens`` count what ran here.
+    """
+    local = sum(d.num_trained_tokens for d in datums)
+    n_tokens = float(local if num_tokens is None else num_tokens)
+    lengths = [len(d.prompt_ids) + len(d.output_ids) for d in datums]
+    micro = pack_microbatches(lengths, max_tokens_per_microbatch)
+    total, clipped = 0.0, 0.0
+    for idx in micro:
+        ds = [datums[i] for i in idx]
+        logp = packed_logprobs(model, ds)  # [D, T_max]
+        width = logp.shape[1]
+        loss, m = cispo_loss(
+            logp,
+            _grid([d.behaviour_logprobs for d in ds], width).to(logp.device),  # [D, T_max]
+            torch.tensor([d.advantage for d in ds], device=logp.device),  # [D]
+            _grid([d.loss_mask for d in ds], width).to(logp.device),  # [D, T_max]
+            weights=torch.tensor([weights[i] for i in idx], device=logp.device),  # [D]
+            num_tokens=n_tokens,
+        )  # this micro-batch's share of the token-mean
+        loss.backward()  # grads add up
+        total += loss.item()
+        clipped += m["loss/clip_frac"] * m["loss/tokens"]
+    return {
+        "loss/cispo": total,
+        "loss/tokens": n_tokens,
+        "loss/clip_frac": clipped / max(1.0, n_tokens),
+        "train/microbatches": float(len(micro)),
+        "train/packed_tokens": float(sum(lengths)),
+    }
+
+
+def train_on_shard(model, optimizer, datums, weights, cfg: TrainConfig, l1: Level1Config) -> dict[str, float]:
+    """One optimizer step over all ranks: this rank's datums, the global token count, summed gradients,
+    global-norm clip, AdamW (identical on every rank, so the replicas stay equal)."""
+    (n_tokens,) = all_reduce_sum([sum(d.num_trained_tokens for d in datums)], model.device)
+    if n_tokens == 0:  # nothing to learn from anywhere: no update (no weight decay), as in level 0
+        return {
+            "loss/cispo": 0.0,
+            "grad_norm": 0.0,
+            "loss/tokens": 0.0,
+            "loss/clip_frac": 0.0,
+            "train/skipped": 1.0,
+        }
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    m = accumulate_gradients_packed(model, datums, weights, l1.max_tokens_per_microbatch, num_tokens=n_tokens)
+    allreduce_gradients(model)  # the one data-parallel line
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    optimizer.step()
+    model.eval()
+    keys = ("loss/cispo", "loss/clip_frac", "train/microbatches", "train/packed_tokens")
+    summed = dict(zip(keys, all_reduce_sum([m[k] for k in keys], model.device), strict=True))
+    return {**m, **summed, "grad_norm": float(grad_norm), "train/skipped": 0.0}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The loop: level 0's, with the three functions above.
+# ----------------------------------------------------------------------------------------------------
+def make_policy_for(cfg: TrainConfig, model, tokenizer, l1: Level1Config):
+    """HFPolicy with batching on (plus level 0's optional teacher-forced oracle mix)."""
+    from common.policy.hf import HFPolicy
+
+    policy = HFPolicy(model, tokenizer, max_batch_size=l1.max_batch_size, seed=cfg.seed)
+    if cfg.oracle_mix > 0:
+        from common.policy import make_policy
+        from common.policy.forced import TeacherForcedPolicy
+
+        teacher = make_policy("oracle", env=cfg.env, delegate=True)
+        return TeacherForcedPolicy(
+            policy,
+            teacher,
+            cfg.oracle_mix,
+            cfg.score_noise,
+            seed=cfg.seed,
+            max_prompt_tokens=cfg.max_prompt_tokens,
+        )
+    return policy
+
+
+def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = True) -> list[dict[str, Any]]:
+    """Run ``cfg.steps`` optimizer steps; every rank returns the same metrics history."""
+    from common.policy.models import load_model
+
+    l1 = l1 or Level1Config()
+    rank, world, device = init_distributed()
+    if cfg.out == TrainConfig.out:  # the shared default names level 0's directory
+        cfg = replace(cfg, out="runs/level1")
+    out = Path(cfg.out)
+    if out.exists() and any(out.glob("checkpoints/step_*")) and not cfg.resume:
+        raise SystemExit(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    if distributed():
+        dist.barrier()  # every rank has checked before rank 0 writes
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    preset = get_preset(cfg.method)
+    schedule = Schedule.parse(cfg.schedule or preset.schedule)
+    if "rubric" in schedule.stages and not preset.generate_rubrics:
+        raise SystemExit(f"method {cfg.method} writes no rubrics, so its schedule cannot have a rubric stage")
+    model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=device, seed=cfg.seed)
+    broadcast_parameters(model)
+    if l1.max_tokens_per_microbatch > 1:
+        check_packing(model)
+    policy = make_policy_for(cfg, model, tokenizer, l1)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2)
+    )
+    start, cursor = load_checkpoint(out, model, optimizer, cfg) if cfg.resume else (0, 0)
+    if rank == 0:
+        truncate_logs(out, start)
+        (out / "config.json").write_text(
+            json.dumps({**asdict(cfg), "level1": asdict(l1), "world_size": world}, indent=2)
+        )
+        print(
+            f"[level1] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | world {world} "
+            f"| {l1} | steps {start}->{cfg.steps}"
+        )
+    env, sampler = make_env(cfg.env), TaskSampler(task_pool(cfg), cfg.seed, cursor)
+    judge = make_judge(cfg.judge, policy)
+    history: list[dict[str, Any]] = []
+    log = _progress(progress, cfg.steps, start) if rank == 0 else None
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+        stage = schedule.stage_at(step)
+        groups, replaced = collect_groups_in_flight(
+            cfg, stage, step, sampler, env, policy, judge, preset.generate_rubrics, rank, world
+        )
+        t_roll = time.perf_counter() - t0
+        trees = [t for g in groups for t in g]
+        batch = build_stage_batch(  # the same batch on every rank
+            stage,
+            groups,
+            preset.execution_reward,
+            zero_variance="drop" if cfg.env == "textcraft" else "keep",
+            tokenizer=tokenizer,
+        )
+        mine = balanced_shards([len(d.prompt_ids) + len(d.output_ids) for d in batch.datums], world)[rank]
+        t1 = time.perf_counter()
+        train_metrics = train_on_shard(
+            model, optimizer, [batch.datums[i] for i in mine], [batch.weights[i] for i in mine], cfg, l1
+        )
+        t_train = time.perf_counter() - t1
+        gen_tokens = sum(len(s.call.output_ids) for t in trees for n in t.nodes.values() for s in n.steps)
+        calls = [c for t in trees for n in t.nodes.values() for c in (n.rubric_call, n.score_call) if c]
+        metrics = {
+            "step": step,
+            "stage": stage,
+            **tree_metrics(trees, preset.execution_reward),
+            **train_metrics,
+            "tokens_per_s": gen_tokens / max(t_roll, 1e-9),
+            "train/tokens_per_s": train_metrics.get("train/packed_tokens", 0.0) / max(t_train, 1e-9),
+            "time/rollout_s": t_roll,
+            "time/scoring_s": sum(c.seconds for c in calls),
+            "time/train_s": t_train,
+            "mem/peak_rss_gb": peak_rss_gb(),
+            "batch/datums": len(batch.datums),
+            "batch/replaced_tasks": replaced,
+            "dp/world_size": world,
+            **{f"batch/{k}": v for k, v in batch.counts.items()},
+        }
+        if rank == 0:
+            for t in trees:
+                t.meta["step"] = step
+                append_tree(out / "trees.jsonl", t)
+            with open(out / "metrics.jsonl", "a") as f:  # logs first, checkpoint second (as level 0)
+                f.write(json.dumps(metrics) + "\n")
+            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+                save_checkpoint(out, model, optimizer, step + 1, sampler.cursor, cfg)
+            log(f"{log_line(metrics)} train_tokens_per_s={metrics['train/tokens_per_s']:.4g}", step + 1)
+        history.append(metrics)
+    if rank == 0 and history:
+        plot_curves(out / "metrics.jsonl", out / "curves.png")
+    if distributed():
+        dist.barrier()  # rank 0's checkpoint and plot are on disk before anyone returns
+    return history
+
+
+# ----------------------------------------------------------------------------------------------------
+# Command line: level 0's options (TrainConfig) plus Level1Config's, for `python -m` and torchrun.
+# ----------------------------------------------------------------------------------------------------
+def level1_options() -> list[inspect.Parameter]:
+    """One ``--option`` per Level1Config field (help = the field's docstring), for typer commands."""
+    import typer
+
+    from common.config import field_docs
+
+    docs = field_docs(Level1Config)
+    return [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=type(f.default),
+            default=typer.Option(f.default, help=docs.get(f.name, "")),
+        )
+        for f in fields(Level1Config)
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    import typer
+
+    from common.config import dataclass_command
+
+    def run(cfg: TrainConfig, paper: bool = False, **l1: Any) -> None:
+        try:
+            train(cfg.paper() if paper else cfg, Level1Config(**l1))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    paper = inspect.Parameter(
+        "paper",
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=bool,
+        default=typer.Option(False, help="The paper's sizes (8x8 rollouts, K=8, 20 steps, full caps, bf16)."),
+    )
+    cmd = dataclass_command(TrainConfig, run, extra=[paper, *level1_options()])
+    cmd.__doc__ = "Level-1 SERA training: rollouts in flight, packed micro-batches, data parallel (torchrun)."
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(cmd)
+    app(args=argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""Level 1 == level 0 on the recorded fixture, then a short end-to-end level-1 run.
+
+* packed micro-batches (1, 2 and one-per-datum) reproduce level 0's golden loss and gradient norm of every
+  stage, and level 0's gradients tensor by tensor (the max |diff| per tensor is printed);
+* world size 2 on CPU/gloo (two spawned processes, half the datums each, global token count, summed
+  gradients) == level 0 and == world size 1;
+* a 2-step ``level1_batched.train`` run with the tiny model writes the fixed metric names.
+
+Tolerances (float32, judged against the size of the terms being summed, because the fixture's stages
+cancel: e.g. two rubric datums with advantages -0.1 and +0.1 on near-identical tokens leave a loss of 2e-5
+and a gradient far smaller than each datum's): gradients per tensor ``max|g1 - g0| <= 1e-4 * max|g_|A||``
+(the gradient of the same loss with |A|); grad norm rel 1e-4; loss ``<= 1e-5 * sum|w A logp| / |M|``.
+Packing changes the attention kernel's mask and summation order, hence last-bit differences, never more.
+
+Run: pytest tests/test_level1.py -s  (about a minute on 2 CPU cores)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from common.rl.batch import METRIC_NAMES
+from common.rl.datums import Datum
+from common.train_config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "rl_fixture.json"
+STAGES = ("execution", "delegation", "rubric")
+RTOL = 1e-4  # float32
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: on a 2-core runner shared with other processes, spinning OpenMP threads make
+    every small op of the tiny model ~10x slower. Restored afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def load_stage(stage: str) -> tuple[list[Datum], list[float], dict]:
+    fx = json.loads(FIXTURE.read_text())
+    assert fx["version"] == 1, f"fixture version {fx['version']}: regenerate with {fx['regenerate']}"
+    st = fx["stages"][stage]
+    return [Datum(**d) for d in st["datums"]], st["weights"], st["golden"]
+
+
+def fresh_model():
+    from common.policy.models import load_model
+
+    model, _ = load_model("tiny", dtype="float32", seed=0)
+    return model.train()
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def norm(g: dict[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(float(t.pow(2).sum()) for t in g.values()))
+
+
+def loss_scale(datums: list[Datum], weights: list[float]) -> float:
+    """sum |w A log pi_b| / |M|: the size of the terms the CISPO loss sums (rho ~ 1)."""
+    n = sum(d.num_trained_tokens for d in datums)
+    return sum(
+        abs(w * d.advantage)
+        * sum(abs(b) for b, m in zip(d.behaviour_logprobs, d.loss_mask, strict=True) if m)
+        for d, w in zip(datums, weights, strict=True)
+    ) / max(1, n)
+
+
+def assert_grads_close(got: dict, ref: dict, scale: dict, label: str) -> None:
+    """Per tensor: ``max|got - ref| <= RTOL * max|scale|``, ``scale`` = the gradient of the same loss with
+    |A| (no cancellation between datums of opposite advantage: the size of the terms being summed)."""
+    assert got.keys() == ref.keys()
+    diffs = {k: float((got[k] - ref[k]).abs().max()) for k in ref}
+    rel = {k: diffs[k] / (float(scale[k].abs().max()) + 1e-30) for k in ref}
+    print(
+        f"{label}: max|diff| per tensor: "
+        + ", ".join(f"{k.removeprefix('model.')}={v:.1e}" for k, v in diffs.items())
+    )
+    worst = max(rel, key=lambda k: rel[k])
+    print(f"{label}: worst {worst}: {diffs[worst]:.2e} = {rel[worst]:.1e} x max|grad with |A||")
+    for k in ref:
+        assert rel[k] <= RTOL, (label, k, diffs[k])
+
+
+@pytest.fixture(scope="module")
+def level0():
+    """Level 0's per-datum gradients and loss of every stage (the oracle), on a fresh tiny model each, plus
+    the tolerance scale (gradient of the loss with |A|)."""
+    from level0_single_process.train import accumulate_gradients
+    from level1_batched.train import accumulate_gradients_packed
+
+    out = {}
+    for stage in STAGES:
+        datums, weights, _ = load_stage(stage)
+        model = fresh_model()
+        m = accumulate_gradients(model, datums, weights)
+        out[stage] = {"loss": m["loss/cispo"], "grads": grads(model)}
+        model = fresh_model()
+        absolute = [replace(d, advantage=abs(d.advantage)) for d in datums]
+        accumulate_gradients_packed(model, absolute, weights, max_tokens_per_microbatch=1)
+        out[stage]["scale"] = grads(model)
+    return out
+
+
+def micro_limit(datums: list[Datum], n: str) -> int:
+    lengths = [len(d.prompt_ids) + len(d.output_ids) for d in datums]
+    # "two": capacity >= total/2 + longest leaves < total/2 for the second row (FFD), and < total => 2 rows
+    return {"one": sum(lengths), "two": sum(lengths) // 2 + max(lengths), "many": 1}[n]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("micro", ["one", "two", "many"])
+def test_packed_matches_level0(stage: str, micro: str, level0):
+    from level1_batched.train import accumulate_gradients_packed
+
+    datums, weights, gold = load_stage(stage)
+    model = fresh_model()
+    m = accumulate_gradients_packed(model, datums, weights, micro_limit(datums, micro))
+    g = grads(model)
+    expected_micro = {"one": 1, "two": 2, "many": len(datums)}[micro]
+    assert m["train/microbatches"] == expected_micro
+    scale = loss_scale(datums, weights)
+    print(
+        f"{stage}/{micro} ({expected_micro} micro-batches): loss {m['loss/cispo']:.8g} vs golden {gold['loss']:.8g} "
+        f"(|diff| {abs(m['loss/cispo'] - gold['loss']):.2e}, scale {scale:.3g}); grad norm {norm(g):.8g} vs "
+        f"golden {gold['grad_norm']:.8g}"
+    )
+    assert m["loss/tokens"] == gold["tokens"]
+    assert abs(m["loss/cispo"] - gold["loss"]) <= 1e-5 * scale + 1e-9
+    assert abs(m["loss/cispo"] - level0[stage]["loss"]) <= 1e-5 * scale + 1e-9
+    assert norm(g) == pytest.approx(gold["grad_norm"], rel=RTOL)
+    assert_grads_close(g, level0[stage]["grads"], level0[stage]["scale"], f"{stage}/{micro}")
+
+
+def test_packing_check_refuses_a_model_that_leaks_across_datums():
+    from level1_batched.train import check_packing
+
+    model = fresh_model()
+    check_packing(model)  # transformers' position-id packing isolates the datums
+
+    class IgnoresPositionIds(torch.nn.Module):  # packed datums would attend to each other
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config, self.device = inner, inner.config, inner.device
+
+        def forward(self, position_ids=None, **kw):
+            return self.inner(**kw)
+
+    with pytest.raises(SystemExit, match="leak attention"):
+        check_packing(IgnoresPositionIds(model))
+
+
+# ----------------------------------------------------------------------------------------------------
+# World size 2 on CPU/gloo: two processes, half the datums each.
+# ----------------------------------------------------------------------------------------------------
+LIMIT = 4096  # tokens per packed row in the data-parallel comparison
+
+
+def _dp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    """One rank: its token-balanced shard of every stage, global |M|, summed gradients -> a file."""
+    from level1_batched.train import (
+        accumulate_gradients_packed,
+        all_reduce_sum,
+        allreduce_gradients,
+        balanced_shards,
+    )
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        result = {}
+        for stage in STAGES:
+            datums, weights, _ = load_stage(stage)
+            mine = balanced_shards([len(d.prompt_ids) + len(d.output_ids) for d in datums], world)[rank]
+            shard = [datums[i] for i in mine]
+            (n_tokens,) = all_reduce_sum([sum(d.num_trained_tokens for d in shard)])
+            model = fresh_model()
+            m = accumulate_gradients_packed(
+                model, shard, [weights[i] for i in mine], LIMIT, num_tokens=n_tokens
+            )
+            allreduce_gradients(model)
+            (loss,) = all_reduce_sum([m["loss/cispo"]])
+            result[stage] = {"loss": loss, "tokens": n_tokens, "datums": mine, "grads": grads(model)}
+        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_world_size_2_gloo_matches_level0_and_world_size_1(tmp_path: Path, level0):
+    from level1_batched.train import accumulate_gradients_packed
+
+    mp.spawn(_dp_worker, args=(2, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for stage in STAGES:
+        datums, weights, gold = load_stage(stage)
+        a, b = ranks[0][stage], ranks[1][stage]
+        assert sorted(a["datums"] + b["datums"]) == list(range(len(datums))) and a["datums"] and b["datums"]
+        assert a["tokens"] == b["tokens"] == gold["tokens"]  # the GLOBAL count on both ranks
+        for k in a["grads"]:  # after the all-reduce both replicas hold the same gradient
+            assert torch.equal(a["grads"][k], b["grads"][k]), k
+        model = fresh_model()
+        accumulate_gradients_packed(model, datums, weights, LIMIT)
+        world1 = grads(model)
+        print(
+            f"{stage}: world 2 loss {a['loss']:.8g} grad norm {norm(a['grads']):.8g} | world 1 grad norm "
+            f"{norm(world1):.8g} | golden {gold['loss']:.8g} / {gold['grad_norm']:.8g} | shards {a['datums']} {b['datums']}"
+        )
+        assert abs(a["loss"] - gold["loss"]) <= 1e-5 * loss_scale(datums, weights) + 1e-9
+        assert norm(a["grads"]) == pytest.approx(gold["grad_norm"], rel=RTOL)
+        assert_grads_close(a["grads"], world1, level0[stage]["scale"], f"{stage} world 2 vs world 1")
+        assert_grads_close(
+            a["grads"], level0[stage]["grads"], level0[stage]["scale"], f"{stage} world 2 vs level 0"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------
+# End to end: two level-1 steps with the tiny model (rollouts in flight, packed, world size 1).
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_two_step_run_writes_the_fixed_metrics(tmp_path: Path, capsys):
+    from level1_batched.train import Level1Config, train
+
+    cfg = TrainConfig(
+        env="textcraft", model="tiny", out=str(tmp_path / "run"), steps=2, schedule="execution:1,rubric:1",
+        tasks_per_step=1, rollouts_per_task=2, max_steps=3, max_new_tokens=16, rubric_max_new_tokens=16,
+        oracle_mix=0.7, score_noise=0.3, difficulty="medium", n_tasks=16, max_task_replacements=3,
+    )  # fmt: skip
+    # tests/test_level0.py's small config: teacher-forced oracle replies give mixed groups
+    history = train(cfg, Level1Config(max_tokens_per_microbatch=4096, max_batch_size=32), progress=False)
+    assert [h["stage"] for h in history] == ["execution", "rubric"]
+    for h in history:
+        for name in (*METRIC_NAMES, "loss/cispo", "grad_norm", "tokens_per_s", "stage", "train/tokens_per_s"):
+            assert name in h, name
+        assert h["dp/world_size"] == 1
+    assert sum(h["batch/datums"] for h in history) > 0 and any(h["grad_norm"] > 0 for h in history)
+    run = Path(cfg.out)
+    assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [0, 1]
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step=")]
+    assert len(lines) == 2 and all("loss/cispo=" in ln and "train_tokens_per_s=" in ln for ln in lines)
+    assert (run / "checkpoints" / "step_000002" / "state.pt").exists() and (run / "curves.png").exists()

@@ -206,6 +206,7 @@ def eval_run(
     temperature: float = typer.Option(0.0, help="Protocol: 0 (greedy)."),
     max_steps: int = typer.Option(20, help="Protocol: steps per agent."),
     max_depth: int = typer.Option(3, help="Protocol: maximum delegation depth."),
+    batch_size: int = typer.Option(8, help="hf policies: most requests per forward pass (64+ on a GPU)."),
 ) -> None:
     """Run (or resume) an evaluation: per-task trees, report.json, report.md and a per-tier chart."""
     if ctx.invoked_subcommand is not None:

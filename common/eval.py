@@ -65,6 +65,8 @@ class EvalConfig:
     """Protocol: maximum delegation depth."""
     seed: int = 0
     """Seed passed to the policy (irrelevant at temperature 0)."""
+    batch_size: int = 8
+    """`hf` policies: the most requests in one forward pass (use 64+ on a GPU)."""
 
 
 class ManifestMismatch(RuntimeError):
@@ -270,7 +272,8 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
     done = load_results(out)
     todo = [i for i in range(len(tasks)) if i not in done or done[i].get("error")]
     env = make_env(cfg.env)
-    pol = policy if policy is not None else make_policy(cfg.policy, env=cfg.env)
+    extra = {"max_batch_size": cfg.batch_size} if cfg.policy.startswith("hf:") else {}
+    pol = policy if policy is not None else make_policy(cfg.policy, env=cfg.env, **extra)
     t0 = time.perf_counter()
     sem = asyncio.Semaphore(max(1, cfg.concurrency))
     finished = [r for i, r in done.items() if i not in todo]

@@ -45,7 +45,7 @@ from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.agent.runtime import run_root
 from common.envs import load_tasks, make_env, runtime_config_for
-from common.rl.batch import build_stage_batch, tree_metrics
+from common.rl.batch import METRIC_NAMES, build_stage_batch, tree_metrics
 from common.rl.loss import cispo_loss, token_logprobs
 from common.rl.schedule import Schedule, get_preset
 from common.train_config import TrainConfig
@@ -84,6 +84,22 @@ def task_pool(cfg: TrainConfig) -> list[dict]:
 # ----------------------------------------------------------------------------------------------------
 # Rollouts: one tree at a time; K counterfactual branches only in Rubric-stage rollouts.
 # ----------------------------------------------------------------------------------------------------
+def runtime_config(cfg: TrainConfig, stage: str, generate_rubrics: bool):
+    """The runtime settings of one rollout: the env's caps, this run's sizes, K branches only in Rubric stage."""
+    return runtime_config_for(
+        cfg.env,
+        max_steps=cfg.max_steps,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        max_prompt_tokens=cfg.max_prompt_tokens,
+        use_rubrics=generate_rubrics,
+        rubric_max_new_tokens=cfg.rubric_max_new_tokens,
+        score_max_new_tokens=cfg.rubric_max_new_tokens,
+        counterfactual_k=cfg.counterfactual_k if stage == "rubric" else 1,
+        max_envs_per_rollout=cfg.max_envs_per_rollout,
+    )
+
+
 def collect_groups(
     cfg: TrainConfig, stage: str, step: int, sampler: TaskSampler, env, policy, judge, generate_rubrics: bool
 ) -> tuple[list[list[Any]], int]:
@@ -92,18 +108,7 @@ def collect_groups(
     groups, extra = [], 0
     while len(groups) < cfg.tasks_per_step:
         task = sampler.next()
-        rcfg = runtime_config_for(
-            cfg.env,
-            max_steps=cfg.max_steps,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            max_prompt_tokens=cfg.max_prompt_tokens,
-            use_rubrics=generate_rubrics,
-            rubric_max_new_tokens=cfg.rubric_max_new_tokens,
-            score_max_new_tokens=cfg.rubric_max_new_tokens,
-            counterfactual_k=cfg.counterfactual_k if stage == "rubric" else 1,
-            max_envs_per_rollout=cfg.max_envs_per_rollout,
-        )
+        rcfg = runtime_config(cfg, stage, generate_rubrics)
         trees = []
         for r in range(cfg.rollouts_per_task):
             rcfg.seed = hash_seed(cfg.seed, step, sampler.cursor, r)
@@ -345,18 +350,7 @@ def peak_rss_gb() -> float:
 
 def log_line(m: dict[str, Any]) -> str:
     """The one log line per step, the same in every tier."""
-    keys = (
-        "reward/root_success",
-        "reward/exec_mean",
-        "rubric/pair_accuracy",
-        "rubric/parse_fail_rate",
-        "delegation/leaf_reward_mean",
-        "tree/depth_mean",
-        "tree/nodes_mean",
-        "loss/cispo",
-        "grad_norm",
-        "tokens_per_s",
-    )
+    keys = (*METRIC_NAMES, "loss/cispo", "grad_norm", "tokens_per_s")
     vals = " ".join(
         f"{k}={m[k]:.4g}" if isinstance(m[k], float) and not math.isnan(m[k]) else f"{k}=nan" for k in keys
     )

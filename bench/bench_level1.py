@@ -13,7 +13,7 @@
    every step is a real sampled generation), level-0 style (HFPolicy ``max_batch_size=1``, one tree at a
    time) vs level 1 (``max_batch_size=32``, all trees in flight). Generated tokens per second.
 
-Simplifications: one process, float32, the torch threads given by ``--threads``; numbers compare the two
+Simplifications: one process, one device (``--device``, ``--dtype``), the CPU threads given by ``--threads``; numbers compare the two
 tiers on one machine, they are not absolute claims. On a CPU, packed rows pay the attention of the whole
 row (the block-diagonal mask is dense for sdpa), so very long rows get slower: see the limit sweep.
 """
@@ -39,8 +39,8 @@ from common.policy.hf import HFPolicy  # noqa: E402
 from common.policy.models import load_model  # noqa: E402
 from common.rl.datums import Datum  # noqa: E402
 from common.train_config import TrainConfig  # noqa: E402
-from level0_single_process.train import accumulate_gradients, hash_seed, task_pool  # noqa: E402
-from level1_batched.train import accumulate_gradients_packed, rollout_in_flight, runtime_config  # noqa: E402
+from level0_single_process.train import accumulate_gradients, hash_seed, runtime_config, task_pool  # noqa: E402
+from level1_batched.train import accumulate_gradients_packed, rollout_in_flight  # noqa: E402
 
 
 def fixture_batch(repeat: int) -> tuple[list[Datum], list[float]]:
@@ -57,6 +57,8 @@ def timed_grads(model, fn) -> tuple[float, float]:
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
     fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     return seconds, math.sqrt(
         sum(float(p.grad.pow(2).sum()) for p in model.parameters() if p.grad is not None)
@@ -66,18 +68,25 @@ def timed_grads(model, fn) -> tuple[float, float]:
 def bench_loss(model, repeat: int, limits: list[int]) -> None:
     datums, weights = fixture_batch(repeat)
     tokens = sum(len(d.prompt_ids) + len(d.output_ids) for d in datums)
-    print(f"\n## loss + backward: {len(datums)} datums, {tokens:,} tokens, {torch.get_num_threads()} threads")
+    print(
+        f"\n## loss + backward: {len(datums)} datums, {tokens:,} tokens, {torch.get_num_threads()} CPU threads"
+    )
     model.train()
     accumulate_gradients_packed(model, datums[:2], weights[:2], 4096)  # warm-up
-    t0, n0 = timed_grads(model, lambda: accumulate_gradients(model, datums, weights))
     print(f"{'variant':<34} {'seconds':>8} {'tokens/s':>9} {'speed-up':>9} {'grad-norm rel diff':>19}")
-    print(f"{'level 0 (one datum per forward)':<34} {t0:>8.1f} {tokens / t0:>9.0f} {1.0:>8.2f}x {0.0:>19.1e}")
+    if model.device.type == "cpu":  # level 0 is a CPU tier (its loss tensors live on the CPU)
+        t0, n0 = timed_grads(model, lambda: accumulate_gradients(model, datums, weights))
+        print(
+            f"{'level 0 (one datum per forward)':<34} {t0:>8.2f} {tokens / t0:>9.0f} {1.0:>8.2f}x {0.0:>19.1e}"
+        )
+    else:  # the baseline is level 1 with one datum per row
+        t0, n0 = timed_grads(model, lambda: accumulate_gradients_packed(model, datums, weights, 1))
     for limit in limits:
         t1, n1 = timed_grads(
             model, lambda lim=limit: accumulate_gradients_packed(model, datums, weights, lim)
         )
         name = f"level 1 packed, {limit} tokens/row"
-        print(f"{name:<34} {t1:>8.1f} {tokens / t1:>9.0f} {t0 / t1:>8.2f}x {abs(n1 - n0) / n0:>19.1e}")
+        print(f"{name:<34} {t1:>8.2f} {tokens / t1:>9.0f} {t0 / t1:>8.2f}x {abs(n1 - n0) / n0:>19.1e}")
     model.eval()
 
 
@@ -120,12 +129,33 @@ def bench_rollouts(model, tok, args) -> None:
         run_rollouts(policy, jobs[:1], env, rcfg, in_flight)  # warm-up
         sec, gen, calls = run_rollouts(policy, jobs, env, rcfg, in_flight)
         base = base or gen / sec
-        print(f"{name:<44} {sec:>8.1f} {calls:>6} {gen:>7} {gen / sec:>9.1f} {gen / sec / base:>8.2f}x")
+        print(f"{name:<44} {sec:>8.2f} {calls:>6} {gen:>7} {gen / sec:>9.1f} {gen / sec / base:>8.2f}x")
+
+
+def make_model(args):
+    """``--model`` as load_model understands it, or with ``--shape L,H,HEADS`` a random-init Llama of that
+    shape (SmolLM2-135M-like compute without its weights: ``--shape 30,576,8``)."""
+    from common.policy.models import build_tiny_model
+
+    if args.shape:
+        layers, hidden, heads = (int(x) for x in args.shape.split(","))
+        model, tok = build_tiny_model(0, num_layers=layers, hidden_size=hidden, num_heads=heads)
+        name = f"random Llama {layers} layers x {hidden} hidden"
+    else:
+        model, tok = load_model(args.model, dtype="float32", seed=0)
+        name = args.model
+    model = model.to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
+    n = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"model {name}: {n:.1f}M parameters, {args.dtype}, {args.device}")
+    return model, tok
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
+    ap.add_argument("--shape", default=None, help="L,H,HEADS: a random-init Llama of that shape instead")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--repeat", type=int, default=16, help="fixture copies (13 datums each)")
     ap.add_argument(
         "--limits", type=int, nargs="+", default=[1, 2048, 4096, 8192], help="tokens per packed row"
@@ -139,10 +169,7 @@ def main() -> None:
     ap.add_argument("--skip-rollouts", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model, tok = load_model(args.model, dtype="float32", seed=0)
-    print(
-        f"model {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, float32, CPU"
-    )
+    model, tok = make_model(args)
     if not args.skip_loss:
         bench_loss(model, args.repeat, args.limits)
     if not args.skip_rollouts:

@@ -257,15 +257,20 @@ def setup(model: str = typer.Option("smollm2", help="Model alias or path to prep
     console.print(f"model ready at {prepare_model(model)}")
 
 
-def _train(cfg, level: int = 0, paper: bool = False) -> None:
+def _train(cfg, level: int = 0, paper: bool = False, **level1) -> None:
     if paper:
         cfg = cfg.paper()
     if level == 0:
         from level0_single_process.train import train
 
         train(cfg)
+    elif level == 1:
+        from level1_batched.config import Level1Config
+        from level1_batched.train import train as train_level1
+
+        train_level1(cfg, Level1Config(**level1))
     else:
-        raise typer.BadParameter(f"--level {level} is not available yet; level 0 is")
+        raise typer.BadParameter(f"--level {level} is not available yet; levels 0 and 1 are")
 
 
 def _register_train() -> None:
@@ -273,13 +278,18 @@ def _register_train() -> None:
 
     from common.config import dataclass_command
     from common.train_config import TrainConfig
+    from level1_batched.config import level1_options
 
     extra = [
         inspect.Parameter(
             "level",
             inspect.Parameter.KEYWORD_ONLY,
             annotation=int,
-            default=typer.Option(0, help="Tier: 0 = one readable process (level0_single_process)."),
+            default=typer.Option(
+                0,
+                help="Tier: 0 = one readable process (level0_single_process); 1 = batched rollouts, packed "
+                "micro-batches, data parallel under torchrun (level1_batched).",
+            ),
         ),
         inspect.Parameter(
             "paper",
@@ -292,7 +302,7 @@ def _register_train() -> None:
             ),
         ),
     ]
-    cmd = dataclass_command(TrainConfig, _train, extra=extra)
+    cmd = dataclass_command(TrainConfig, _train, extra=[*extra, *level1_options()])
     cmd.__doc__ = "Train a policy with SERA (or an ablation preset); resumable with --resume."
     app.command("train")(cmd)
 

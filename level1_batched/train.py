@@ -1,9 +1,10 @@
 """Level 1: one node, batched. Level 0's algorithm, unchanged, with three scale ideas around it.
 
-    python -m level1_batched.train --model tiny --steps 3                     # 1 process, no torchrun
-    python -m level1_batched.train --steps 20 --max-batch-size 32              # SmolLM2 on the CPU
-    torchrun --nproc_per_node 2 -m level1_batched.train --model tiny --steps 3  # 2 processes (gloo on CPU)
-    torchrun --nproc_per_node 8 -m level1_batched.train --paper --model Qwen/Qwen3-4B-Instruct-2507  # 8 GPUs
+    python -m level1_batched.train --model tiny --steps 3                    # 1 process, no torchrun
+    sera train --level 1 --model tiny --steps 3                               # the same, once the CLI has it
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 -m level1_batched.train --model tiny  # 2 CPU ranks
+    torchrun --standalone --nproc_per_node 8 -m level1_batched.train --paper \
+        --model Qwen/Qwen3-4B-Instruct-2507 --max-tokens-per-microbatch 16384  # one rank per GPU (nccl)
 
 The loop is level 0's loop (`level0_single_process/train.py` is the oracle of this file: same sampler,
 schedule, rewards, datums, CISPO loss, optimizer, checkpoints, metric names and log line, all imported).
@@ -27,6 +28,11 @@ What changes is only how the work is scheduled, one small function per idea:
    token-balanced shard of the datums with the GLOBAL token count, and the gradients are summed across
    ranks before clipping and AdamW. World size 1 skips all of it.
 
+Measured (bench/bench_level1.py): on a CPU the loss step gains from computing logits only at output
+positions, and loses when rows hold several datums (sdpa's packed mask is dense: see Level1Config); on an
+H200, 4K-token rows were 1.8x faster than one datum per row for the tiny model. Rollouts in flight:
+3x on a 2-core CPU, 3.7-8.9x on one H200 (16 trees).
+
 What it simplifies: no continuous batching (a wave of rollouts ends when its slowest tree ends; TextCraft's
 replacement tasks run in a second wave), generation still uses the training model on every rank
 (strictly on-policy, no weight sync, no separate inference engine), the gradient all-reduce runs after
@@ -42,7 +48,7 @@ import json
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +59,7 @@ import torch.distributed as dist
 from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.agent.runtime import run_root
-from common.envs import make_env, runtime_config_for
+from common.envs import make_env
 from common.rl.batch import build_stage_batch, tree_metrics
 from common.rl.datums import Datum
 from common.rl.loss import cispo_loss, token_logprobs
@@ -67,27 +73,12 @@ from level0_single_process.train import (
     log_line,
     peak_rss_gb,
     plot_curves,
+    runtime_config,
     save_checkpoint,
     task_pool,
     truncate_logs,
 )
-
-
-@dataclass
-class Level1Config:
-    """Level-1 scale settings (the algorithm's settings stay in TrainConfig)."""
-
-    max_tokens_per_microbatch: int = 8192
-    """Tokens (prompt + output) per packed training row; a longer datum gets a row of its own."""
-    max_batch_size: int = 32
-    """Most generation requests HFPolicy runs as one batch (level 0: 1)."""
-
-    def __post_init__(self) -> None:
-        if self.max_tokens_per_microbatch < 1 or self.max_batch_size < 1:
-            raise SystemExit(
-                f"--max-tokens-per-microbatch ({self.max_tokens_per_microbatch}) and --max-batch-size "
-                f"({self.max_batch_size}) must be >= 1"
-            )
+from level1_batched.config import Level1Config, level1_options
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -103,7 +94,10 @@ def init_distributed() -> tuple[int, int, torch.device]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -166,22 +160,6 @@ def balanced_shards(sizes: list[int], world: int) -> list[list[int]]:
 # ----------------------------------------------------------------------------------------------------
 # Rollouts: every tree of a wave in flight at once; each rank runs its share of the task groups.
 # ----------------------------------------------------------------------------------------------------
-def runtime_config(cfg: TrainConfig, stage: str, generate_rubrics: bool):
-    """The runtime settings of one rollout (as in level 0's ``collect_groups``)."""
-    return runtime_config_for(
-        cfg.env,
-        max_steps=cfg.max_steps,
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        max_prompt_tokens=cfg.max_prompt_tokens,
-        use_rubrics=generate_rubrics,
-        rubric_max_new_tokens=cfg.rubric_max_new_tokens,
-        score_max_new_tokens=cfg.rubric_max_new_tokens,
-        counterfactual_k=cfg.counterfactual_k if stage == "rubric" else 1,
-        max_envs_per_rollout=cfg.max_envs_per_rollout,
-    )
-
-
 async def rollout_in_flight(jobs: list[tuple[dict, list[int]]], env, policy, judge, rcfg) -> list[list[Any]]:
     """``jobs`` = ``(task, one seed per rollout)``; all their trees run concurrently, one group per job."""
     coros = [
@@ -500,6 +478,12 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
                 save_checkpoint(out, model, optimizer, step + 1, sampler.cursor, cfg)
             log(f"{log_line(metrics)} train_tokens_per_s={metrics['train/tokens_per_s']:.4g}", step + 1)
+            if not batch.datums or metrics["grad_norm"] == 0.0:
+                log(
+                    "  (no learning signal this step: every rollout of a task had the same outcome; "
+                    "--oracle-mix 0.5 adds teacher-forced oracle replies as a warm start.)",
+                    step + 1,
+                )
         history.append(metrics)
     if rank == 0 and history:
         plot_curves(out / "metrics.jsonl", out / "curves.png")
@@ -511,24 +495,6 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
 # ----------------------------------------------------------------------------------------------------
 # Command line: level 0's options (TrainConfig) plus Level1Config's, for `python -m` and torchrun.
 # ----------------------------------------------------------------------------------------------------
-def level1_options() -> list[inspect.Parameter]:
-    """One ``--option`` per Level1Config field (help = the field's docstring), for typer commands."""
-    import typer
-
-    from common.config import field_docs
-
-    docs = field_docs(Level1Config)
-    return [
-        inspect.Parameter(
-            f.name,
-            inspect.Parameter.KEYWORD_ONLY,
-            annotation=type(f.default),
-            default=typer.Option(f.default, help=docs.get(f.name, "")),
-        )
-        for f in fields(Level1Config)
-    ]
-
-
 def main(argv: list[str] | None = None) -> None:
     import typer
 

@@ -145,6 +145,15 @@ def test_packed_matches_level0(stage: str, micro: str, level0):
     assert_grads_close(g, level0[stage]["grads"], level0[stage]["scale"], f"{stage}/{micro}")
 
 
+def test_docstring_examples():
+    import doctest
+
+    import level1_batched.train as level1
+
+    result = doctest.testmod(level1)
+    assert result.attempted > 0 and result.failed == 0
+
+
 def test_packing_check_refuses_a_model_that_leaks_across_datums():
     from level1_batched.train import check_packing
 

@@ -367,10 +367,10 @@ class HFPolicy(Policy):
         if not output_ids:
             return []
         ids = torch.tensor([list(prompt_ids) + list(output_ids)], dtype=torch.long, device=self.device)
-        with self._lock, torch.inference_mode():
-            logits = self.model(input_ids=ids).logits[0].float().cpu()
+        with self._lock, torch.inference_mode():  # logits only where an output token is predicted
+            logits = self.model(input_ids=ids, logits_to_keep=len(output_ids) + 1).logits[0].float().cpu()
         t = temperature if temperature > 0 else 1.0
-        logp = torch.log_softmax(logits[len(prompt_ids) - 1 : -1] / t, dim=-1)
+        logp = torch.log_softmax(logits[:-1] / t, dim=-1)  # [T, V]: position P-1+t predicts output token t
         target = torch.tensor(output_ids, dtype=torch.long).unsqueeze(-1)
         return logp.gather(-1, target).squeeze(-1).tolist()
 

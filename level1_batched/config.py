@@ -1,0 +1,47 @@
+"""Level 1's own settings: one dataclass (a docstring per field) and its command-line options.
+
+The algorithm's settings stay in :class:`common.train_config.TrainConfig`; this file holds only the scale
+knobs level 1 adds. It imports no torch, so ``sera --help`` stays fast when the CLI registers these options.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class Level1Config:
+    """Level-1 scale settings."""
+
+    max_tokens_per_microbatch: int = 2048
+    """Tokens (prompt + output) per packed training row; a longer datum gets a row of its own. sdpa's
+    packed mask is dense, so a row pays attention over its whole length: on a CPU keep rows near one
+    datum (the default); on GPUs 4K-16K rows save kernel launches (bench/bench_level1.py sweeps it)."""
+    max_batch_size: int = 32
+    """Most generation requests HFPolicy runs as one batch (level 0: 1)."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens_per_microbatch < 1 or self.max_batch_size < 1:
+            raise SystemExit(
+                f"--max-tokens-per-microbatch ({self.max_tokens_per_microbatch}) and --max-batch-size "
+                f"({self.max_batch_size}) must be >= 1"
+            )
+
+
+def level1_options() -> list[inspect.Parameter]:
+    """One ``--option`` per Level1Config field (help = the field's docstring), for typer commands."""
+    import typer
+
+    from common.config import field_docs
+
+    docs = field_docs(Level1Config)
+    return [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=type(f.default),
+            default=typer.Option(f.default, help=docs.get(f.name, "")),
+        )
+        for f in fields(Level1Config)
+    ]

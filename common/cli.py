@@ -29,7 +29,6 @@ app.add_typer(data_app, name="data")
 console = Console()
 
 
-
 def friendly(fn):
     """Show bad input (a malformed task file, an unknown name, a missing file) as one clear line, exit 2."""
     import functools
@@ -88,7 +87,6 @@ def data_textworld(
     console.print(f"wrote {write_jsonl(out, tasks)} TextWorld-Sync {split} tasks to {out}")
 
 
-
 @data_app.command("textworld-cooking")
 @friendly
 def data_textworld_cooking(
@@ -104,6 +102,7 @@ def data_textworld_cooking(
 
     tasks = generate_tasks(n=n, seed=seed, settings=tier, materialize=materialize)
     console.print(f"wrote {write_jsonl(out, tasks)} TextWorld cooking tasks ({tier}) to {out}")
+
 
 @app.command()
 @friendly

@@ -41,7 +41,9 @@ def read_jsonl(
         except json.JSONDecodeError as e:
             raise TaskFileError(path, e.lineno, f"invalid JSON: {e.msg}") from None
         if isinstance(doc, dict):
-            items = next((doc[k] for k in ("tasks", "rows", "data", "examples") if isinstance(doc.get(k), list)), None)
+            items = next(
+                (doc[k] for k in ("tasks", "rows", "data", "examples") if isinstance(doc.get(k), list)), None
+            )
             if items is None:
                 items = [doc]
         else:

@@ -121,8 +121,14 @@ def make_manifest(cfg: EvalConfig, runtime_hash: str) -> dict[str, Any]:
         "limit": cfg.limit,
         "policy": cfg.policy,
         "policy_fingerprint": policy_fingerprint(cfg.policy),
-        "protocol": {"temperature": cfg.temperature, "max_steps": cfg.max_steps, "max_depth": cfg.max_depth,
-                     "best_of_n": cfg.best_of_n, "seed": cfg.seed, "runtime_config_hash": runtime_hash},
+        "protocol": {
+            "temperature": cfg.temperature,
+            "max_steps": cfg.max_steps,
+            "max_depth": cfg.max_depth,
+            "best_of_n": cfg.best_of_n,
+            "seed": cfg.seed,
+            "runtime_config_hash": runtime_hash,
+        },
     }
 
 
@@ -131,12 +137,16 @@ def check_manifest(out: Path, manifest: dict[str, Any]) -> None:
     path = out / "manifest.json"
     if path.exists():
         old = json.loads(path.read_text())
-        diffs = [k for k in sorted(set(old) | set(manifest)) if old.get(k) != manifest.get(k) and k != "tasks_file"]
+        diffs = [
+            k for k in sorted(set(old) | set(manifest)) if old.get(k) != manifest.get(k) and k != "tasks_file"
+        ]
         if diffs:
             lines = [f"  {k}: was {old.get(k)!r}, now {manifest.get(k)!r}" for k in diffs]
             raise ManifestMismatch(
-                f"{out} holds results of a different evaluation; refusing to mix them:\n" + "\n".join(lines)
-                + "\nUse a new --out directory (or delete the old one).")
+                f"{out} holds results of a different evaluation; refusing to mix them:\n"
+                + "\n".join(lines)
+                + "\nUse a new --out directory (or delete the old one)."
+            )
         return
     write_json_atomic(path, manifest)
 
@@ -192,14 +202,21 @@ def aggregate(results: list[dict[str, Any]], env: str, n_tasks: int | None = Non
 
 def render_markdown(report: dict[str, Any], title: str = "") -> str:
     """A table like the paper's: one row per tier plus the headline figure."""
-    lines = [f"# {title or 'SERA evaluation'}", "",
-             f"env `{report['env']}` · policy `{report.get('policy', '?')}` · "
-             f"{report['n_done']}/{report['n_tasks']} tasks done · {report['errors']} errors (counted as failures)",
-             "", "| tier | tasks | successes | success % |", "|---|---:|---:|---:|"]
+    lines = [
+        f"# {title or 'SERA evaluation'}",
+        "",
+        f"env `{report['env']}` · policy `{report.get('policy', '?')}` · "
+        f"{report['n_done']}/{report['n_tasks']} tasks done · {report['errors']} errors (counted as failures)",
+        "",
+        "| tier | tasks | successes | success % |",
+        "|---|---:|---:|---:|",
+    ]
     for tier, t in report["per_tier"].items():
         lines.append(f"| {tier} | {t['n']} | {t['successes']} | {100 * t['rate']:.2f} |")
     label = "macro avg over tiers" if report["aggregation"] == "macro_over_tiers" else "all (task-weighted)"
-    lines.append(f"| **{label}** | {report['n_done']} | {report['successes']} | **{100 * report['success_rate']:.2f}** |")
+    lines.append(
+        f"| **{label}** | {report['n_done']} | {report['successes']} | **{100 * report['success_rate']:.2f}** |"
+    )
     if "wall_seconds" in report:
         lines += ["", f"wall time: {report['wall_seconds']:.1f} s"]
     return "\n".join(lines) + "\n"
@@ -266,8 +283,14 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
     tasks = load_tasks(cfg.env, cfg.tasks)
     if cfg.limit is not None:
         tasks = tasks[: cfg.limit]
-    rcfg = runtime_config_for(cfg.env, temperature=cfg.temperature, max_steps=cfg.max_steps,
-                              max_depth=cfg.max_depth, best_of_n=cfg.best_of_n, seed=cfg.seed)
+    rcfg = runtime_config_for(
+        cfg.env,
+        temperature=cfg.temperature,
+        max_steps=cfg.max_steps,
+        max_depth=cfg.max_depth,
+        best_of_n=cfg.best_of_n,
+        seed=cfg.seed,
+    )
     check_manifest(out, make_manifest(cfg, rcfg.hash()))
     done = load_results(out)
     todo = [i for i in range(len(tasks)) if i not in done or done[i].get("error")]
@@ -283,8 +306,13 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
         task = tasks[i]
         async with sem:
             ts = time.perf_counter()
-            rec: dict[str, Any] = {"index": i, "task_id": str(task.get("id", task.get("task_id", i))),
-                                   "tier": task_tier(task), "success": False, "error": None}
+            rec: dict[str, Any] = {
+                "index": i,
+                "task_id": str(task.get("id", task.get("task_id", i))),
+                "tier": task_tier(task),
+                "success": False,
+                "error": None,
+            }
             try:
                 tree = await run_root(task, env, pol, rcfg)
                 rec["success"] = bool(tree.success)
@@ -300,8 +328,13 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
     if progress and todo:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("success {task.fields[rate]:.1%}"), TimeRemainingColumn()) as bar:
+        with Progress(
+            TextColumn("[bold]eval"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("success {task.fields[rate]:.1%}"),
+            TimeRemainingColumn(),
+        ) as bar:
             tid = bar.add_task("eval", total=len(tasks), completed=stats["done"], rate=0.0)
 
             async def tracked(i: int) -> None:
@@ -311,7 +344,11 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
             await asyncio.gather(*(tracked(i) for i in todo))
     else:
         await asyncio.gather(*(one(i) for i in todo))
-    prev = json.loads((out / "report.json").read_text()).get("wall_seconds", 0.0) if (out / "report.json").exists() else 0.0
+    prev = (
+        json.loads((out / "report.json").read_text()).get("wall_seconds", 0.0)
+        if (out / "report.json").exists()
+        else 0.0
+    )
     return write_report(cfg, out, len(tasks), prev + time.perf_counter() - t0)
 
 

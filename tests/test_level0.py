@@ -45,7 +45,9 @@ def test_fixture_loss_and_grad_norm_match_golden(stage: str):
     m = accumulate_gradients(model, datums, st["weights"])
     norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters() if p.grad is not None))
     gold = st["golden"]
-    print(f"{stage}: loss {m['loss/cispo']:.8g} vs {gold['loss']:.8g}; grad norm {norm:.8g} vs {gold['grad_norm']:.8g}")
+    print(
+        f"{stage}: loss {m['loss/cispo']:.8g} vs {gold['loss']:.8g}; grad norm {norm:.8g} vs {gold['grad_norm']:.8g}"
+    )
     assert m["loss/tokens"] == gold["tokens"]
     assert m["loss/cispo"] == pytest.approx(gold["loss"], rel=1e-4, abs=1e-7)
     assert norm == pytest.approx(gold["grad_norm"], rel=1e-4, abs=1e-7)
@@ -65,11 +67,24 @@ def test_fixture_datums_respect_stage_masks():
 def small_config(tmp: Path, env: str, **kw) -> TrainConfig:
     """A few-second config with signal: the tiny model plus teacher-forced oracle replies (mixes chosen so
     that groups are mixed: some rollouts succeed, some fail)."""
-    per_env = {"textcraft": dict(max_steps=3, oracle_mix=0.7, difficulty="medium"),
-               "textworld": dict(max_steps=12, oracle_mix=0.6, difficulty="easy", tasks_per_step=1)}[env]
-    base = dict(env=env, model="tiny", out=str(tmp / "run"), steps=3, schedule="execution:1,delegation:1,rubric:1",
-                tasks_per_step=2, rollouts_per_task=2, max_new_tokens=16, rubric_max_new_tokens=16,
-                score_noise=0.3, n_tasks=16, max_task_replacements=3)
+    per_env = {
+        "textcraft": dict(max_steps=3, oracle_mix=0.7, difficulty="medium"),
+        "textworld": dict(max_steps=12, oracle_mix=0.6, difficulty="easy", tasks_per_step=1),
+    }[env]
+    base = dict(
+        env=env,
+        model="tiny",
+        out=str(tmp / "run"),
+        steps=3,
+        schedule="execution:1,delegation:1,rubric:1",
+        tasks_per_step=2,
+        rollouts_per_task=2,
+        max_new_tokens=16,
+        rubric_max_new_tokens=16,
+        score_noise=0.3,
+        n_tasks=16,
+        max_task_replacements=3,
+    )
     return TrainConfig(**{**base, **per_env, **kw})
 
 
@@ -93,7 +108,9 @@ def test_three_step_run_covers_every_stage(tmp_path: Path, env: str):
     assert [json.loads(x)["step"] for x in lines] == [0, 1, 2]
     trees = read_trees(run / "trees.jsonl")
     assert len(trees) >= 3 * cfg.tasks_per_step * cfg.rollouts_per_task
-    assert any(t.meta.get("counterfactual_groups") for t in trees if t.meta["step"] == 2)  # rubric stage forks
+    assert any(
+        t.meta.get("counterfactual_groups") for t in trees if t.meta["step"] == 2
+    )  # rubric stage forks
     assert (run / "curves.png").stat().st_size > 1000
     assert (run / "checkpoints" / "step_000003" / "state.pt").exists()
 
@@ -112,10 +129,14 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
 
     killed = small_config(tmp_path / "killed", "textcraft", **args)
     cmd = [sys.executable, "-m", "common.cli", "train"] + [
-        f"--{k.replace('_', '-')}={v}" for k, v in vars(killed).items() if v is not None and not isinstance(v, bool)]
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in vars(killed).items()
+        if v is not None and not isinstance(v, bool)
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     ckpt = Path(killed.out) / "checkpoints" / "step_000001"
     deadline = time.time() + 300
     while not ckpt.exists() and time.time() < deadline:
@@ -134,16 +155,28 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
     assert max(diffs.values()) == 0.0
     steps = [json.loads(x)["step"] for x in (Path(killed.out) / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2]  # no lost or duplicated step in the log
-    ref_loss = [json.loads(x)["loss/cispo"] for x in (Path(ref.out) / "metrics.jsonl").read_text().splitlines()]
-    got_loss = [json.loads(x)["loss/cispo"] for x in (Path(killed.out) / "metrics.jsonl").read_text().splitlines()]
+    ref_loss = [
+        json.loads(x)["loss/cispo"] for x in (Path(ref.out) / "metrics.jsonl").read_text().splitlines()
+    ]
+    got_loss = [
+        json.loads(x)["loss/cispo"] for x in (Path(killed.out) / "metrics.jsonl").read_text().splitlines()
+    ]
     assert got_loss == pytest.approx(ref_loss, rel=1e-6, abs=1e-9)
 
 
 def test_resume_refuses_a_changed_config(tmp_path: Path):
     from level0_single_process.train import train
 
-    cfg = small_config(tmp_path, "textworld", steps=1, schedule="execution:1", tasks_per_step=1,
-                       rollouts_per_task=1, max_new_tokens=4, oracle_mix=0.0)
+    cfg = small_config(
+        tmp_path,
+        "textworld",
+        steps=1,
+        schedule="execution:1",
+        tasks_per_step=1,
+        rollouts_per_task=1,
+        max_new_tokens=4,
+        oracle_mix=0.0,
+    )
     train(cfg, progress=False)
     with pytest.raises(SystemExit, match="already holds a run"):
         train(cfg, progress=False)

@@ -38,6 +38,7 @@ def oracle_fn(reply: Callable, **kw) -> Callable[[GenerationRequest], str]:
         if req.role == "score":
             return score_json(bool(req.meta.get("child_success")))
         return reply(req.session, **kw)
+
     return fn
 
 
@@ -75,8 +76,9 @@ def test_depth_limit_refuses_and_costs_only_the_step():
 
 def test_budget_exhaustion_and_malformed_replies_become_observations():
     task = tc_tasks("train", 1, seed=1, difficulty="easy")[0]
-    tree = run(task, "textcraft", ReplayPolicy(["no code here"] * 3 + ["<python>import os</python>"]),
-               max_steps=4)
+    tree = run(
+        task, "textcraft", ReplayPolicy(["no code here"] * 3 + ["<python>import os</python>"]), max_steps=4
+    )
     root = tree.root
     assert not tree.success and root.steps_used == 4 and not root.finished and root.error is None
     assert "<python>" in root.steps[0].observation
@@ -191,7 +193,12 @@ def test_counterfactual_branches_share_one_rubric_and_run_on_forks():
     for nodes in groups.values():
         assert sorted(n.branch_index for n in nodes) == [0, 1, 2, 3]
         assert len({json.dumps(n.rubric) for n in nodes}) == 1  # one rubric per group
-        assert [n.committed for n in sorted(nodes, key=lambda n: n.branch_index)] == [True, False, False, False]
+        assert [n.committed for n in sorted(nodes, key=lambda n: n.branch_index)] == [
+            True,
+            False,
+            False,
+            False,
+        ]
         assert all(n.branch_label for n in nodes)  # every branch crafted its targets on its own fork
 
 
@@ -199,8 +206,11 @@ def test_counterfactual_branches_share_one_rubric_and_run_on_forks():
 def test_oracle_rollout_roundtrips_through_the_log(tmp_path, env, difficulty):
     from common.agent.log import append_tree, read_trees
 
-    task = (tc_tasks("train", 1, seed=0, difficulty=difficulty) if env == "textcraft"
-            else tw_tasks("train", 1, seed=0, tier=difficulty))[0]
+    task = (
+        tc_tasks("train", 1, seed=0, difficulty=difficulty)
+        if env == "textcraft"
+        else tw_tasks("train", 1, seed=0, tier=difficulty)
+    )[0]
     reply = tc_oracle if env == "textcraft" else tw_oracle
     tree = run(task, env, OraclePolicy(reply))
     append_tree(tmp_path / "log.jsonl", tree)

@@ -27,8 +27,15 @@ def test_smollm2_rollout_records_are_token_exact(smollm2, env_name):
         from common.envs.textworld_sync.tasks import generate_tasks as tw
 
         task = tw("train", 1, seed=0, tier="easy")[0]
-    cfg = runtime_config_for(env_name, max_steps=2, max_new_tokens=40, temperature=1.0, seed=3,
-                             rubric_max_new_tokens=40, score_max_new_tokens=40)
+    cfg = runtime_config_for(
+        env_name,
+        max_steps=2,
+        max_new_tokens=40,
+        temperature=1.0,
+        seed=3,
+        rubric_max_new_tokens=40,
+        score_max_new_tokens=40,
+    )
     tree = asyncio.run(run_root(task, make_env(env_name), smollm2, cfg))
     root = tree.root
     assert root.error is None and 1 <= root.steps_used <= 2  # the tree finished (finish or budget)

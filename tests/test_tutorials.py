@@ -20,6 +20,8 @@ def test_there_are_tutorials():
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_tutorial_runs(path: Path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
-    r = subprocess.run([sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip(), "a tutorial should show something"

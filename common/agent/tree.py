@@ -147,9 +147,7 @@ class Tree:
         nodes = {}
         for nid, nd in d["nodes"].items():
             nd = dict(nd)
-            nd["steps"] = [
-                Step(**{**s, "call": CallRecord(**s["call"])}) for s in nd.get("steps", [])
-            ]
+            nd["steps"] = [Step(**{**s, "call": CallRecord(**s["call"])}) for s in nd.get("steps", [])]
             for key in ("rubric_call", "score_call"):
                 if nd.get(key) is not None:
                     nd[key] = CallRecord(**nd[key])

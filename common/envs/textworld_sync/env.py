@@ -223,7 +223,7 @@ class TextWorldSyncEnv(Environment):
     tools_description = (
         "Text actions in the shared kitchen world, one per reply: <action>look around | inventory | read cookbook | "
         "go to {room} | take {ingredient} | chop/slice/dice/mince {x} | cook {x} in stove/in oven/on grill | "
-        "prepare {dish} | eat {dish}</action>; <delegate>{\"goal\": ...}</delegate> to launch sub-agents; "
+        'prepare {dish} | eat {dish}</action>; <delegate>{"goal": ...}</delegate> to launch sub-agents; '
         "<finish>message</finish> to return. Only actions in the current valid list are accepted; every "
         "action (even a rejected one) spends one step of the shared global budget."
     )

@@ -331,7 +331,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, float]]:
             save_checkpoint(out, model, optimizer, step + 1, sampler.cursor, cfg)
         history.append(metrics)
         log(log_line(metrics), step + 1)
-        if not batch.datums or metrics["grad_norm"] == 0.0:
+        if (not batch.datums or metrics["grad_norm"] == 0.0) and cfg.oracle_mix == 0:
             log(
                 "  (no learning signal this step: every rollout of a task had the same outcome. Small models "
                 "rarely succeed; --oracle-mix 0.5 adds teacher-forced oracle replies as a warm start.)",

@@ -157,16 +157,20 @@ def accumulate_gradients(model, datums, weights) -> dict[str, float]:
     return {"loss/cispo": total, "loss/tokens": float(n_tokens), "loss/clip_frac": clipped / max(1, n_tokens)}
 
 
+NO_UPDATE = {
+    "loss/cispo": 0.0,
+    "grad_norm": 0.0,
+    "loss/tokens": 0.0,
+    "loss/clip_frac": 0.0,
+    "train/skipped": 1.0,
+}
+"""The metrics of a step whose batch has no trained token (no optimizer step is taken)."""
+
+
 def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float]:
     """One optimizer step: gradients of the whole batch, global-norm clip, AdamW."""
     if not any(sum(d.loss_mask) for d in batch.datums):  # nothing to learn from: no update (no weight decay)
-        return {
-            "loss/cispo": 0.0,
-            "grad_norm": 0.0,
-            "loss/tokens": 0.0,
-            "loss/clip_frac": 0.0,
-            "train/skipped": 1.0,
-        }
+        return dict(NO_UPDATE)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     metrics = accumulate_gradients(model, batch.datums, batch.weights)

@@ -66,6 +66,7 @@ from common.rl.loss import cispo_loss, token_logprobs
 from common.rl.schedule import Schedule, get_preset
 from common.train_config import TrainConfig
 from level0_single_process.train import (
+    NO_UPDATE,
     TaskSampler,
     _progress,
     hash_seed,
@@ -343,13 +344,7 @@ def train_on_shard(model, optimizer, datums, weights, cfg: TrainConfig, l1: Leve
     global-norm clip, AdamW (identical on every rank, so the replicas stay equal)."""
     (n_tokens,) = all_reduce_sum([sum(d.num_trained_tokens for d in datums)], model.device)
     if n_tokens == 0:  # nothing to learn from anywhere: no update (no weight decay), as in level 0
-        return {
-            "loss/cispo": 0.0,
-            "grad_norm": 0.0,
-            "loss/tokens": 0.0,
-            "loss/clip_frac": 0.0,
-            "train/skipped": 1.0,
-        }
+        return dict(NO_UPDATE)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     m = accumulate_gradients_packed(model, datums, weights, l1.max_tokens_per_microbatch, num_tokens=n_tokens)

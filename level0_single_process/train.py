@@ -310,22 +310,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, float]]:
         t1 = time.perf_counter()
         train_metrics = train_on_batch(model, optimizer, batch, cfg)
         t_train = time.perf_counter() - t1
-        gen_tokens = sum(len(s.call.output_ids) for t in trees for n in t.nodes.values() for s in n.steps)
-        calls = [c for t in trees for n in t.nodes.values() for c in (n.rubric_call, n.score_call) if c]
-        metrics = {
-            "step": step,
-            "stage": stage,
-            **tree_metrics(trees, preset.execution_reward),
-            **train_metrics,
-            "tokens_per_s": gen_tokens / max(t_roll, 1e-9),
-            "time/rollout_s": t_roll,
-            "time/scoring_s": sum(c.seconds for c in calls),  # rubric + score calls (inside the rollout time)
-            "time/train_s": t_train,
-            "mem/peak_rss_gb": peak_rss_gb(),
-            "batch/datums": len(batch.datums),
-            "batch/replaced_tasks": replaced,
-            **{f"batch/{k}": v for k, v in batch.counts.items()},
-        }
+        metrics = step_metrics(step, stage, trees, batch, train_metrics, preset, t_roll, t_train, replaced)
         for t in trees:
             t.meta["step"] = step
             append_tree(out / "trees.jsonl", t)
@@ -343,6 +328,28 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, float]]:
             )
     plot_curves(out / "metrics.jsonl", out / "curves.png")
     return history
+
+
+def step_metrics(
+    step, stage, trees, batch, train_metrics, preset, t_roll, t_train, replaced
+) -> dict[str, Any]:
+    """The metrics line of one optimizer step (the same keys in every tier)."""
+    gen_tokens = sum(len(s.call.output_ids) for t in trees for n in t.nodes.values() for s in n.steps)
+    calls = [c for t in trees for n in t.nodes.values() for c in (n.rubric_call, n.score_call) if c]
+    return {
+        "step": step,
+        "stage": stage,
+        **tree_metrics(trees, preset.execution_reward),
+        **train_metrics,
+        "tokens_per_s": gen_tokens / max(t_roll, 1e-9),
+        "time/rollout_s": t_roll,
+        "time/scoring_s": sum(c.seconds for c in calls),  # rubric + score calls (inside the rollout time)
+        "time/train_s": t_train,
+        "mem/peak_rss_gb": peak_rss_gb(),
+        "batch/datums": len(batch.datums),
+        "batch/replaced_tasks": replaced,
+        **{f"batch/{k}": v for k, v in batch.counts.items()},
+    }
 
 
 def peak_rss_gb() -> float:

@@ -60,7 +60,7 @@ from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.agent.runtime import run_root
 from common.envs import make_env
-from common.rl.batch import build_stage_batch, tree_metrics
+from common.rl.batch import build_stage_batch
 from common.rl.datums import Datum
 from common.rl.loss import cispo_loss, token_logprobs
 from common.rl.schedule import Schedule, get_preset
@@ -72,10 +72,10 @@ from level0_single_process.train import (
     hash_seed,
     load_checkpoint,
     log_line,
-    peak_rss_gb,
     plot_curves,
     runtime_config,
     save_checkpoint,
+    step_metrics,
     task_pool,
     truncate_logs,
 )
@@ -446,23 +446,10 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             model, optimizer, [batch.datums[i] for i in mine], [batch.weights[i] for i in mine], cfg, l1
         )
         t_train = time.perf_counter() - t1
-        gen_tokens = sum(len(s.call.output_ids) for t in trees for n in t.nodes.values() for s in n.steps)
-        calls = [c for t in trees for n in t.nodes.values() for c in (n.rubric_call, n.score_call) if c]
         metrics = {
-            "step": step,
-            "stage": stage,
-            **tree_metrics(trees, preset.execution_reward),
-            **train_metrics,
-            "tokens_per_s": gen_tokens / max(t_roll, 1e-9),
+            **step_metrics(step, stage, trees, batch, train_metrics, preset, t_roll, t_train, replaced),
             "train/tokens_per_s": train_metrics.get("train/packed_tokens", 0.0) / max(t_train, 1e-9),
-            "time/rollout_s": t_roll,
-            "time/scoring_s": sum(c.seconds for c in calls),
-            "time/train_s": t_train,
-            "mem/peak_rss_gb": peak_rss_gb(),
-            "batch/datums": len(batch.datums),
-            "batch/replaced_tasks": replaced,
             "dp/world_size": world,
-            **{f"batch/{k}": v for k, v in batch.counts.items()},
         }
         if rank == 0:
             for t in trees:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from common.agent.prompts import PromptTemplateError, load_templates
 from common.agent.rubric import (
     PARENT_CONTEXT_CHARS,
     Rubric,
@@ -21,10 +22,11 @@ from common.agent.rubric import (
     build_rubric_messages,
     build_score_messages,
     clip_middle,
-    format_rubric,
     parse_rubric,
     parse_score,
     serialise_trajectory,
+    stable_json,
+    trajectory_payload,
 )
 from common.agent.tree import CallRecord, Node, Step
 
@@ -283,39 +285,100 @@ def _ctx(**kw) -> RubricContext:
             {"role": "user", "content": "HEAD" + "m" * 30000 + "TAIL"},
         ],
         parent_action="await launch_subagent({'a1_i4': 2})",
-        pre_call_state="inventory: {'m3_ore': 4}",
+        pre_call_state={"inventory": {"m3_ore": 4}},
         delegated_goal="Craft the following items: 2x a1_i4",
-        child_tools="craft, get_info, view_inventory, finish, launch_subagent",
+        child_tools="get_info, view_inventory, craft, finish, launch_subagent",
         child_max_steps=20,
+        parent_agent_id="0",
     )
     base.update(kw)
     return RubricContext(**base)
 
 
-def test_build_rubric_messages_contains_everything_and_clips():
-    msgs = build_rubric_messages(_ctx(delegated_context="use the ore", extra={"env": "textcraft"}))
+SECTIONS = [
+    "[Parent Task]",
+    "[Parent Metadata Visible To Rubric Generator]",
+    "[Parent Trajectory Before Delegation]",
+    "[Parent Step: Delegation Decision]",
+    "[Observable Pre-call Environment]",
+    "[Delegated SubAgent Task]",
+    "[Child Tools]",
+    "[Child Execution Budget]",
+]
+
+
+def test_rubric_prompt_has_the_public_sections_in_order_and_json_values():
+    msgs = build_rubric_messages(
+        _ctx(parent_messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
+    )
     assert [m["role"] for m in msgs] == ["system", "user"]
     user = msgs[1]["content"]
+    pos = [user.index(sec) for sec in SECTIONS]
+    assert pos == sorted(pos)  # every section, in the public order
+    assert (
+        '{"child_depth": 1, "fork_step": 2, "parent_agent_id": "0", "parent_depth": 0}' in user
+    )  # sorted keys
+    assert "[Parent Message 0: system]\nS\n[Parent Message 1: user]\nU" in user
+    assert '[Observable Pre-call Environment]\n{"inventory": {"m3_ore": 4}}' in user
+    assert '[Child Tools]\n"get_info, view_inventory, craft, finish, launch_subagent"' in user
+    assert "[Child Execution Budget]\n20" in user
+    for key in (
+        '"rubric_items"',
+        '"success_gate"',
+        '"failure_conditions"',
+        '"scoring_procedure"',
+        '"score_full"',
+    ):
+        assert key in user
+    assert "Give 4 to 8 rubric_items" in user
+    assert "JSON only" in msgs[0]["content"]
+
+
+def test_rubric_context_block_is_cut_as_a_whole_head_quarter_tail_three_quarters():
+    msgs = build_rubric_messages(_ctx(delegated_context="use the ore", extra={"env": "textcraft"}))
+    user = msgs[1]["content"]
+    marker = load_templates({"rubric_truncation": frozenset()})["rubric_truncation"]
+    assert marker in user and "m" * 20000 not in user
+    start = user.index("[Parent Task]")
+    end = user.index("\n\nAnswer with exactly this JSON schema")
+    block = user[start:end]
+    assert len(block) == PARENT_CONTEXT_CHARS + len(marker)  # exactly 12,000 characters kept
+    head, tail = block.split(marker)
+    assert len(head) == PARENT_CONTEXT_CHARS // 4 and head.startswith("[Parent Task]")
+    assert len(tail) == PARENT_CONTEXT_CHARS - PARENT_CONTEXT_CHARS // 4
+    # the sections after the long parent trajectory survive in the tail, the metadata in the head
     for needle in (
-        "Craft the following items: 3x a1_i5",
-        "parent depth: 0",
-        "sub-agent depth: 1",
-        "parent step at delegation: 2",
-        "sub-agent step budget: 20",
-        "env: textcraft",
+        "TAIL",
         "await launch_subagent",
         "m3_ore",
         "2x a1_i4",
         "use the ore",
-        "view_inventory",
-        "[system]\nSYSTEM PROMPT",
-        "TAIL",
-        "characters omitted",
+        "[Child Execution Budget]",
     ):
-        assert needle in user, needle
-    assert "HEAD" in user and "m" * 20000 not in user
-    assert len(user) < PARENT_CONTEXT_CHARS + 3000
-    assert "rubric_items" in msgs[0]["content"] and "4 to 8" in msgs[0]["content"]
+        assert needle in tail, needle
+    assert '"env": "textcraft"' in head and "HEAD" in head
+
+
+def test_score_prompt_payload_is_sorted_json_with_the_public_keys():
+    rubric = parse_rubric(json.dumps(GOOD))
+    traj = trajectory_payload(_node())
+    msgs = build_score_messages(rubric, "Craft 2x a1_i4", traj, {"inventory": {"a1_i4": 2}})
+    user = msgs[1]["content"]
+    payload = stable_json(
+        {
+            "frozen_rubric": rubric.to_dict(),
+            "delegated_task": "Craft 2x a1_i4",
+            "trajectory": traj,
+            "final_environment_state": {"inventory": {"a1_i4": 2}},
+        }
+    )
+    assert payload in user
+    start = user.index("{")
+    obj = json.loads(user[start : start + len(payload)])
+    assert list(obj) == ["delegated_task", "final_environment_state", "frozen_rubric", "trajectory"]
+    for key in ('"success"', '"criterion_scores"', '"final_score"', '"reason"'):
+        assert key in user.split(payload)[1]
+    assert "exactly 0.0" in msgs[0]["content"]
 
 
 def _node() -> Node:
@@ -337,22 +400,81 @@ def _node() -> Node:
     )
 
 
-def test_serialise_trajectory_and_score_messages():
+def test_trajectory_payload_shape_and_no_env_verdict():
+    node = _node()
+    traj = trajectory_payload(node)
+    assert set(traj) == {"task_goal", "steps", "finish_message", "error_message"}
+    assert traj["steps"][1] == {"step": 1, "raw_response": "reply 1", "observation": "obs 1", "error": None}
+    assert traj["finish_message"] == "done it" and traj["task_goal"] == "g"
+    assert "success" not in stable_json(traj) and "reward" not in stable_json(traj)
+
+
+def test_trajectory_payload_cuts_long_fields_and_middle_steps():
+    node = _node()
+    node.steps = [
+        Step(
+            index=i,
+            call=CallRecord(role="act", messages=[], text=f"R{i}" + "r" * 3000),
+            observation="o" * 9000,
+        )
+        for i in range(20)
+    ]
+    traj = trajectory_payload(node, max_chars=20_000)
+    assert len(stable_json(traj)) <= 20_000
+    steps = traj["steps"]
+    assert steps[0]["step"] == 0 and steps[-1]["step"] == 19  # the first and the newest steps are kept
+    assert steps[1]["omitted_steps"] == 20 - (len(steps) - 1)
+    assert all(len(s.get("observation", "")) <= 6_000 + 60 for s in steps)
+
+
+def test_serialise_trajectory_text_for_the_judge():
     node = _node()
     traj = serialise_trajectory(node)
     assert "reply 0" in traj and "obs 2" in traj and "Steps used: 3/20" in traj and "done it" in traj
-    assert "success" not in traj.lower()  # the env verdict is never shown to the scorer
+    assert "success" not in traj.lower()  # the env verdict is never shown
     node.steps[1].observation = "x" * 50000
     clipped = serialise_trajectory(node, max_chars=1000)
     assert "characters omitted" in clipped and "Steps used: 3/20" in clipped and len(clipped) < 1300
-    rubric = parse_rubric(json.dumps(GOOD))
-    msgs = build_score_messages(rubric, "Craft 2x a1_i4", traj, "inventory: {}")
-    assert [m["role"] for m in msgs] == ["system", "user"]
-    user = msgs[1]["content"]
-    assert format_rubric(rubric) in user and "Craft 2x a1_i4" in user and "reply 0" in user
-    assert "3 criterion scores" in user and "weight 0.500" in user
     empty = serialise_trajectory(Node("c", "0", 1, 0, "g", 20, error="boom"))
     assert "took no steps" in empty and "boom" in empty and "Did not call finish" in empty
+
+
+def test_prompts_dir_substitutes_templates_and_rejects_unknown_placeholders(tmp_path):
+    (tmp_path / "rubric_system.txt").write_text("MY SYSTEM TEXT\n")
+    (tmp_path / "score_user.txt").write_text("PAYLOAD=$payload costs $$5\n")
+    msgs = build_rubric_messages(_ctx(), prompts_dir=tmp_path)
+    assert msgs[0]["content"] == "MY SYSTEM TEXT"  # one final newline dropped
+    assert "[Parent Task]" in msgs[1]["content"]  # files the directory lacks fall back to the packaged ones
+    score = build_score_messages(
+        parse_rubric(json.dumps(GOOD)), "g", trajectory_payload(_node()), {}, tmp_path
+    )
+    assert score[1]["content"].startswith('PAYLOAD={"delegated_task": "g"') and score[1]["content"].endswith(
+        "costs $5"
+    )
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "rubric_user.txt").write_text("ok $context\nline two uses $secret_state\n")
+    with pytest.raises(PromptTemplateError, match=r"rubric_user.txt:2: unknown placeholder \$secret_state"):
+        build_rubric_messages(_ctx(), prompts_dir=bad)
+    with pytest.raises(PromptTemplateError, match="does not exist"):
+        build_rubric_messages(_ctx(), prompts_dir=tmp_path / "missing")
+
+
+def test_packaged_templates_are_package_data():
+    from pathlib import Path
+
+    import common.agent.prompts as pkg
+
+    names = {p.stem for p in Path(pkg.__file__).parent.glob("*.txt")}
+    assert {
+        "rubric_system",
+        "rubric_user",
+        "rubric_context",
+        "rubric_parent_message",
+        "rubric_truncation",
+        "score_system",
+        "score_user",
+    } <= names
 
 
 # ---- fuzzing -------------------------------------------------------------------------------------------------

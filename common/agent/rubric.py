@@ -1,14 +1,29 @@
 """Rubric and scoring prompts, and their strict parsers (SPEC.md §3).
 
 Before a child agent runs, the policy writes a *rubric* for the child's subtask in a fresh chat
-(:func:`build_rubric_messages`, sampled at temperature 1.0). :func:`parse_rubric` turns the reply into
-a frozen :class:`Rubric`; from then on it never changes. When the child has ended, the policy scores
-it against that rubric in another fresh chat (:func:`build_score_messages`, greedy), and
-:func:`parse_score` turns that reply into a :class:`Score`. Either parser raises its own error type
-(:class:`RubricParseError`, :class:`ScoreParseError`) and nothing else; the runtime then drops that
-child's tokens from training.
+(:func:`build_rubric_messages`). :func:`parse_rubric` turns the reply into a frozen :class:`Rubric`;
+from then on it never changes. When the child has ended, the policy scores it against that rubric in
+another fresh chat (:func:`build_score_messages`, greedy), and :func:`parse_score` turns that reply into
+a :class:`Score`. Either parser raises its own error type (:class:`RubricParseError`,
+:class:`ScoreParseError`) and nothing else; the runtime then drops that child's tokens from training.
 
-All prompt wording of the rubric writer and the scorer lives in this module.
+The prompts follow the public SERA code (``Runtime/rubric/prompts.py``); their texts are template files
+in ``common/agent/prompts/`` (``prompts_dir`` substitutes a user's copies):
+
+* **Rubric request** = system text + a user message holding ONE context block with the sections
+  ``[Parent Task]``, ``[Parent Metadata Visible To Rubric Generator]`` (JSON), ``[Parent Trajectory
+  Before Delegation]`` (every prompt message of the parent at the delegating step, as ``[Parent Message
+  i: role]`` blocks), ``[Parent Step: Delegation Decision]`` (the parent's reply), ``[Observable
+  Pre-call Environment]`` (JSON of what the PARENT saw, never hidden world state), ``[Delegated SubAgent
+  Task]``, ``[Child Tools]`` (JSON), ``[Child Execution Budget]`` (JSON). The WHOLE block is cut to
+  head 1/4 + tail 3/4 of 12,000 characters, then the JSON schema and the constraints follow
+  ("give 4 to 8 rubric_items", a strict success gate).
+* **Score request** = system text + a user message holding one JSON payload (keys sorted, non-ASCII
+  kept) ``{"delegated_task", "final_environment_state", "frozen_rubric", "trajectory"}`` and the answer
+  schema ``{success, criterion_scores[{name, score, reason}], final_score, reason}``.
+
+JSON values are written as the public ``_stable_json`` writes them: ``json.dumps(v, ensure_ascii=False,
+sort_keys=True)``.
 
 Parsing rules (what "strict but sensible" means here):
 
@@ -38,9 +53,12 @@ Parsing rules (what "strict but sensible" means here):
   finite numbers or of objects with a numeric ``score`` (missing = ()); when ``n_items`` is given its
   length must equal ``n_items``. ``reason`` must be a string when present (missing = "").
 
-Simplifications: prompts are plain text with our own wording (not the paper's); the parent context is
-serialised as ``[role]`` blocks before clipping; other long fields (tools, state, action) are clipped
-with the same head/tail rule at generous limits so one huge field cannot crowd out the rest.
+Simplifications (deviations, each in docs/fidelity/rubric_and_protocol.md): the trajectory payload
+is environment-agnostic (``raw_response`` / ``observation`` per step, as the public TextWorld adapter;
+the public TextCraft adapter splits the reply into ``thought`` / ``code``); long strings inside the
+score payload are cut head/tail at :data:`FIELD_CHARS` and the middle steps of a very long trajectory
+are replaced by a count, so the scoring prompt stays inside the context cap (the public code sends it
+uncut and lets an over-long request fail).
 
 >>> r = parse_rubric('{"rubric_items": [{"name": "a", "weight": 3}, {"name": "b", "weight": 1}]}')
 >>> [i.weight for i in r.items]
@@ -55,22 +73,52 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from common.agent.prompts import load_templates, render
 from common.agent.tree import Node
+from common.policy.context import RUBRIC_MAX_NEW_TOKENS, SCORE_MAX_NEW_TOKENS
 
-# ---- sampling settings (SPEC §3) -------------------------------------------------------------------
-RUBRIC_SAMPLING: dict[str, Any] = {"temperature": 1.0, "max_tokens": 1024}
-"""Rubric generation: sampled at temperature 1.0, at most 1024 new tokens."""
-SCORE_SAMPLING: dict[str, Any] = {"temperature": 0.0, "max_tokens": 1024}
-"""Scoring: greedy, at most 1024 new tokens."""
+# ---- settings (SPEC §3, public rubric_subagent_reward/config.py) --------------------------------------
+RUBRIC_SAMPLING: dict[str, Any] = {"temperature": 1.0, "max_tokens": RUBRIC_MAX_NEW_TOKENS}
+"""Rubric generation in training: sampled at temperature 1.0, at most 1,024 new tokens."""
+SCORE_SAMPLING: dict[str, Any] = {"temperature": 0.0, "max_tokens": SCORE_MAX_NEW_TOKENS}
+"""Scoring: greedy, at most 1,024 new tokens."""
 
 PARENT_CONTEXT_CHARS = 12_000
-"""The serialised parent messages are cut to head 1/4 + tail 3/4 of this many characters."""
+"""The whole rubric context block is cut to head 1/4 + tail 3/4 of this many characters."""
+MIN_RUBRIC_ITEMS = 2
+"""Accepted items a rubric needs (public ``min_rubric_criteria``); the prompt asks for max(4, this) to 8."""
 FIELD_CHARS = 6_000
-"""Safety limit for every other free-text field of the prompts (tools, state, action, final state)."""
-TRAJECTORY_CHARS = 16_000
-"""Default limit of a serialised child trajectory in the scoring prompt."""
+"""Limit of every string inside the score payload (trajectory fields, final state)."""
+TRAJECTORY_CHARS = 24_000
+"""Limit of the serialised trajectory in the score payload (middle steps are replaced by a count)."""
+
+RUBRIC_TEMPLATES: dict[str, frozenset[str]] = {
+    "rubric_system": frozenset(),
+    "rubric_user": frozenset({"context", "min_items"}),
+    "rubric_context": frozenset(
+        {
+            "parent_task",
+            "parent_metadata",
+            "parent_trajectory",
+            "parent_action",
+            "environment_state",
+            "child_goal",
+            "child_tools",
+            "execution_budget",
+        }
+    ),
+    "rubric_parent_message": frozenset({"index", "role", "content"}),
+    "rubric_truncation": frozenset(),
+}
+"""Rubric-request template files (``common/agent/prompts/NAME.txt``) and the placeholders each may use."""
+SCORE_TEMPLATES: dict[str, frozenset[str]] = {
+    "score_system": frozenset(),
+    "score_user": frozenset({"payload"}),
+}
+"""Score-request template files and their placeholders."""
 
 
 # ---- errors ------------------------------------------------------------------------------------------
@@ -176,7 +224,7 @@ class Score:
 
 @dataclass
 class RubricContext:
-    """Everything the rubric writer sees: only what existed before the child ran (SPEC §3)."""
+    """Everything the rubric writer sees: only what the PARENT saw before the child ran (SPEC §3)."""
 
     parent_task: str
     """The parent agent's own task text."""
@@ -185,28 +233,45 @@ class RubricContext:
     fork_step: int
     """The parent's step index at which it delegated."""
     parent_messages: list[dict[str, str]]
-    """The parent's exact prompt messages at the delegating step."""
+    """The parent's exact prompt messages at the delegating step (as sent, after the context cap)."""
     parent_action: str
     """The parent's delegating reply (the launch code or the ``<delegate>`` block)."""
-    pre_call_state: str
-    """The observable environment state before the child runs (``World.describe()``)."""
+    pre_call_state: Any
+    """The environment as the parent saw it before the child runs (JSON-able; never hidden state)."""
     delegated_goal: str
-    child_tools: str
-    """A description of the tools the child will have (e.g. the child's system prompt)."""
+    child_tools: Any
+    """The tools the child will have (public: a short JSON string naming them)."""
     child_max_steps: int
     delegated_context: str = ""
-    """Extra context the parent passed to the child (TextCraft ``context=``), if any."""
+    """Extra context the parent passed to the child (TextCraft ``context=``), appended to the goal."""
+    parent_agent_id: str = ""
+    """The parent's node id (metadata)."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """Optional extra metadata (environment name, ...), listed in the metadata block."""
+    """Optional extra metadata (environment name, ...), merged into the metadata JSON."""
+
+    def metadata(self) -> dict[str, Any]:
+        """The ``[Parent Metadata Visible To Rubric Generator]`` object."""
+        return {
+            "parent_agent_id": self.parent_agent_id,
+            "parent_depth": self.parent_depth,
+            "child_depth": self.child_depth,
+            "fork_step": self.fork_step,
+            **self.extra,
+        }
 
 
 # ---- text helpers -------------------------------------------------------------------------------------
+def stable_json(value: Any) -> str:
+    """JSON as the public prompts write it: keys sorted, non-ASCII kept (``default=str`` for odd values)."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
 def clip_middle(text: str, limit: int = PARENT_CONTEXT_CHARS, marker: str | None = None) -> str:
     """Keep the head 1/4 and the tail 3/4 of ``limit`` characters of a long text.
 
     Texts of at most ``limit`` characters are returned unchanged. Otherwise exactly ``limit``
     characters of the original are kept (``limit // 4`` from the start, the rest from the end) with a
-    marker line between them naming how many characters were cut.
+    marker between them (default: a line naming how many characters were cut).
 
     >>> clip_middle("abcdefghij", limit=8, marker="~")
     'ab~efghij'
@@ -225,22 +290,23 @@ def clip_middle(text: str, limit: int = PARENT_CONTEXT_CHARS, marker: str | None
     return head + marker + tail
 
 
-def serialise_messages(messages: list[dict[str, str]]) -> str:
-    """Chat messages as ``[role]`` blocks (the form the rubric writer reads)."""
-    parts = []
-    for m in messages:
-        role = str(m.get("role", "?"))
-        parts.append(f"[{role}]\n{m.get('content', '')}")
-    return "\n\n".join(parts)
+def _clip_strings(value: Any, limit: int = FIELD_CHARS) -> Any:
+    """A copy of a JSON-able value whose every string is cut by :func:`clip_middle` to ``limit``."""
+    if isinstance(value, str):
+        return clip_middle(value, limit)
+    if isinstance(value, dict):
+        return {k: _clip_strings(v, limit) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clip_strings(v, limit) for v in value]
+    return value
 
 
-def serialise_trajectory(node: Node, max_chars: int = TRAJECTORY_CHARS) -> str:
-    """Readable text of a child's steps for the scorer: per step the reply and the observation.
+def serialise_trajectory(node: Node, max_chars: int = 16_000) -> str:
+    """Readable text of a child's steps (the branch judge's prompt): per step the reply and observation.
 
     The step transcript is clipped head 1/4 / tail 3/4 to ``max_chars``; the closing status lines
     (finished, finish message, error) are appended unclipped. The environment's own success verdict
-    (``node.success``) and any branch label are deliberately NOT included: the scorer must judge
-    from the trajectory and the final state alone.
+    (``node.success``) and any branch label are deliberately NOT included.
     """
     blocks = []
     for step in node.steps:
@@ -252,160 +318,114 @@ def serialise_trajectory(node: Node, max_chars: int = TRAJECTORY_CHARS) -> str:
     body = clip_middle(body, max_chars)
     status = [f"Steps used: {node.steps_used}/{node.max_steps}"]
     if node.finished:
-        status.append(f"Called finish with message: {_clip(node.finish_message or '', 2000)}")
+        status.append(f"Called finish with message: {clip_middle(node.finish_message or '', 2000)}")
     else:
         status.append("Did not call finish.")
     if node.error:
-        status.append(f"Ended with an error: {_clip(node.error, 2000)}")
+        status.append(f"Ended with an error: {clip_middle(node.error, 2000)}")
     return body + "\n\n--- End of trajectory ---\n" + "\n".join(status)
 
 
-def _clip(text: str, limit: int = FIELD_CHARS) -> str:
-    return clip_middle(text, limit)
+def trajectory_payload(node: Node, max_chars: int = TRAJECTORY_CHARS) -> dict[str, Any]:
+    """The child's trajectory as the score payload holds it (public ``serialize_trajectory`` shape):
+    ``{task_goal, steps: [{step, raw_response, observation, error}], finish_message, error_message}``.
+
+    No environment verdict (success, reward) is included: the scorer judges from the trajectory and the
+    final state. Strings are cut to :data:`FIELD_CHARS`; when the whole exceeds ``max_chars`` the middle
+    steps are replaced by one ``{"omitted_steps": n}`` entry (the first step and the last ones are kept).
+    """
+    steps = []
+    for step in node.steps:
+        error = (
+            f"{step.refused_launches} launch(es) refused at the depth limit"
+            if step.refused_launches
+            else None
+        )
+        steps.append(
+            {
+                "step": step.index,
+                "raw_response": step.call.text,
+                "observation": step.observation,
+                "error": error,
+            }
+        )
+    payload = _clip_strings(
+        {
+            "task_goal": node.goal,
+            "steps": steps,
+            "finish_message": node.finish_message,
+            "error_message": node.error,
+        }
+    )
+    steps = payload["steps"]
+    omitted = 0
+    while len(stable_json(payload)) > max_chars and len(steps) - (1 if omitted else 0) > 2:
+        del steps[2 if omitted else 1]  # the oldest step after the first one
+        omitted += 1
+        if omitted == 1:
+            steps.insert(1, {"omitted_steps": 1})
+        else:
+            steps[1]["omitted_steps"] = omitted
+    return payload
 
 
 # ---- prompts --------------------------------------------------------------------------------------------
-RUBRIC_SYSTEM = """\
-You write acceptance rubrics for delegated subtasks in a recursive agent system.
-
-A parent agent has just handed a subtask to a sub-agent. The sub-agent has not started yet. Your rubric \
-is frozen the moment you write it and is later used, unchanged, to score the sub-agent's finished work. \
-Write it from what the parent needs: what must be true of the shared environment and of the sub-agent's \
-report for the parent to continue successfully, and which behaviours would waste the parent's budget or \
-damage the shared state.
-
-Answer with ONE JSON object and nothing else:
-{
-  "rubric_items": [
-    {"name": "short criterion name",
-     "weight": 0.3,
-     "description": "what this criterion checks, in observable terms",
-     "score_0": "what earns 0 on it",
-     "score_full": "what earns full marks on it"}
-  ],
-  "success_gate": "the condition that must hold for the subtask to count as a success at all",
-  "failure_conditions": ["an outcome that makes the whole subtask a failure", "..."],
-  "scoring_procedure": "how to combine the criteria into one final score in [0, 1]"
-}
-
-Rules: give 4 to 8 rubric items; weights are non-negative numbers (they are renormalised to sum to 1); \
-every criterion must be checkable from the sub-agent's trajectory and the final environment state; do \
-not reward effort or verbosity, reward results the parent can use."""
-
-RUBRIC_USER = """\
-## Parent task
-{parent_task}
-
-## Metadata
-- parent depth: {parent_depth}
-- sub-agent depth: {child_depth}
-- parent step at delegation: {fork_step}
-- sub-agent step budget: {child_max_steps}{extra}
-
-## Parent context (the parent's prompt messages at the delegating step)
-{parent_context}
-
-## Parent's delegating action
-{parent_action}
-
-## Environment state before the sub-agent runs
-{pre_call_state}
-
-## Delegated goal
-{delegated_goal}{delegated_context}
-
-## Sub-agent's tools
-{child_tools}
-
-Write the rubric for this delegated goal now, as one JSON object."""
-
-SCORE_SYSTEM = """\
-You score a sub-agent's finished work against a frozen rubric that was written before it started.
-
-Judge only from the trajectory and the final environment state; claims in the sub-agent's messages \
-count only when the trajectory or the state confirms them. Give each rubric item a score between 0 and \
-1 (in the order listed), then decide:
-- if the success gate is not met, or any failure condition holds: "success": false and "final_score": 0;
-- otherwise: "success": true and "final_score" = the weighted result of the item scores, a number \
-greater than 0 and at most 1.
-
-Answer with ONE JSON object and nothing else:
-{"success": true, "criterion_scores": [1.0, 0.5], "final_score": 0.8, "reason": "one or two sentences"}"""
-
-SCORE_USER = """\
-## Frozen rubric
-{rubric}
-
-## Delegated task
-{delegated_goal}
-
-## Sub-agent trajectory
-{trajectory}
-
-## Final environment state
-{final_state}
-
-Score the sub-agent now, as one JSON object with {n_items} criterion scores."""
-
-
-def format_rubric(rubric: Rubric) -> str:
-    """The frozen rubric as readable text (weights as percentages, items numbered in order)."""
-    lines = []
-    for k, item in enumerate(rubric.items, start=1):
-        lines.append(f"{k}. {item.name} (weight {item.weight:.3f})")
-        if item.description:
-            lines.append(f"   checks: {item.description}")
-        if item.score_0:
-            lines.append(f"   0: {item.score_0}")
-        if item.score_full:
-            lines.append(f"   full: {item.score_full}")
-    lines.append(f"Success gate: {rubric.success_gate or '(none given)'}")
-    if rubric.failure_conditions:
-        lines.append("Failure conditions:")
-        lines.extend(f"- {c}" for c in rubric.failure_conditions)
-    else:
-        lines.append("Failure conditions: (none given)")
-    lines.append(f"Scoring procedure: {rubric.scoring_procedure or '(weighted sum of the item scores)'}")
-    return "\n".join(lines)
-
-
-def build_rubric_messages(ctx: RubricContext) -> list[dict[str, str]]:
-    """A fresh chat asking the policy to write the rubric for ``ctx.delegated_goal``."""
-    extra = "".join(f"\n- {k}: {v}" for k, v in ctx.extra.items())
-    delegated_context = (
-        f"\n\nContext passed by the parent:\n{_clip(ctx.delegated_context)}" if ctx.delegated_context else ""
+def build_rubric_messages(ctx: RubricContext, prompts_dir: str | Path | None = None) -> list[dict[str, str]]:
+    """A fresh chat asking the policy to write the rubric for ``ctx.delegated_goal`` (module docstring)."""
+    t = load_templates(RUBRIC_TEMPLATES, prompts_dir)
+    trajectory = "\n".join(
+        render(
+            t["rubric_parent_message"],
+            index=i,
+            role=m.get("role", f"message_{i}"),
+            content=m.get("content", ""),
+        )
+        for i, m in enumerate(ctx.parent_messages)
     )
-    user = RUBRIC_USER.format(
-        parent_task=_clip(ctx.parent_task),
-        parent_depth=ctx.parent_depth,
-        child_depth=ctx.child_depth,
-        fork_step=ctx.fork_step,
-        child_max_steps=ctx.child_max_steps,
-        extra=extra,
-        parent_context=clip_middle(serialise_messages(ctx.parent_messages), PARENT_CONTEXT_CHARS),
-        parent_action=_clip(ctx.parent_action),
-        pre_call_state=_clip(ctx.pre_call_state),
-        delegated_goal=_clip(ctx.delegated_goal),
-        delegated_context=delegated_context,
-        child_tools=_clip(ctx.child_tools),
+    goal = ctx.delegated_goal
+    if ctx.delegated_context:
+        goal += f"\n\nContext passed by the parent:\n{ctx.delegated_context}"
+    context = render(
+        t["rubric_context"],
+        parent_task=ctx.parent_task,
+        parent_metadata=stable_json(ctx.metadata()),
+        parent_trajectory=trajectory,
+        parent_action=ctx.parent_action,
+        environment_state=stable_json(ctx.pre_call_state),
+        child_goal=goal,
+        child_tools=stable_json(ctx.child_tools),
+        execution_budget=stable_json(ctx.child_max_steps),
     )
-    return [{"role": "system", "content": RUBRIC_SYSTEM}, {"role": "user", "content": user}]
+    user = render(
+        t["rubric_user"],
+        context=clip_middle(context, PARENT_CONTEXT_CHARS, marker=t["rubric_truncation"]),
+        min_items=max(4, MIN_RUBRIC_ITEMS),
+    )
+    return [{"role": "system", "content": t["rubric_system"]}, {"role": "user", "content": user}]
 
 
 def build_score_messages(
-    rubric: Rubric, delegated_goal: str, child_trajectory: str, final_state: str
+    rubric: Rubric,
+    delegated_goal: str,
+    trajectory: dict[str, Any],
+    final_state: Any,
+    prompts_dir: str | Path | None = None,
 ) -> list[dict[str, str]]:
     """A fresh chat asking the policy to score a finished child against its frozen rubric.
 
-    ``child_trajectory`` is the output of :func:`serialise_trajectory` (already clipped)."""
-    user = SCORE_USER.format(
-        rubric=format_rubric(rubric),
-        delegated_goal=_clip(delegated_goal),
-        trajectory=child_trajectory,
-        final_state=_clip(final_state),
-        n_items=len(rubric.items),
+    ``trajectory`` is :func:`trajectory_payload`'s output; ``final_state`` is the environment as the
+    child saw it when it ended (JSON-able)."""
+    t = load_templates(SCORE_TEMPLATES, prompts_dir)
+    payload = stable_json(
+        {
+            "frozen_rubric": rubric.to_dict(),
+            "delegated_task": delegated_goal,
+            "trajectory": trajectory,
+            "final_environment_state": _clip_strings(final_state),
+        }
     )
-    return [{"role": "system", "content": SCORE_SYSTEM}, {"role": "user", "content": user}]
+    user = render(t["score_user"], payload=payload)
+    return [{"role": "system", "content": t["score_system"]}, {"role": "user", "content": user}]
 
 
 # ---- JSON extraction ------------------------------------------------------------------------------------

@@ -4,20 +4,35 @@
 
 1. The root agent gets the task's system prompt and first message and takes up to ``max_steps`` steps
    (one model call = one step). Each reply goes to the environment session, whose observation becomes
-   the next user message.
+   the next user message. Before EVERY model call (act, rubric, score) the prompt is cut to
+   ``max_prompt_tokens`` by ``common.policy.context.fit_prompt`` (oldest turns first; the policy's
+   tokenizer when it has one, else the public code's characters-per-token estimate), so every backend
+   honours the paper's caps. The messages actually sent are what is recorded.
 2. When a reply delegates, the session calls the runtime's *launch hook* once per launch (siblings
    launched in one step run concurrently; together they are one delegation event). The hook
    a. refuses launches past ``max_depth`` with an explanatory string (the caller paid its step),
-   b. asks the policy for a rubric in a fresh chat, parses it and FREEZES it on the child node,
+   b. asks the policy for a rubric in a fresh chat, parses it and FREEZES it on the child node. The
+      rubric writer sees only what the parent saw: its prompt messages at the delegating step, its
+      delegating reply, and its own view of the environment (``AgentSession.visible_state()``, by
+      default the parent's last observation) - never ``World.describe()``,
    c. runs the child agent on the same live world with its own step budget (recursively),
-   d. asks the policy to score the finished child against the frozen rubric (fresh chat, greedy),
+   d. asks the policy to score the finished child against the frozen rubric (fresh chat, greedy; the
+      payload holds the child's trajectory and the child's own final view of the environment),
    e. returns the child's result to the parent's session, which turns it into text.
 3. Counterfactual branches (Rubric-stage rollouts, ``counterfactual_k > 1``): at a delegation, the live
    world is snapshotted, branches 1..K-1 of the same child (same goal, same frozen rubric) run on
    isolated forks of the snapshot, branch 0 runs on the live world (so its final state is the one the
    parent continues from, i.e. it is "committed"). Every branch gets a verified label and a score.
-4. Test-time selection (``best_of_n > 1``): every delegation runs n candidates on forks, scores them with
-   one frozen rubric, and commits the best fork to the live world (ties and failures -> candidate 0).
+4. Test-time selection (``best_of_n > 1``, public ``TestTimeScale/textworld_bestofn``): every delegation
+   reserves ``best_of_n`` forks from the task's budget (``max_forks_per_task``, 32; when it is spent the
+   launch is refused with a message), clones the world ``best_of_n`` times, runs every candidate subtree
+   to completion (nested delegations select the same way, bottom-up) with its agents sampled at
+   ``candidate_temperature`` (1.0, even when the evaluation temperature is 0), then picks one by
+   ``selection_mode`` and commits that clone to the live world:
+   ``first`` = candidate 0; ``random`` = a seeded uniform pick; ``oracle`` = the first candidate the
+   judge labels successful; ``rubric`` = one rubric written BEFORE the candidates run (temperature
+   ``selection_rubric_temperature`` = 0), each candidate scored against it, the highest valid score
+   wins. Ties, invalid scores and failures go to candidate 0 (:func:`select_candidate`).
 
 Exceptions inside an agent end that agent with a recorded error (reward 0), never the process.
 
@@ -30,12 +45,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from common.agent.rubric import (
+    Rubric,
     RubricContext,
     RubricParseError,
     ScoreParseError,
@@ -43,24 +60,37 @@ from common.agent.rubric import (
     build_score_messages,
     parse_rubric,
     parse_score,
-    serialise_trajectory,
+    trajectory_payload,
 )
 from common.agent.tree import CallRecord, Node, Step, Tree
 from common.envs.base import AgentSession, ChildResult, Environment, LaunchRequest, World
 from common.policy.base import Completion, GenerationRequest, Policy, SamplingParams
+from common.policy.context import (
+    PAPER_CAPS,
+    RUBRIC_MAX_NEW_TOKENS,
+    SCORE_MAX_NEW_TOKENS,
+    SELECTION_SCORE_MAX_NEW_TOKENS,
+    fit_prompt,
+)
+
+SelectionMode = Literal["first", "random", "oracle", "rubric"]
+SELECTION_MODES: tuple[str, ...] = ("first", "random", "oracle", "rubric")
+FORK_BUDGET_MESSAGE = "Fork budget exhausted; complete this delegation locally."
+"""What a parent is told when test-time selection has no forks left for its launch (public wording)."""
 
 
 @dataclass
 class RuntimeConfig:
-    """How one recursive rollout runs (SPEC.md §1, §3, §5)."""
+    """How one recursive rollout runs (SPEC.md §1, §3, §5). The one place that defines runtime fields."""
 
     max_steps: int = 20
     """Step budget of every agent (root and children); one model call is one step."""
     max_depth: int = 3
     """A launch from depth d is allowed iff d + 1 <= max_depth."""
-    max_prompt_tokens: int = 10_240
-    """Prompt cap per call (10,240 TextCraft, 13,312 TextWorld); older turns are dropped to fit."""
-    max_new_tokens: int = 512
+    max_prompt_tokens: int = PAPER_CAPS["textcraft"].max_prompt_tokens
+    """Prompt cap of every model call, enforced by the runtime for every backend; oldest turns are dropped
+    first (paper: 9,728 TextCraft at evaluation / 9,600 in training, 10,240 TextWorld; ``PAPER_CAPS``)."""
+    max_new_tokens: int = PAPER_CAPS["textcraft"].max_new_tokens
     """Output cap per agent step (512 TextCraft, 3,072 TextWorld)."""
     temperature: float = 1.0
     """Sampling temperature of agent steps (0 = greedy, the evaluation protocol)."""
@@ -68,11 +98,11 @@ class RuntimeConfig:
     """Stop strings of agent steps (TextCraft: ``</python>``)."""
     use_rubrics: bool = True
     """Write a rubric before each child and score it after (False: RAO, binary per-node rewards)."""
-    rubric_max_new_tokens: int = 1024
+    rubric_max_new_tokens: int = RUBRIC_MAX_NEW_TOKENS
     """Output cap of a rubric-generation call."""
     rubric_temperature: float = 1.0
-    """Rubrics are sampled (the rubric writer is trained); scoring is always greedy."""
-    score_max_new_tokens: int = 1024
+    """Rubrics are sampled in training (the rubric writer is trained); scoring is always greedy."""
+    score_max_new_tokens: int = SCORE_MAX_NEW_TOKENS
     """Output cap of a scoring call."""
     counterfactual_k: int = 1
     """Branches per delegation in Rubric-stage rollouts (1 = off; 4 in level 0, 8 in the paper)."""
@@ -80,21 +110,77 @@ class RuntimeConfig:
     """Environment budget for counterfactual branches per root rollout (16 = 2 groups of K=8)."""
     best_of_n: int = 1
     """Test-time selection: candidates per delegation (1 = off; the paper reports N=2)."""
+    selection_mode: SelectionMode = "rubric"
+    """Test-time selection rule: first | random | oracle (the judge's label) | rubric (the policy's score)."""
+    max_forks_per_task: int = 32
+    """Test-time selection: forked worlds per task (root rollout); a launch that would pass it is refused."""
+    candidate_temperature: float = 1.0
+    """Test-time selection: sampling temperature of every agent inside a candidate subtree."""
+    selection_rubric_temperature: float = 0.0
+    """Test-time selection: temperature of the one rubric written per delegation (greedy in the paper)."""
+    selection_score_max_new_tokens: int = SELECTION_SCORE_MAX_NEW_TOKENS
+    """Test-time selection: output cap of a candidate's scoring call (512 in the public selector)."""
+    prompts_dir: str | None = None
+    """A directory of prompt templates replacing the packaged rubric/score ones (``--prompts DIR``)."""
     seed: int = 0
     """Base seed passed to the policy per call (combined with the node id and step)."""
+
+    def __post_init__(self) -> None:
+        if self.selection_mode not in SELECTION_MODES:
+            raise ValueError(
+                f"selection_mode must be one of {', '.join(SELECTION_MODES)}, got {self.selection_mode!r}"
+            )
+        if self.best_of_n < 1:
+            raise ValueError(f"best_of_n must be >= 1, got {self.best_of_n}")
+        if self.best_of_n > 1 and self.max_forks_per_task < self.best_of_n:
+            raise ValueError(
+                f"max_forks_per_task={self.max_forks_per_task} is below best_of_n={self.best_of_n}: "
+                "not even one delegation could be selected"
+            )
+        if self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
 
-Judge = Callable[[LaunchRequest, Node, AgentSession, World], Awaitable[bool]]
-"""Labels a counterfactual branch: did the child complete its assigned goal? (programmatic by default)"""
+Judge = Callable[[LaunchRequest, Node, AgentSession, World], Awaitable[bool | None]]
+"""Labels a branch: did the child complete its assigned goal? (programmatic by default; None = no verdict)"""
 
 
 async def programmatic_judge(request: LaunchRequest, node: Node, session: AgentSession, world: World) -> bool:
     """The default label: the environment's own check of the child's goal (TextCraft: finish called and
     the targets crafted; TextWorld-Sync: the delegated dish progressed as asked)."""
     return bool(session.success())
+
+
+def select_candidate(
+    mode: str, scores: Sequence[float | None], labels: Sequence[bool | None], rng: random.Random
+) -> int:
+    """The committed candidate of one test-time selection group (public ``rubric_selector.py``).
+
+    ``scores``: each candidate's rubric score (None = invalid or not scored); ``labels``: each candidate's
+    judge label (None = not judged). Ties, invalid scores and failures go to candidate 0.
+
+    >>> rng = random.Random(0)
+    >>> select_candidate("rubric", [0.2, 0.9], [None, None], rng), select_candidate("rubric", [0.5, 0.5], [], rng)
+    (1, 0)
+    >>> select_candidate("rubric", [None, None], [], rng), select_candidate("oracle", [], [False, True, True], rng)
+    (0, 1)
+    """
+    if mode == "first":
+        return 0
+    if mode == "random":
+        return rng.randrange(max(len(scores), len(labels)))
+    if mode == "oracle":
+        return next((i for i, ok in enumerate(labels) if ok is True), 0)
+    if mode != "rubric":
+        raise ValueError(f"unknown selection mode {mode!r}; choose one of {', '.join(SELECTION_MODES)}")
+    valid = [(s, i) for i, s in enumerate(scores) if s is not None]
+    if not valid:
+        return 0
+    top = max(s for s, _ in valid)
+    return min(i for s, i in valid if s == top)
 
 
 @dataclass
@@ -104,7 +190,13 @@ class _AgentState:
     node: Node
     session: AgentSession
     world: World
+    temperature: float = 1.0
+    """Sampling temperature of this agent's steps (candidates of test-time selection: 1.0)."""
     messages: list[dict[str, str]] = field(default_factory=list)
+    """The full chat so far (the prompt of the next step before the cap)."""
+    sent: list[dict[str, str]] = field(default_factory=list)
+    """The messages actually sent at the current step (after the cap): what the agent saw."""
+    last_observation: str = ""
     reply: str = ""
     step_index: int = 0
     launched: list[str] = field(default_factory=list)
@@ -118,11 +210,15 @@ class _Rollout:
 
     def __init__(self, env: Environment, policy: Policy, cfg: RuntimeConfig, task: dict, judge: Judge):
         self.env, self.policy, self.cfg, self.task, self.judge = env, policy, cfg, task, judge
+        self.tokenizer = getattr(policy, "tokenizer", None)
         self.tree = Tree(
             task_id=str(task.get("id", task.get("task_id", ""))), env=env.name, config_hash=cfg.hash()
         )
         self.envs_used = 1
         self.n_groups = 0
+        self.forks_used = 0
+        self.fork_refusals = 0
+        self.truncated_calls = 0
         self.commit_locks: dict[int, asyncio.Lock] = {}
 
     # ---- model calls ---------------------------------------------------------------------------
@@ -135,28 +231,30 @@ class _Rollout:
         meta: dict[str, Any],
     ) -> CallRecord:
         t0 = time.perf_counter()
+        sent, _, truncated = fit_prompt(messages, self.cfg.max_prompt_tokens, self.tokenizer)
+        self.truncated_calls += int(truncated)
         comp: Completion = await self.policy.generate(
-            GenerationRequest(messages=messages, sampling=sampling, role=role, session=session, meta=meta)
+            GenerationRequest(messages=sent, sampling=sampling, role=role, session=session, meta=meta)
         )
         return CallRecord(
             role=role,
-            messages=[dict(m) for m in messages],
+            messages=[dict(m) for m in sent],
             text=comp.text,
             prompt_ids=list(comp.prompt_ids),
             output_ids=list(comp.output_ids),
             logprobs=list(comp.logprobs),
             sampling=asdict(sampling),
             finish_reason=comp.finish_reason,
-            prompt_truncated=comp.prompt_truncated,
+            prompt_truncated=truncated or comp.prompt_truncated,
             seconds=time.perf_counter() - t0,
         )
 
-    def act_sampling(self, node: Node, step: int) -> SamplingParams:
+    def act_sampling(self, st: _AgentState, step: int) -> SamplingParams:
         return SamplingParams(
             max_new_tokens=self.cfg.max_new_tokens,
-            temperature=self.cfg.temperature,
+            temperature=st.temperature,
             stop=self.cfg.stop,
-            seed=_seed(self.cfg.seed, node.node_id, step),
+            seed=_seed(self.cfg.seed, st.node.node_id, step),
         )
 
     # ---- agents --------------------------------------------------------------------------------
@@ -164,20 +262,22 @@ class _Rollout:
         node, session = st.node, st.session
         t0 = time.perf_counter()
         try:
+            first = session.first_user_message()
             st.messages = [
                 {"role": "system", "content": session.system_prompt()},
-                {"role": "user", "content": session.first_user_message()},
+                {"role": "user", "content": first},
             ]
+            st.last_observation = first
             for i in range(node.max_steps):
                 st.step_index, st.launched, st.refused = i, [], 0
                 call = await self.call(
                     "act",
                     st.messages,
-                    self.act_sampling(node, i),
+                    self.act_sampling(st, i),
                     session,
                     {"node_id": node.node_id, "depth": node.depth, "step": i},
                 )
-                st.reply = call.text
+                st.sent, st.reply = call.messages, call.text
                 result = await session.step(call.text)
                 node.steps.append(
                     Step(
@@ -192,6 +292,7 @@ class _Rollout:
                     {"role": "assistant", "content": call.text},
                     {"role": "user", "content": result.observation},
                 ]
+                st.last_observation = result.observation
                 if result.error:
                     node.error = result.error
                     break
@@ -226,40 +327,62 @@ class _Rollout:
         return node
 
     def start_child(
-        self, parent: _AgentState, node: Node, request: LaunchRequest, world: World, in_branch: bool
+        self,
+        parent: _AgentState,
+        node: Node,
+        request: LaunchRequest,
+        world: World,
+        in_branch: bool,
+        temperature: float | None = None,
     ) -> _AgentState:
-        st = _AgentState(node=node, session=None, world=world, in_branch=in_branch)  # type: ignore[arg-type]
+        st = _AgentState(
+            node=node,
+            session=None,  # type: ignore[arg-type]
+            world=world,
+            in_branch=in_branch,
+            temperature=parent.temperature if temperature is None else temperature,
+        )
         st.session = self.env.child_session(
             world, parent.session, request, node.node_id, self.launch_hook(st)
         )
         return st
 
     # ---- rubrics and scores --------------------------------------------------------------------
-    async def write_rubric(self, parent: _AgentState, request: LaunchRequest, node: Node) -> Any:
+    @staticmethod
+    def visible_state(st: _AgentState) -> Any:
+        """The environment as agent ``st`` sees it (never hidden state): the session's own
+        ``visible_state()``, else its last observation."""
+        state = st.session.visible_state() if hasattr(st.session, "visible_state") else None
+        return {"observation": st.last_observation} if state is None else state
+
+    async def write_rubric(
+        self, parent: _AgentState, request: LaunchRequest, node: Node, temperature: float
+    ) -> Rubric | None:
         ctx = RubricContext(
             parent_task=parent.node.goal,
             parent_depth=parent.node.depth,
             child_depth=parent.node.depth + 1,
             fork_step=parent.step_index,
-            parent_messages=list(parent.messages),
+            parent_messages=list(parent.sent),
             parent_action=parent.reply,
-            pre_call_state=parent.world.describe(),
+            pre_call_state=self.visible_state(parent),
             delegated_goal=request.goal,
             child_tools=self.env.tools_description or self.env.name,
             child_max_steps=request.max_steps,
             delegated_context=request.context,
+            parent_agent_id=parent.node.node_id,
         )
         sampling = SamplingParams(
             max_new_tokens=self.cfg.rubric_max_new_tokens,
-            temperature=self.cfg.rubric_temperature,
+            temperature=temperature,
             seed=_seed(self.cfg.seed, node.node_id, -1),
         )
         call = await self.call(
             "rubric",
-            build_rubric_messages(ctx),
+            build_rubric_messages(ctx, self.cfg.prompts_dir),
             sampling,
             parent.session,
-            {"node_id": node.node_id, "depth": node.depth},
+            {"node_id": node.node_id, "depth": node.depth, "goal": request.goal},
         )
         node.rubric_call = call
         try:
@@ -270,20 +393,27 @@ class _Rollout:
         node.rubric = rubric.to_dict()
         return rubric
 
-    async def score_child(self, rubric: Any, request: LaunchRequest, child: _AgentState) -> None:
+    async def score_child(
+        self, rubric: Rubric | None, request: LaunchRequest, child: _AgentState, max_new_tokens: int
+    ) -> None:
         node = child.node
         if rubric is None:
             return
         messages = build_score_messages(
-            rubric, request.goal, serialise_trajectory(node), child.world.describe()
+            rubric, request.goal, trajectory_payload(node), self.visible_state(child), self.cfg.prompts_dir
         )
-        sampling = SamplingParams(max_new_tokens=self.cfg.score_max_new_tokens, temperature=0.0)
+        sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
         call = await self.call(
             "score",
             messages,
             sampling,
             child.session,
-            {"node_id": node.node_id, "depth": node.depth, "child_success": node.success},
+            {
+                "node_id": node.node_id,
+                "depth": node.depth,
+                "child_success": node.success,
+                "n_items": len(rubric.items),
+            },
         )
         node.score_call = call
         try:
@@ -325,11 +455,15 @@ class _Rollout:
     async def launch_one(self, parent: _AgentState, request: LaunchRequest) -> ChildResult:
         node = self.new_child_node(parent, request)
         parent.launched.append(node.node_id)
-        rubric = await self.write_rubric(parent, request, node) if self.cfg.use_rubrics else None
+        rubric = (
+            await self.write_rubric(parent, request, node, self.cfg.rubric_temperature)
+            if self.cfg.use_rubrics
+            else None
+        )
         child = self.start_child(parent, node, request, parent.world, parent.in_branch)
         await self.run_agent(child)
         if self.cfg.use_rubrics:
-            await self.score_child(rubric, request, child)
+            await self.score_child(rubric, request, child, self.cfg.score_max_new_tokens)
         return _result(request, node)
 
     async def launch_counterfactual(self, parent: _AgentState, request: LaunchRequest, k: int) -> ChildResult:
@@ -341,7 +475,11 @@ class _Rollout:
         worlds = [parent.world] + [snapshot.fork() for _ in range(k - 1)]
         nodes = [self.new_child_node(parent, request, suffix="" if b == 0 else f"~b{b}") for b in range(k)]
         parent.launched.append(nodes[0].node_id)
-        rubric = await self.write_rubric(parent, request, nodes[0]) if self.cfg.use_rubrics else None
+        rubric = (
+            await self.write_rubric(parent, request, nodes[0], self.cfg.rubric_temperature)
+            if self.cfg.use_rubrics
+            else None
+        )
         children = []
         for b, (node, world) in enumerate(zip(nodes, worlds, strict=True)):
             node.branch_group, node.branch_index, node.committed = group, b, b == 0
@@ -352,36 +490,57 @@ class _Rollout:
         for c in children:
             c.node.branch_label = await self.judge(request, c.node, c.session, c.world)
             if self.cfg.use_rubrics:
-                await self.score_child(rubric, request, c)
+                await self.score_child(rubric, request, c, self.cfg.score_max_new_tokens)
         return _result(request, nodes[0])
 
     async def launch_best_of_n(self, parent: _AgentState, request: LaunchRequest) -> ChildResult:
-        """Test-time selection: n candidates on forks, one frozen rubric, commit the best."""
-        n = self.cfg.best_of_n
-        # Candidates of sibling launches on one world run one group at a time, so commits never interleave.
+        """Test-time selection (module docstring, item 4): n candidates on clones, commit one."""
+        cfg, n = self.cfg, self.cfg.best_of_n
+        # Sibling launches on one world select one group at a time (the public evaluator runs them in
+        # order), so a commit never lands between another group's fork and its commit.
         async with self.commit_locks.setdefault(id(parent.world), asyncio.Lock()):
+            if self.forks_used + n > cfg.max_forks_per_task:
+                self.fork_refusals += 1
+                parent.refused += 1
+                return ChildResult(request=request, returned=False, refused=True, error=FORK_BUDGET_MESSAGE)
+            self.forks_used += n
             self.n_groups += 1
             group = f"bo{self.n_groups}"
-            snapshot = parent.world.fork()
-            worlds = [snapshot.fork() for _ in range(n)]
             nodes = [
                 self.new_child_node(parent, request, suffix="" if b == 0 else f"~c{b}") for b in range(n)
             ]
-            rubric = await self.write_rubric(parent, request, nodes[0]) if self.cfg.use_rubrics else None
+            rubric = None
+            if cfg.selection_mode == "rubric":  # written once, from the parent's view, before any candidate
+                rubric = await self.write_rubric(parent, request, nodes[0], cfg.selection_rubric_temperature)
+            worlds = [parent.world.fork() for _ in range(n)]
             children = []
             for b, (node, world) in enumerate(zip(nodes, worlds, strict=True)):
                 node.branch_group, node.branch_index = group, b
                 if b > 0:
                     node.rubric, node.rubric_error = nodes[0].rubric, nodes[0].rubric_error
-                children.append(self.start_child(parent, node, request, world, in_branch=False))
-            await asyncio.gather(*(self.run_agent(c) for c in children))
-            for c in children:
-                if self.cfg.use_rubrics:
-                    await self.score_child(rubric, request, c)
-            scores = [c.node.score if c.node.score is not None else -1.0 for c in children]
-            best = max(range(n), key=lambda b: (scores[b], -b))  # ties -> lowest index
-            if scores[best] <= scores[0]:
-                best = 0
+                children.append(
+                    self.start_child(
+                        parent, node, request, world, in_branch=False, temperature=cfg.candidate_temperature
+                    )
+                )
+            await asyncio.gather(*(self.run_agent(c) for c in children))  # whole subtrees: bottom-up
+            if rubric is not None:
+                await asyncio.gather(
+                    *(
+                        self.score_child(rubric, request, c, cfg.selection_score_max_new_tokens)
+                        for c in children
+                    )
+                )
+            if cfg.selection_mode == "oracle":
+                for c in children:
+                    c.node.branch_label = await self.judge(request, c.node, c.session, c.world)
+            rng = random.Random(_seed(cfg.seed, nodes[0].node_id, -2))
+            best = select_candidate(
+                cfg.selection_mode,
+                [c.node.score for c in children],
+                [c.node.branch_label for c in children],
+                rng,
+            )
             for b, c in enumerate(children):
                 c.node.committed = b == best
                 if b != best:
@@ -433,7 +592,7 @@ async def run_root(
     )
     root.max_steps = min(root.max_steps, cfg.max_steps)
     ro.tree.nodes[root.node_id] = root
-    st = _AgentState(node=root, session=None, world=world)  # type: ignore[arg-type]
+    st = _AgentState(node=root, session=None, world=world, temperature=cfg.temperature)  # type: ignore[arg-type]
     st.session = env.root_session(world, task, ro.launch_hook(st))
     await ro.run_agent(st)
     try:
@@ -445,7 +604,12 @@ async def run_root(
     ro.tree.meta = {
         "counterfactual_groups": ro.n_groups if cfg.counterfactual_k > 1 else 0,
         "envs_used": ro.envs_used,
+        "truncated_calls": ro.truncated_calls,
     }
+    if cfg.best_of_n > 1:
+        ro.tree.meta.update(
+            selection_groups=ro.n_groups, forks_used=ro.forks_used, fork_refusals=ro.fork_refusals
+        )
     return ro.tree
 
 

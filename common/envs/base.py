@@ -91,7 +91,8 @@ class World(ABC):
 
     @abstractmethod
     def describe(self) -> str:
-        """The observable state as text (used in rubric and scoring prompts)."""
+        """The whole state as text, for logs, viewers and tests. It may hold hidden state, so rubric and
+        score prompts never use it (they use :meth:`AgentSession.visible_state`)."""
 
 
 class AgentSession(ABC):
@@ -119,6 +120,16 @@ class AgentSession(ABC):
     @abstractmethod
     def success(self) -> bool:
         """Did this agent achieve its own goal? (Root: ``world.root_success()``; child: its targets.)"""
+
+    def visible_state(self) -> Any:
+        """The environment as THIS agent can observe it now, as a JSON-able value: the rubric writer's
+        pre-call state (the parent's view) and the scorer's final state (the child's view). Never hidden
+        world state (other agents' locations, required preparations). Public shapes: TextCraft
+        ``{"inventory": {...}}``, TextWorld ``{"observation", "infos", "location"}``.
+
+        ``None`` (this default) makes the runtime use ``{"observation": <the agent's last observation>}``.
+        """
+        return None
 
 
 class Environment(ABC):

@@ -76,7 +76,7 @@ def _row(**over):
         (lambda r: r.pop("dishes"), "missing required key 'dishes'"),
         (lambda r: r.update(task_description=""), "task_description"),
         (lambda r: r["parallelism"].update(shared_environment_max_steps=0), "shared_environment_max_steps"),
-        (lambda r: r["dishes"][0]["recipe"][0].update(preparation=["boiled"]), "unknown preparation"),
+        (lambda r: r["dishes"][0]["recipe"][0].update(preparation=["steamed"]), "unknown preparation"),
         (lambda r: r["dishes"][0]["recipe"][0].pop("preparation"), "no 'preparation'"),
         (lambda r: r["dishes"][1]["recipe"].append(dict(r["dishes"][0]["recipe"][0])), "two dishes"),
         (lambda r: r.update(dishes=[]), "non-empty"),

@@ -2,28 +2,36 @@
 
 ``TextWorldSyncEnv.make_world(task)`` builds one :class:`SyncWorld` per task; every agent of the recursive
 tree gets a :class:`SyncSession` (its view: agent id, depth, goal, own step budget) on that world or on a
-fork of it. ``await session.step(reply)`` parses the reply (``protocol.parse_reply``) and
+fork of it. The session plays the public SERA evaluator's agent loop (``_run_agent`` in
+``Evaluation/TextWorld/textworld_parallel/evaluator.py`` of OliverLeeXZ/SERA); the runtime
+(``common/agent``) owns the chat history and the model calls. ``await session.step(reply)``:
 
-* ``<action>``  -> one atomic world step; the observation is the agent's view afterwards;
-* ``<delegate>`` -> one :class:`LaunchRequest` per child, all launched concurrently through the runtime's
-  hook (``asyncio.gather``); the observation is one ``[SubAgent Results]`` block per child (returned?,
-  environment_success, steps, ``Budget used by subagent: u/20 steps``, result text, final observation)
-  followed by the agent's own view. Depth limits and refusals are the runtime hook's business;
-* ``<finish>``  -> the agent halts with its message;
-* anything else -> an explanatory observation (the agent paid its own step, not a shared one).
+* parses the reply with the public protocol (``protocol.extract_decision``);
+* ``<action>X</action>`` -> one atomic world step (one GLOBAL step), except the inventory look-ups
+  (``inventory`` / ``view inventory`` / ``check inventory``), answered from the shared state without a
+  world step (an ``[Inventory Lookup]`` block);
+* a malformed reply -> the public best-effort fallback (``protocol.extract_action``: the last line, a
+  fenced line, ...) is sent to the world like an action, so it costs one shared step (and is applied
+  when it happens to be valid);
+* ``<delegate>`` -> one :class:`LaunchRequest` per child (own budget ``min(max_steps, 20)``), all launched
+  concurrently through the runtime's hook; the observation is a ``[SubAgent Results]`` block (one entry
+  per child) and ``[Current Environment Observation]``. At the maximum depth the delegation is rejected
+  with a message and no world step;
+* ``<finish>`` -> the agent halts with its message.
 
-An agent also halts when its own budget is spent. When the shared world has ended (success, failure or
-global budget spent) agents are told so and asked to finish; they are not cut off, so a child that
-completed the last dish still returns its report.
+Every reply is one of the agent's own steps. The observation the model reads is the public turn message
+(``[Step i Observation]``, the agent's budget, ``Valid Actions``, ``Score``, ``Task Success``, ``Task
+Failure``, ``Done``), rendered from the templates of :mod:`prompts`.
 
-Success of a child (``session.success()`` and ``environment_success`` in the results block): the progress
-its goal text asks for, judged on the world -- the dish ids it names must be eaten when it says "eat" (or
-names no ingredient), the ingredients it names must be on the prepared counter with exactly their
-preparation; a goal naming neither falls back to "the child called finish". The root's success is
-``world.root_success()``.
+The agent STOPS (``StepResult.done``) as soon as the shared world has ended (task success, failure or
+global budget): after its own step that ended it, after a delegation during which it ended, or at its
+next reply when another agent ended it. ``session.done`` says so at any time; a runtime that checks it
+before each model call (as the public loop checks ``done`` before each call) saves that last call.
 
-What it simplifies: the session keeps no chat history (the runtime does); a refused or crashed launch is
-reported in the results block like any other child.
+Success of a child (``session.success()``, the runtime's programmatic label): the progress its goal text
+asks for, judged on the world (dish ids it names eaten, ingredients it names on the counter); a goal
+naming neither falls back to "the child called finish". The ``environment_success`` shown to the parent is
+the public one: the WHOLE task's success. The root's success is ``world.root_success()``.
 
 Run a scripted episode end to end: ``python -m common.envs.textworld_sync.oracle``.
 """
@@ -42,14 +50,20 @@ from common.envs.base import (
     StepResult,
     World,
 )
-from common.envs.textworld_sync import prompts
-from common.envs.textworld_sync.protocol import Delegation, parse_reply
-from common.envs.textworld_sync.tasks import normalize_row
-from common.envs.textworld_sync.world import SyncWorld
-
-_ENDED = (
-    "\nThe shared task has ended; no action can change it any more. Reply with <finish>your summary</finish>."
+from common.envs.textworld_sync.prompts import PromptSet, default_prompts, load_prompts
+from common.envs.textworld_sync.protocol import (
+    Delegation,
+    extract_action,
+    extract_decision,
+    is_inventory_action,
 )
+from common.envs.textworld_sync.tasks import normalize_row
+from common.envs.textworld_sync.world import RULES, SyncWorld
+
+ROOT_MAX_STEPS = 20
+"""The root agent's own step budget (public ``EvaluationSettings.max_steps``)."""
+CHILD_MAX_STEPS = 20
+"""A sub-agent's budget cap (public ``subagent_max_steps``; a delegation may ask for fewer)."""
 
 
 class SyncSession(AgentSession):
@@ -68,7 +82,9 @@ class SyncSession(AgentSession):
         is_root: bool = False,
         context: str = "",
         start_from: str | None = None,
-        max_child_steps: int = 20,
+        max_child_steps: int = CHILD_MAX_STEPS,
+        prompts: PromptSet | None = None,
+        allow_subagents: bool = True,
     ):
         if not isinstance(world, SyncWorld):
             raise TypeError(f"a SyncSession needs a SyncWorld, got {type(world).__name__}")
@@ -78,70 +94,102 @@ class SyncSession(AgentSession):
         self.depth = depth
         self.goal = goal
         self.context = context
+        """Kept for the runtime's records; never shown to the agent (the public child sees only its goal)."""
         self.max_steps = max_steps
         self.max_depth = max_depth
         self.max_child_steps = max_child_steps
         self.is_root = is_root
         self.launch = launch
+        self.prompts = prompts or default_prompts()
+        self.allow_subagents = allow_subagents
         self.steps_used = 0
         self.finished = False
         self.finish_message: str | None = None
         self.halted = False
         self.delegation_events = 0
         self.scope = world.parse_goal(goal)
+        self.env_observation, self.env_infos = world.observe_with_infos(agent_id)
+        """The agent's latest environment observation and public ``infos`` (its own view)."""
         self.last_observation = ""
         self.history: list[dict[str, Any]] = []
         self._children: dict[int, list[SyncSession]] = {}
 
     # ---- AgentSession ----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """True once this agent has halted or the shared world has ended (no further call is useful)."""
+        return self.halted or self.world.over
+
     def system_prompt(self) -> str:
-        return prompts.system_prompt(can_delegate=self.depth < self.max_depth)
+        return self.prompts.system(self.agent_id, self.depth, self.max_depth, self.allow_subagents)
 
     def first_user_message(self) -> str:
-        goal = self.goal + (f"\nContext from your parent: {self.context}" if self.context else "")
-        self.last_observation = self.world.observe(self.agent_id)
-        return prompts.first_message(
-            goal, self.depth, self.max_steps, self.world.steps_left, self.last_observation
+        self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
+        return self.prompts.initial_user(
+            self.goal, self.env_observation, self.env_infos, self.max_steps, self.allow_subagents
         )
 
     def valid_actions(self) -> list[str]:
         return self.world.valid_actions(self.agent_id)
+
+    def observable_state(self) -> dict[str, Any]:
+        """What this agent itself last saw: ``{"observation": ..., "infos": ...}`` (the public rubric
+        writer's pre-call environment state for TextWorld)."""
+        return {"observation": self.env_observation, "infos": dict(self.env_infos)}
 
     async def step(self, reply: str) -> StepResult:
         if self.halted:
             return StepResult(
                 observation="This agent has already halted.", done=True, info={"kind": "halted"}
             )
-        self.steps_used += 1
-        parsed = parse_reply(
-            reply, self.world.valid_actions(self.agent_id), max_child_steps=self.max_child_steps
-        )
-        info: dict[str, Any] = {"kind": parsed.kind, "lenient": parsed.lenient}
-        done, finish_message = False, None
-        if parsed.kind == "action":
-            out = self.world.step(self.agent_id, parsed.action or "")
-            info.update(action=parsed.action, accepted=out.accepted, counted=out.counted, reward=out.reward)
-            obs = out.observation + (_ENDED if out.done else "")
-        elif parsed.kind == "delegate":
-            obs = await self._delegate(parsed.delegations, info)
-            obs += _ENDED if self.world.over else ""
-        elif parsed.kind == "finish":
-            self.finished, done = True, True
-            self.finish_message = finish_message = parsed.message
-            obs = f"You finished: {parsed.message}"
-        else:
-            info["error"] = parsed.error
-            obs = (
-                f"Invalid reply: {parsed.error}\n(This cost you one of your own steps but no shared step.)\n\n"
-                + self.world.observe(self.agent_id)
+        if self.world.over:  # another agent ended the world while this reply was being written
+            self.halted = True
+            self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
+            return StepResult(
+                observation=self._turn(self.env_observation),
+                done=True,
+                info={"kind": "world_ended", "applied": False},
             )
+        index = self.steps_used
+        self.steps_used += 1
+        decision = extract_decision(reply, default_child_steps=self.max_child_steps)
+        info: dict[str, Any] = {"kind": decision.kind, "parse_ok": decision.kind != "error"}
+        done, finish_message = False, None
+        if decision.kind == "finish":
+            self.finished, done = True, True
+            self.finish_message = finish_message = decision.message
+            text = self.env_observation
+        elif decision.kind == "delegate":
+            text = await self._delegate(decision.delegations, info)
+            done = self.world.over
+        else:
+            if decision.kind == "error":
+                info["error"] = decision.error
+            action = decision.action if decision.kind == "action" else extract_action(reply)[0]
+            info["action"] = action
+            if is_inventory_action(action):
+                info.update(kind="inventory_lookup", counted=False)
+                self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
+                text = self.prompts.inventory_lookup(str(self.env_infos["inventory"]), self.env_observation)
+            else:
+                out = self.world.step(self.agent_id, action)
+                info.update(
+                    accepted=out.accepted, counted=out.counted, reward=out.reward, message=out.message
+                )
+                self.env_observation, self.env_infos = out.observation, out.infos or {}
+                text = out.observation
+                done = out.done
         if not done and self.steps_used >= self.max_steps:
             done = True
-            obs += f"\nYou have used all {self.max_steps} of your steps; this agent stops here."
+        obs = self._turn(text, index)
         self.halted = done
         self.last_observation = obs
-        self.history.append({"reply": reply, "kind": parsed.kind, "observation": obs})
+        self.history.append({"reply": reply, "kind": info["kind"], "observation": obs})
         return StepResult(observation=obs, done=done, finish_message=finish_message, info=info)
+
+    def _turn(self, text: str, index: int | None = None) -> str:
+        i = self.steps_used - 1 if index is None else index
+        return self.prompts.turn(max(i, 0), text, self.env_infos, self.max_steps, self.allow_subagents)
 
     def success(self) -> bool:
         if self.is_root:
@@ -156,54 +204,55 @@ class SyncSession(AgentSession):
         self._children.setdefault(id(request), []).append(child)
 
     async def _delegate(self, delegations: tuple[Delegation, ...], info: dict[str, Any]) -> str:
+        if not self.allow_subagents or self.depth >= self.max_depth:
+            info["rejected"] = True
+            self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
+            return self.prompts.delegation_rejected(self.depth, self.max_depth, self.env_observation)
         self.delegation_events += 1
-        requests = [LaunchRequest(goal=d.goal, context=d.context, max_steps=d.max_steps) for d in delegations]
+        requests = [
+            LaunchRequest(goal=d.goal, max_steps=min(d.max_steps, self.max_child_steps)) for d in delegations
+        ]
         results = await asyncio.gather(*(self.launch(r) for r in requests), return_exceptions=True)
-        blocks, summary = [], []
-        for k, (req, res) in enumerate(zip(requests, results, strict=True), start=1):
+        children, summary = [], []
+        for req, res in zip(requests, results, strict=True):
             if isinstance(res, BaseException):
                 if not isinstance(res, Exception):
                     raise res
                 res = ChildResult(request=req, returned=False, error=f"{type(res).__name__}: {res}")
-            text, ok = self._format_child(k, len(requests), res)
-            blocks.append(text)
-            summary.append(
-                {"goal": req.goal, "returned": res.returned, "refused": res.refused, "success": ok}
-            )
+            children.append(self._child_record(res))
+            summary.append({"goal": req.goal, "returned": res.returned, "refused": res.refused})
         info["delegations"] = summary
-        return "\n\n".join(blocks) + "\n\n[Your current view]\n" + self.world.observe(self.agent_id)
+        self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
+        return self.prompts.delegation_results(children, self.env_observation)
 
-    def _format_child(self, k: int, n: int, res: ChildResult) -> tuple[str, bool]:
+    def _child_record(self, res: ChildResult) -> dict[str, Any]:
+        """The public child record (agent_id, returned, environment_success, steps, ...)."""
         req = res.request
         child = self._find_child(req)
-        scope = self.world.parse_goal(req.goal)
-        if res.refused:
-            ok = False
-        elif scope.parsable:
-            ok = self.world.goal_success(scope)
-        else:
-            ok = res.returned
-        if child is not None and self.world.has_agent(child.agent_id):
-            final = self.world.observe(child.agent_id)
-        elif child is not None:
-            final = child.last_observation
-        else:
-            final = "(none)"
-        final = "\n".join(ln for ln in final.splitlines() if not ln.startswith("Valid actions:"))
-        result = res.message or res.error or "(no message)"
-        lines = [
-            "[SubAgent Results]",
-            f"Sub-agent {k} of {n}; goal: {req.goal}",
-            f"returned: {'yes' if res.returned else 'no'}" + (" (launch refused)" if res.refused else ""),
-            f"environment_success: {'true' if ok else 'false'}",
-            f"steps: {res.steps_used}",
-            f"Budget used by subagent: {res.steps_used}/{req.max_steps} steps. "
-            f"Shared world actions left for the whole task: {self.world.steps_left}.",
-            f"result: {result}",
-            "final observation:",
-            final,
-        ]
-        return "\n".join(lines), ok
+        if child is None or (res.error and not res.refused and res.steps_used == 0):
+            return {  # public: a crashed child is reported as agent "unknown" with its error
+                "agent_id": child.agent_id if child is not None else "unknown",
+                "returned": False,
+                "environment_success": False,
+                "steps": res.steps_used,
+                "max_steps": child.max_steps if child is not None else 0,
+                "finish_message": ("SubAgent crashed: " if not res.refused else "") + (res.error or ""),
+                "final_observation": "",
+            }
+        final = (
+            self.world.observe(child.agent_id)
+            if self.world.has_agent(child.agent_id)
+            else child.env_observation
+        )
+        return {
+            "agent_id": child.agent_id,
+            "returned": res.returned and child.depth > 0,
+            "environment_success": self.world.root_success(),
+            "steps": res.steps_used or child.steps_used,
+            "max_steps": child.max_steps,
+            "finish_message": res.message,
+            "final_observation": final,
+        }
 
     def _find_child(self, request: LaunchRequest) -> SyncSession | None:
         found = self._children.get(id(request), [])
@@ -217,24 +266,41 @@ class SyncSession(AgentSession):
 
 
 class TextWorldSyncEnv(Environment):
-    """Factory of TextWorld-Sync worlds and sessions (public SERA rows, flat or manifest form)."""
+    """Factory of TextWorld-Sync worlds and sessions (public SERA rows, flat or manifest form).
+
+    ``rules``: ``public`` (default, the public environment) or ``strict`` (see ``world.py``).
+    ``prompts_dir``: a directory of template files replacing the packaged ones (see ``prompts.py``)."""
 
     name = "textworld"
     tools_description = (
-        "Text actions in the shared kitchen world, one per reply: <action>look around | inventory | read cookbook | "
-        "go to {room} | take {ingredient} | chop/slice/dice/mince {x} | cook {x} in stove/in oven/on grill | "
-        'prepare {dish} | eat {dish}</action>; <delegate>{"goal": ...}</delegate> to launch sub-agents; '
-        "<finish>message</finish> to return. Only actions in the current valid list are accepted; every "
-        "action (even a rejected one) spends one step of the shared global budget."
+        "One text command per reply from the current Valid Actions list, inside <action>...</action>: "
+        "look around | inventory (free: no shared step) | read cookbook | go to {room} | move {direction} | "
+        "open door | take {ingredient} | chop/slice/dice/mince {ingredient} | cook {ingredient} in stove/in "
+        "oven/on grill | prepare {dish} | eat {dish}; "
+        '<delegate>{"goal": ...}</delegate> launches sub-agents; <finish>message</finish> returns. Every '
+        "world action, valid or not, spends one step of the shared global budget."
     )
 
-    def __init__(self, max_depth: int = 3, max_child_steps: int = 20, root_agent_id: str = "0"):
+    def __init__(
+        self,
+        max_depth: int = 3,
+        max_child_steps: int = CHILD_MAX_STEPS,
+        root_agent_id: str = "0",
+        rules: str = "public",
+        prompts_dir: str | None = None,
+        allow_subagents: bool = True,
+    ):
+        if rules not in RULES:
+            raise ValueError(f"unknown TextWorld-Sync rules {rules!r}; use one of {RULES}")
         self.max_depth = max_depth
         self.max_child_steps = max_child_steps
         self.root_agent_id = root_agent_id
+        self.rules = rules
+        self.prompts = load_prompts(prompts_dir) if prompts_dir else default_prompts()
+        self.allow_subagents = allow_subagents
 
     def make_world(self, task: dict[str, Any]) -> SyncWorld:
-        return SyncWorld(task, root_agent=self.root_agent_id)
+        return SyncWorld(task, root_agent=self.root_agent_id, rules=self.rules)
 
     def root_session(self, world: World, task: dict[str, Any], launch: LaunchHook) -> SyncSession:
         row = normalize_row(task)
@@ -246,11 +312,13 @@ class TextWorldSyncEnv(Environment):
             agent_id=world.root_agent,
             depth=0,
             goal=goal,
-            max_steps=int(row.get("max_steps") or 20),
+            max_steps=int(row.get("max_steps") or ROOT_MAX_STEPS),
             launch=launch,
             max_depth=self.max_depth,
             is_root=True,
             max_child_steps=self.max_child_steps,
+            prompts=self.prompts,
+            allow_subagents=self.allow_subagents,
         )
 
     def child_session(
@@ -269,11 +337,13 @@ class TextWorldSyncEnv(Environment):
             depth=parent.depth + 1,
             goal=request.goal,
             context=request.context,
-            max_steps=request.max_steps,
+            max_steps=min(request.max_steps, self.max_child_steps),
             launch=launch,
             max_depth=self.max_depth,
-            start_from=world.root_agent,  # SPEC: children start where the root currently stands
+            start_from=world.root_agent,  # public fork_shared: children start where the root stands
             max_child_steps=self.max_child_steps,
+            prompts=self.prompts,
+            allow_subagents=self.allow_subagents,
         )
         if isinstance(parent, SyncSession):
             parent.register_child(request, child)

@@ -5,8 +5,8 @@ recipe) and answers with one protocol block. It plans against the shared rules:
 
 * scope: the root owns every dish; a child owns what its goal names (``SyncWorld.parse_goal``);
 * per step, in order: eat a prepared dish; prepare a dish whose ingredients are all ready; finish the
-  preparation of an ingredient in the shared inventory (walking to the kitchen first), picking a tool
-  that is not cooling down; open the gate if a needed ingredient is behind it; take the next ingredient
+  preparation of an ingredient in the shared inventory (anywhere under the public rules; in the kitchen
+  under ``rules="strict"``), picking a tool that is not cooling down; open the gate if a needed ingredient is behind it; take the next ingredient
   (this room first, kitchen items before far-away raw ones, which need no tools); when the inventory is
   full of other agents' ingredients, help prepare them; otherwise wait (``look around``);
 * delegation: ``delegate=True`` always delegates one dish per child when the scope still has >= 2
@@ -38,9 +38,9 @@ from common.envs.base import ChildResult, LaunchRequest
 from common.envs.textworld_sync.env import SyncSession, TextWorldSyncEnv
 from common.envs.textworld_sync.protocol import format_action, format_delegate, format_finish
 from common.envs.textworld_sync.world import (
-    COOK_PHRASE,
-    TOOL_FOR_COOK,
-    VERB_FOR_CUT,
+    BASE,
+    COOK_TOOL,
+    CUT_VERB,
     ItemView,
     SyncWorld,
     WorldState,
@@ -69,13 +69,14 @@ def _scope(session: SyncSession, st: WorldState) -> _Scope:
 
 
 def _needed_ops(it: ItemView) -> list[tuple[str, str]]:
-    ops = []
-    if it.cut == "uncut" and it.expected_cut != "uncut":
-        ops.append((f"{VERB_FOR_CUT[it.expected_cut]} {it.name}", "knife"))
-    if it.cook == "raw" and it.expected_cook != "raw":
-        tool = TOOL_FOR_COOK[it.expected_cook]
-        ops.append((f"cook {it.name} {COOK_PHRASE[tool]}", tool))
-    return ops
+    return [] if it.status == "ready" else list(it.needed)
+
+
+def _prep_text(expected: frozenset[str]) -> str:
+    """``{"diced", "grilled"}`` -> ``grilled, diced`` (cooking state first, as the task texts write it)."""
+    cook = [p for p in ("raw", *COOK_TOOL) if p in expected]
+    cut = [p for p in ("uncut", *CUT_VERB) if p in expected]
+    return ", ".join(cook + cut) or ", ".join(sorted(BASE))
 
 
 def _dish_items(st: WorldState, dish: str) -> list[ItemView]:
@@ -105,7 +106,7 @@ def _remaining_actions(st: WorldState, sc: _Scope, loc: str) -> int:
             n += len(ops)
             needs_tools |= bool(ops)
     n += sum(2 if st.meals[d] == "none" else 1 for d in sc.dishes if not _dish_done(st, d, sc.eat))
-    n += len(rooms - {loc}) + (1 if needs_tools and loc != "kitchen" else 0)
+    n += len(rooms - {loc}) + (1 if st.strict and needs_tools and loc != "kitchen" else 0)
     n += int(not st.gate_open and any(st.items[i].gated and st.items[i].status == "source" for i in sc.items))
     return n
 
@@ -121,7 +122,7 @@ def next_action(st: WorldState, sc: _Scope, agent_id: str) -> str | None:
         if st.meals[d] == "none" and all(it.status == "ready" for it in _dish_items(st, d)):
             return f"prepare {d}"
     held = [i for i in sc.items if items[i].status == "held"]
-    if held and loc != "kitchen":
+    if held and st.strict and loc != "kitchen":
         return "go to kitchen"
     for i in held:
         for act, tool in _needed_ops(items[i]):
@@ -137,7 +138,7 @@ def next_action(st: WorldState, sc: _Scope, agent_id: str) -> str | None:
             return f"take {items[here[0]].name}"
         kitchen = [i for i in pending if items[i].room == "kitchen"]
         return f"go to {items[(kitchen or pending)[0]].room}"
-    if loc == "kitchen":  # blocked: help with other agents' ingredients in the shared inventory
+    if loc == "kitchen" or not st.strict:  # blocked: help with other agents' held ingredients
         for it in items:
             if it.status == "held":
                 for act, tool in _needed_ops(it):
@@ -145,16 +146,16 @@ def next_action(st: WorldState, sc: _Scope, agent_id: str) -> str | None:
                         return act
     if _scope_done(st, sc):
         return None
-    if any(it.status == "ruined" for it in items):
+    if st.failure is not None:
         return None
     return "look around"
 
 
 def _child_goal(st: WorldState, dish: str) -> str:
-    parts = ", ".join(f"{it.name} ({it.expected_cook}, {it.expected_cut})" for it in _dish_items(st, dish))
+    parts = ", ".join(f"{it.name} ({_prep_text(it.expected)})" for it in _dish_items(st, dish))
     return (
         f"Prepare and eat {dish}. Its ingredients and their required preparations: {parts}. Take each "
-        f"ingredient, give it exactly that preparation in the kitchen, then 'prepare {dish}' and "
+        f"ingredient, give it exactly that preparation, then 'prepare {dish}' and "
         f"'eat {dish}'. Finish when {dish} has been eaten."
     )
 

@@ -1,92 +1,261 @@
-"""Every text the TextWorld-Sync agents read, in one place: the system prompt and the first user message.
+"""Every text a TextWorld-Sync agent reads, as template files in ``templates/`` (one place), and the
+functions that fill them.
 
-The system prompt explains the shared kitchen, the action grammar, the reply protocol (one block per
-reply) and delegation; it changes only with the agent's depth (agents at the maximum depth are told they
-cannot delegate). The first message gives the goal, the budgets and the agent's current observation.
+The structure follows the public SERA evaluation prompt builder
+(``Runtime/prompts/textworld_evaluation.py``, OliverLeeXZ/SERA): the same sections (``# Task``,
+``# Initial Observation``, ``# Valid Actions``, ``# Action Space``, ``# Delegation``), the same turn
+header (``[Step i Observation]``), the same per-turn lines (``Budget used by current Agent``,
+``Current Agent remaining budget``, ``Valid Actions``, ``Score``, ``Task Success``, ``Task Failure``,
+``Done``), the same tags (``<TIPS>``, ``<action>``, ``<delegate>``, ``<finish>``) and JSON keys
+(``goal``, ``delegations``, ``max_steps``), the same ``[SubAgent Results]`` and ``[Inventory Lookup]``
+blocks. The prose is our own wording.
 
-What it simplifies: no few-shot transcripts, one short example per block kind.
+Templates use ``string.Template`` placeholders (``${name}``; ``$$`` is a literal dollar sign), so JSON
+braces need no escaping. Each file loses exactly one trailing newline when loaded. To evaluate with
+other texts (for example the original ones), put files with the same names in a directory and call
+``load_prompts(DIR)`` (``--prompts DIR`` on the CLI): a file found there replaces the default, a missing
+one keeps the default, an unknown file name or an unknown placeholder is an error naming the file.
 
-Print both for a sample task: ``python -m common.envs.textworld_sync.prompts``.
+Print the prompts of a sample task: ``python -m common.envs.textworld_sync.prompts [DIR]``.
 """
 
 from __future__ import annotations
 
-SYSTEM_PROMPT = """\
-You are a cooking agent in TextWorld-Sync, a text kitchen that several agents share at the same time.
-Everything except your own location is shared: the ingredients, one shared inventory, the prepared counter,
-the meals, the kitchen gate, the tools and ONE global budget of world actions for the whole task.
+import functools
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-How the kitchen works
-- Ingredients lie in rooms (the kitchen's fridge and counter, the pantry shelf, ...). "take X" puts X in the
-  shared inventory (if there is room). Ingredients that need no preparation go straight to the prepared
-  counter when taken.
-- Preparation = one cooking state and one cutting state, e.g. (grilled, diced). "raw" means do not cook it,
-  "uncut" means do not cut it. Cut with "chop X", "slice X", "dice X" or "mince X"; cook with
-  "cook X in stove" (fried), "cook X in oven" (roasted) or "cook X on grill" (grilled). Tools are in the
-  kitchen. A cut or cook the recipe does not ask for ruins the ingredient and the whole task FAILS.
-  When an ingredient has exactly its required preparation it moves to the prepared counter.
-- "prepare D" once every ingredient of dish D is on the counter, then "eat D". The task succeeds only when
-  EVERY dish is prepared and eaten.
-- Some ingredients may be behind the closed kitchen gate: "open door" opens it for everyone.
-- After a tool is used it may need a few shared steps to cool down (see "Tool cooldowns").
-- Other actions: "look around", "read cookbook" (all recipes), "go to ROOM", "move DIRECTION",
-  "inventory" (free: costs no shared step).
-- Every other action costs one shared step, even when it is rejected. Only actions listed under
-  "Valid actions" are accepted, so copy them exactly.
-
-Reply protocol: think briefly if you like, then end your reply with EXACTLY ONE block:
-- act:      <action>take carrot</action>
-- delegate: <delegate>{"goal": "Prepare and eat dish_2: carrot (grilled, diced), salt (raw, uncut).", "max_steps": 20}</delegate>
-            or several sub-agents at once: <delegate>{"delegations": [{"goal": "..."}, {"goal": "..."}]}</delegate>
-- finish:   <finish>what you achieved</finish>
-One reply is one of your steps; you have a limited number of steps.
-{delegation}"""
-
-DELEGATION_ALLOWED = """
-Delegation: a sub-agent works on the same shared kitchen with its own step budget (up to 20 steps) and
-starts where the root agent stands. Sub-agents launched in one reply run at the same time. Give each one a
-self-contained goal that names its dish id and the exact preparations (it cannot see your conversation).
-When they return you see a [SubAgent Results] block per sub-agent. Delegate when the work does not fit in
-your remaining steps; finish when your goal is done."""
-
-DELEGATION_FORBIDDEN = """
-You are at the maximum delegation depth: do not delegate, do the work yourself and finish."""
-
-FIRST_MESSAGE = """\
-{role}
-Goal:
-{goal}
-
-Your budget: {max_steps} steps (one reply = one step). Shared world actions left for the whole task: {shared_left}.
-
-Current observation:
-{observation}
-
-Reply with exactly one <action>, <delegate> or <finish> block."""
-
-ROOT_ROLE = "You are the root agent: the whole task is yours."
-CHILD_ROLE = (
-    "You are a sub-agent (depth {depth}). Your parent delegated this goal to you; finish when it is done."
-)
+TEMPLATE_DIR = Path(__file__).with_name("templates")
+FIELDS: dict[str, frozenset[str]] = {
+    "system": frozenset({"agent_id", "depth", "delegation_strategy"}),
+    "delegation_strategy": frozenset({"max_depth", "depth"}),
+    "action_space_delegate": frozenset(),
+    "action_space_act": frozenset(),
+    "initial_user": frozenset(
+        {"task", "agent_max_steps", "observation", "valid_actions", "action_space", "delegation_section"}
+    ),
+    "delegation_section": frozenset(),
+    "turn": frozenset(
+        {
+            "index",
+            "observation",
+            "steps_used",
+            "agent_max_steps",
+            "remaining_steps",
+            "valid_actions",
+            "score",
+            "task_success",
+            "task_failure",
+            "done",
+            "subagent_note",
+        }
+    ),
+    "subagent_note": frozenset(),
+    "inventory_lookup": frozenset({"inventory", "observation"}),
+    "delegation_results": frozenset({"results", "observation"}),
+    "subagent_result": frozenset(
+        {
+            "agent_id",
+            "returned",
+            "environment_success",
+            "steps",
+            "max_steps",
+            "remaining_steps",
+            "result",
+            "final_observation",
+        }
+    ),
+    "delegation_rejected": frozenset({"depth", "max_depth", "observation"}),
+}
+"""Template name -> the placeholders it may use (all optional)."""
+FINAL_OBSERVATION_CHARS = 1200
+"""A child's final observation is cut to this many characters in the results block (public)."""
 
 
-def system_prompt(can_delegate: bool) -> str:
-    return SYSTEM_PROMPT.replace("{delegation}", DELEGATION_ALLOWED if can_delegate else DELEGATION_FORBIDDEN)
+class PromptTemplateError(ValueError):
+    """A template file is unusable (unknown name, unknown placeholder, bad syntax)."""
 
 
-def first_message(goal: str, depth: int, max_steps: int, shared_left: int, observation: str) -> str:
-    role = ROOT_ROLE if depth == 0 else CHILD_ROLE.format(depth=depth)
-    return FIRST_MESSAGE.format(
-        role=role, goal=goal.strip(), max_steps=max_steps, shared_left=shared_left, observation=observation
-    )
+def _placeholders(t: string.Template) -> set[str]:
+    names = set()
+    for m in t.pattern.finditer(t.template):
+        if m.group("invalid") is not None:
+            line = t.template[: m.start("invalid")].count("\n") + 1
+            raise PromptTemplateError(f"line {line}: a '$' that starts no placeholder (write $$ for '$')")
+        name = m.group("named") or m.group("braced")
+        if name:
+            names.add(name)
+    return names
+
+
+def _load_file(path: Path, name: str) -> string.Template:
+    text = path.read_text(encoding="utf-8")
+    if text.endswith("\n"):
+        text = text[:-1]
+    t = string.Template(text)
+    try:
+        unknown = _placeholders(t) - FIELDS[name]
+    except PromptTemplateError as e:
+        raise PromptTemplateError(f"{path}:{e}") from None
+    if unknown:
+        raise PromptTemplateError(
+            f"{path}: unknown placeholder(s) {sorted(unknown)}; {name}.txt may use {sorted(FIELDS[name])}"
+        )
+    return t
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """The loaded templates of one prompt directory (defaults for files it does not hold)."""
+
+    templates: dict[str, string.Template]
+    source: str
+    """Where they came from (``default`` or the user's directory)."""
+
+    def render(self, name: str, **fields: Any) -> str:
+        return self.templates[name].substitute({k: str(v) for k, v in fields.items()})
+
+    # ---- the agent's messages -------------------------------------------------------------------
+    def system(self, agent_id: str, depth: int, max_depth: int, allow_subagents: bool = True) -> str:
+        """The system message; the delegation strategy only when this agent may still delegate."""
+        can_delegate = allow_subagents and depth < max_depth
+        strategy = (
+            self.render("delegation_strategy", max_depth=max_depth, depth=depth) if can_delegate else ""
+        )
+        return self.render("system", agent_id=agent_id, depth=depth, delegation_strategy=strategy)
+
+    def initial_user(
+        self,
+        task: str,
+        observation: str,
+        infos: dict[str, Any],
+        agent_max_steps: int,
+        allow_subagents: bool = True,
+    ) -> str:
+        """The first user message. As in public, the action space offers delegation whenever sub-agents
+        are enabled at all (the depth limit is enforced when a delegation arrives)."""
+        return self.render(
+            "initial_user",
+            task=task,
+            agent_max_steps=agent_max_steps,
+            observation=observation,
+            valid_actions=format_valid_actions(infos),
+            action_space=self.render("action_space_delegate" if allow_subagents else "action_space_act"),
+            delegation_section=self.render("delegation_section") if allow_subagents else "",
+        )
+
+    def turn(
+        self,
+        index: int,
+        observation: str,
+        infos: dict[str, Any],
+        agent_max_steps: int,
+        allow_subagents: bool = True,
+    ) -> str:
+        """The user message after the agent's ``index``-th reply (0-based), from that step's observation
+        and infos."""
+        used = min(index + 1, agent_max_steps)
+        return self.render(
+            "turn",
+            index=index,
+            observation=observation or "(No observation)",
+            steps_used=used,
+            agent_max_steps=agent_max_steps,
+            remaining_steps=max(agent_max_steps - used, 0),
+            valid_actions=format_valid_actions(infos),
+            score=float(infos.get("score", 0.0)),
+            task_success=bool(infos.get("tasksuccess", False)),
+            task_failure=bool(infos.get("taskfailure", False)),
+            done=bool(infos.get("done", False)),
+            subagent_note=self.render("subagent_note") if allow_subagents else "",
+        )
+
+    # ---- observation blocks ---------------------------------------------------------------------
+    def inventory_lookup(self, inventory: str, observation: str) -> str:
+        return self.render(
+            "inventory_lookup", inventory=inventory.strip() or "(empty)", observation=observation
+        )
+
+    def delegation_results(self, children: list[dict[str, Any]], observation: str) -> str:
+        """``children``: dicts with agent_id, returned, environment_success, steps, max_steps, finish_message,
+        final_observation (the public child record)."""
+        results = "\n".join(
+            self.render(
+                "subagent_result",
+                agent_id=c["agent_id"],
+                returned=bool(c["returned"]),
+                environment_success=bool(c["environment_success"]),
+                steps=c["steps"],
+                max_steps=c["max_steps"],
+                remaining_steps=max(int(c["max_steps"]) - int(c["steps"]), 0),
+                result=c.get("finish_message") or "(no explicit finish message)",
+                final_observation=str(c.get("final_observation", ""))[:FINAL_OBSERVATION_CHARS],
+            )
+            for c in children
+        )
+        return self.render("delegation_results", results=results, observation=observation)
+
+    def delegation_rejected(self, depth: int, max_depth: int, observation: str) -> str:
+        return self.render("delegation_rejected", depth=depth, max_depth=max_depth, observation=observation)
+
+
+def format_valid_actions(infos: dict[str, Any]) -> str:
+    """``- a`` per line, or ``(none)`` (public ``_valid_actions``)."""
+    actions = infos.get("validActions", [])
+    if not isinstance(actions, list):
+        return str(actions)
+    return "\n".join(f"- {a}" for a in actions) or "(none)"
+
+
+@functools.cache
+def _defaults() -> dict[str, string.Template]:
+    missing = [n for n in FIELDS if not (TEMPLATE_DIR / f"{n}.txt").exists()]
+    if missing:
+        raise RuntimeError(
+            f"the packaged TextWorld-Sync templates are missing {missing} in {TEMPLATE_DIR}; reinstall the package"
+        )
+    return {n: _load_file(TEMPLATE_DIR / f"{n}.txt", n) for n in FIELDS}
+
+
+def load_prompts(directory: str | Path | None = None) -> PromptSet:
+    """The default templates, with any ``NAME.txt`` found in ``directory`` replacing its default."""
+    templates = dict(_defaults())
+    if directory is None:
+        return PromptSet(templates, "default")
+    d = Path(directory)
+    if not d.is_dir():
+        raise FileNotFoundError(f"prompt directory not found: {d} (pass a directory of NAME.txt templates)")
+    for path in sorted(d.glob("*.txt")):
+        name = path.stem
+        if name not in FIELDS:
+            raise PromptTemplateError(
+                f"{path}: unknown template name {name!r}; expected one of {sorted(FIELDS)}"
+            )
+        templates[name] = _load_file(path, name)
+    return PromptSet(templates, str(d))
+
+
+@functools.cache
+def default_prompts() -> PromptSet:
+    """The packaged templates (loaded once)."""
+    return load_prompts(None)
 
 
 if __name__ == "__main__":  # pragma: no cover - manual check
+    import sys
+
     from common.envs.textworld_sync.tasks import generate_tasks
     from common.envs.textworld_sync.world import SyncWorld
 
+    p = load_prompts(sys.argv[1] if len(sys.argv) > 1 else None)
     task = generate_tasks("train", 1, seed=0)[0]
     w = SyncWorld(task)
-    print(system_prompt(True))
+    obs, infos = w.observe_with_infos("0")
+    print(p.system("0", 0, 3))
     print("-" * 80)
-    print(first_message(task["task_description"], 0, 20, w.steps_left, w.observe("0")))
+    print(p.initial_user(task["task_description"], obs, infos, 20))
+    print("-" * 80)
+    out = w.step("0", infos["validActions"][0])
+    print(p.turn(0, out.observation, out.infos or {}, 20))

@@ -1,25 +1,21 @@
 """The TextWorld-Sync reply protocol: parse one model reply into an action, a delegation or a finish.
 
-A reply must hold exactly one block (SPEC.md §2.2)::
+Two parsers live here:
+
+* :func:`extract_decision` / :func:`extract_action` -- the PUBLIC protocol
+  (``Runtime/agents/textworld_protocol.py`` of OliverLeeXZ/SERA), used by TextWorld-Sync sessions. A reply
+  is valid when exactly one KIND of block appears (``<action>``, ``<delegate>`` or ``<finish>``; several
+  blocks of that kind: the first counts). A ``<delegate>`` holds ``{"goal": ...}`` (optional
+  ``max_steps``, default 20) or ``{"delegations": [{...}, ...]}``. Anything else is ``kind="error"``;
+  the session then runs :func:`extract_action`'s best-effort fallback as a world action (the public
+  evaluator does, which is how a malformed reply spends a shared step).
+* :func:`parse_reply` -- the project's stricter, lenient-fallback parser (one block in total,
+  ``<think>`` ignored, an unclosed final block accepted), kept for ``textworld_cooking``::
 
     <action>take carrot</action>
     <delegate>{"goal": "Prepare and eat dish_1 ...", "max_steps": 20}</delegate>
     <delegate>{"delegations": [{"goal": "..."}, {"goal": "...", "max_steps": 12}]}</delegate>
     <finish>Both dishes are prepared and eaten.</finish>
-
-Free text around the block (reasoning) is allowed; ``<think>...</think>`` sections are ignored. A block whose
-closing tag is missing at the very end of the reply (generation stopped at ``</action>``) still counts.
-
-Lenient fallback, used only when the reply has no block at all: a line that IS one of the agent's current
-valid actions (``take salt``, ``Action: take salt``, ``> take salt``, a fenced line) is accepted when it
-is the only such action in the reply. Everything else becomes ``kind="error"`` with an explanation the
-session shows to the model; :func:`parse_reply` never raises.
-
-Delegation fields: ``goal`` (non-empty string, required), ``max_steps`` (positive integer, default 20,
-capped at ``max_child_steps``), optional ``context`` (string). At most ``max_delegations`` per reply.
-
-What it simplifies: no fuzzy matching of commands (``take the salt`` is passed to the world as written and
-rejected there, with the valid list in the observation); the fallback only accepts exact valid actions.
 
 Run the doctest: ``python -m doctest common/envs/textworld_sync/protocol.py``.
 
@@ -29,6 +25,10 @@ Run the doctest: ``python -m doctest common/envs/textworld_sync/protocol.py``.
 'action'
 >>> parse_reply("<action>a</action><finish>b</finish>").kind
 'error'
+>>> extract_decision("<action>take salt</action><action>look around</action>").action
+'take salt'
+>>> extract_action("Action: take salt")
+('take salt', False)
 """
 
 from __future__ import annotations
@@ -220,3 +220,72 @@ def format_delegate(goals: list[tuple[str, int]]) -> str:
 
 def format_finish(message: str) -> str:
     return f"<finish>{message}</finish>"
+
+
+# ---- the public protocol ---------------------------------------------------------------------------
+_PUB_ACTION = re.compile(r"<action>\s*(.*?)\s*</action>", re.IGNORECASE | re.DOTALL)
+_PUB_DELEGATE = re.compile(r"<delegate>\s*(.*?)\s*</delegate>", re.IGNORECASE | re.DOTALL)
+_PUB_FINISH = re.compile(r"<finish>\s*(.*?)\s*</finish>", re.IGNORECASE | re.DOTALL)
+_PUB_FENCE = re.compile(r"```(?:text|bash|shell)?\s*(.*?)```", re.IGNORECASE | re.DOTALL)
+_PUB_PREFIX = re.compile(r"^(?:action|command)\s*:\s*", re.IGNORECASE)
+INVENTORY_ACTIONS = frozenset({"inventory", "view inventory", "check inventory"})
+
+
+def is_inventory_action(action: str) -> bool:
+    """``inventory`` / ``view inventory`` / ``check inventory`` (any case and spacing): a free look-up."""
+    return " ".join(str(action or "").strip().lower().split()) in INVENTORY_ACTIONS
+
+
+def extract_action(text: Any) -> tuple[str, bool]:
+    """The public best-effort action of a reply: ``(action, True)`` for the first ``<action>`` block, else
+    ``(last line of the first fenced block | last non-empty line without an "Action:" prefix, False)``."""
+    text = str(text or "").strip()
+    m = _PUB_ACTION.search(text)
+    if m:
+        return m.group(1).strip(), True
+    fenced = _PUB_FENCE.search(text)
+    if fenced:
+        lines = fenced.group(1).strip().splitlines()
+        return (lines[-1].strip() if lines else ""), False
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if lines:
+        return _PUB_PREFIX.sub("", lines[-1]).strip(" `\"'"), False
+    return "", False
+
+
+def extract_decision(text: Any, *, default_child_steps: int = 20) -> ParsedReply:
+    """Parse a reply as the public ``extract_decision`` does (see the module docstring). Never raises."""
+    text = str(text or "").strip()
+    actions, delegates, finishes = (p.findall(text) for p in (_PUB_ACTION, _PUB_DELEGATE, _PUB_FINISH))
+    if sum(bool(m) for m in (actions, delegates, finishes)) != 1:
+        return _err("response must contain exactly one action, delegate, or finish block")
+    if actions:
+        action = actions[0].strip()
+        return ParsedReply(kind="action", action=action) if action else _err("action block is empty")
+    if finishes:
+        message = finishes[0].strip()
+        return ParsedReply(kind="finish", message=message) if message else _err("finish block is empty")
+    try:
+        doc = json.loads(delegates[0])
+    except (json.JSONDecodeError, RecursionError) as e:
+        return _err(
+            str(e) if isinstance(e, json.JSONDecodeError) else "delegate payload is nested too deeply"
+        )
+    items = doc["delegations"] if isinstance(doc, dict) and "delegations" in doc else [doc]
+    if not isinstance(items, list) or not items:
+        return _err("delegate payload must contain an object or non-empty delegations list")
+    out = []
+    for item in items:
+        if not isinstance(item, dict):
+            return _err("every delegation must be a JSON object")
+        goal = str(item.get("goal", "") or "").strip()
+        if not goal:
+            return _err("every delegation must provide a non-empty detailed goal")
+        try:
+            steps = int(item.get("max_steps", default_child_steps))
+        except (TypeError, ValueError, OverflowError):
+            return _err("delegation max_steps must be an integer")
+        if steps <= 0:
+            return _err("delegation max_steps must be positive")
+        out.append(Delegation(goal=goal, max_steps=steps))
+    return ParsedReply(kind="delegate", delegations=tuple(out))

@@ -1,49 +1,51 @@
 """TextWorld-Sync's shared world: one multi-dish kitchen that many agents act on at once (SPEC.md §2.2).
 
-:class:`SyncWorld` is a pure-Python coordinator. It holds everything the agents share -- the ingredients
-(dish, room/container, expected and actual preparation, collected?), the shared inventory with its
-capacity, the prepared counter, meal_prepared / meal_eaten per dish, the kitchen gate, the tool cooldowns
-(knife, stove, oven, grill), the GLOBAL action budget ``shared_environment_max_steps`` and an event log --
-plus a small private view per agent (its location and its own count of world actions). Children start
-where the root currently stands.
+:class:`SyncWorld` follows the public SERA composite environment
+(``Runtime/environments/textworld/composite_cooking.py`` + ``composite_scorer.py`` of OliverLeeXZ/SERA):
+the rules, the observation text and the ``infos`` dict are the public ones; the code is ours. Shared:
+the ingredients, one inventory, the prepared counter, the meals, the kitchen gate, the tool cooldowns and
+the GLOBAL action budget ``shared_environment_max_steps``. Private per agent: its location.
 
-Every world action runs atomically under one ``threading.Lock`` (safe from threads and from asyncio
-tasks: nothing inside the critical section awaits or blocks): validate against the agent's current
-valid-action list, apply, count the global step, score, advance cooldowns, observe, log. A rejected
-action still costs one global step; ``inventory`` costs none.
+Rules (``rules="public"``, the default):
 
-Rules (documented choices where the public rows are silent):
+* Rooms: the first ``max(4, min(11, numLocations))`` of :data:`ROOMS` (default 6). ``go to R`` reaches
+  any other room; ``move north|south|east|west`` goes to pantry / dining room / garden / supermarket
+  from anywhere (when that room exists and is not the current one).
+* An ingredient lies in the room named by its first ``candidate_source_locations`` entry
+  (``kitchen.fridge`` -> kitchen; anything but kitchen/pantry/garden/supermarket -> kitchen).
+  Distractors (``numDistractorItems``) exist only as a count: never shown, never takeable.
+* Preparation is a set (``{"grilled", "diced"}``). An ingredient starts with the ``raw`` / ``uncut``
+  members of its expected set. The valid actions offer, for each ingredient in the shared inventory,
+  only its MISSING expected preparations (``dice X``, ``cook X on grill``), in any room, while the tool
+  (knife / stove / oven / grill) is not cooling down. So a listed action can never spoil a dish.
+  When the actual set equals the expected set the ingredient moves to the prepared counter (raw+uncut
+  ingredients right on ``take``).
+* ``take X``: X in the agent's room, not collected, not behind the closed gate, inventory not full.
+  ``take knife`` is listed in the kitchen and does nothing (as in the public code).
+* ``prepare D`` once all of D's ingredients are on the counter; ``eat D`` once prepared (anywhere).
+  ``open door`` opens the gate (closed iff ``includeDoors``; it hides the dishes that a
+  ``{"from": "gate_1", "to": D}`` dependency names).
+* Capacity: ``parallelism.resource_capacity.inventory`` when set, else ``int(limitInventorySize)``
+  (0 = unlimited). Cooldown ``c`` (``parallelism.mechanisms.tool_cooldown_steps``): a tool used at global
+  step t is unavailable for the next ``c`` global steps.
+* ``look around`` / ``read cookbook`` change nothing (the cookbook reveals nothing: recipes live in the
+  task text). Every world step counts one global step, valid or not; the world ends on task success,
+  on task failure (a wrong preparation, reachable only under ``rules="strict"``) or when the budget is
+  spent. After that a step is a no-op that costs nothing (the sessions stop their agents first).
+* Score (``composite_scorer``): a dish succeeds when each ingredient is collected with exactly its
+  expected set and the meal is prepared and eaten; the task succeeds when every dish does.
 
-* Preparation = one cooking state (``raw`` = not cooked, ``fried`` = stove, ``roasted`` = oven,
-  ``grilled`` = grill) and one cutting state (``uncut`` = not cut, ``chopped|sliced|diced|minced`` =
-  knife). A row's ``preparation`` list such as ``["grilled", "diced"]`` or ``["raw", "uncut"]`` is read
-  as that pair; a missing half defaults to ``raw`` / ``uncut``. An ingredient can be cut once and cooked
-  once; any cut or cook that the recipe does not ask for ruins it (irreversible) and the whole task
-  fails at once. Cutting and cooking happen in the kitchen, on an ingredient in the shared inventory.
-* ``take X`` needs the agent in X's room, X visible (dishes behind a closed gate are hidden) and a free
-  inventory slot. An ingredient whose preparation is complete (raw+uncut ones immediately on ``take``)
-  moves from the inventory to the shared prepared counter, freeing its slot.
-* ``prepare D`` once every ingredient of D is on the counter; ``eat D`` once D is prepared (both work
-  anywhere, as in the public runtime). ``open door`` opens the kitchen gate from anywhere.
-* Capacity: ``parallelism.resource_capacity.inventory`` when present, else 1 when
-  ``game_params.limitInventorySize`` is set (a flag, as the public runtime reads it), else unlimited.
-* Cooldown ``c``: a tool used at global step t is unavailable for the next ``c`` global steps (any
-  agent's, rejected ones included).
-* Item location = the room of the first ``candidate_source_locations`` entry (``kitchen.fridge`` ->
-  the kitchen's fridge). ``numDistractorItems`` spoiled look-alikes (``rotten carrot``) are scattered
-  over the rooms; they are visible, never takeable. ``go to {room}`` reaches any room; ``move
-  north|east|west|south`` walks between the kitchen and its four neighbours.
-* Root success: no ingredient ruined, every ingredient collected with exactly its expected
-  preparation, every dish prepared and eaten. Anything less (half the dishes, an uneaten meal) is 0.
-  The world ends on success, on failure, or when the global budget is spent.
+``rules="strict"`` (the project's earlier, harder variant, kept as a documented option): cutting and
+cooking work only in the kitchen, and the valid actions offer EVERY cut verb and every appliance for a
+held ingredient that has not been cut / cooked yet; a preparation the recipe does not ask for is
+irreversible and fails the whole task.
 
-``fork()`` copies only the flat mutable state (lists and small dicts; the immutable task spec is
-shared), ~10 us; ``commit(branch)`` writes a branch's state back in place so existing agent views stay
-valid.
+Inventory look-ups (``inventory`` / ``view inventory`` / ``check inventory``) are answered by
+:meth:`SyncWorld.inventory_text` without a world step (the session does that, as the public evaluator
+does); sent to :meth:`SyncWorld.step` directly they count, as in the public coordinator.
 
-What it simplifies (vs. TextWorld's cooking games): no parser or object graph -- a fixed action grammar
-over flat state; rooms are a hub around the kitchen; containers are labels; one cook and one cut per
-ingredient; distractors cannot be picked up.
+``fork()`` copies only the flat mutable state (~10 us); ``commit(branch)`` writes a branch back in place.
+Every step runs under one ``threading.Lock`` with nothing awaited inside.
 
 Run the self-check / micro-benchmark: ``python -m common.envs.textworld_sync.world [tasks.jsonl]``.
 """
@@ -65,40 +67,33 @@ ROOMS = (
     "pantry",
     "garden",
     "supermarket",
-    "living room",
-    "backyard",
-    "corridor",
-    "bedroom",
-    "bathroom",
-    "shed",
-    "driveway",
+    "hallway",
+    "dining room",
+    "garage",
+    "study",
+    "basement",
+    "attic",
+    "courtyard",
 )
-"""Room names in order; a task with ``numLocations = n`` uses the first n (at least 4)."""
-KITCHEN = 0
-_NEIGHBOURS = (("north", 1), ("east", 2), ("west", 3), ("south", 4))
-"""``move {dir}`` from the kitchen reaches room index i; the opposite direction walks back."""
-_OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
-
-COOK_STATES = ("raw", "fried", "roasted", "grilled")
-CUT_STATES = ("uncut", "chopped", "sliced", "diced", "minced")
+"""Public room names in order; a task with ``numLocations = n`` uses the first ``max(4, min(11, n))``."""
+KITCHEN = "kitchen"
+SOURCE_ROOMS = ("kitchen", "pantry", "garden", "supermarket")
+"""Rooms an ingredient's source can name; anything else lies in the kitchen (public ``_source_room``)."""
+DIRECTIONS = {"north": "pantry", "south": "dining room", "east": "garden", "west": "supermarket"}
+"""``move D`` goes to this room from anywhere (public ``_DIRECTIONS``)."""
+COOK_TOOL = {"fried": "stove", "roasted": "oven", "grilled": "grill", "baked": "oven", "boiled": "stove"}
+"""Cooking state -> the tool that makes it (public ``_COOKING_ACTION``)."""
+CUT_VERB = {"chopped": "chop", "sliced": "slice", "diced": "dice", "minced": "mince"}
+"""Cutting state -> its verb (public ``_CUTTING_ACTIONS``)."""
 TOOLS = ("knife", "stove", "oven", "grill")
-_KNIFE = 0
-COOK_PHRASE = {"stove": "in stove", "oven": "in oven", "grill": "on grill"}
-"""``cook X in stove`` fries, ``in oven`` roasts, ``on grill`` grills."""
-COOK_RESULT = {"stove": "fried", "oven": "roasted", "grill": "grilled"}
-TOOL_FOR_COOK = {v: k for k, v in COOK_RESULT.items()}
-CUT_VERBS = {"chop": "chopped", "slice": "sliced", "dice": "diced", "mince": "minced"}
-VERB_FOR_CUT = {v: k for k, v in CUT_VERBS.items()}
-_COOK_SUFFIX = {f" {p}": t for t, p in COOK_PHRASE.items()}
-SPOILED = ("rotten", "expired", "rancid", "mouldy")
-
-# item status codes
-AT_SOURCE, HELD, READY, RUINED = 0, 1, 2, 3
-# meal status codes
-NO_MEAL, PREPARED, EATEN = 0, 1, 2
-
-FREE_ACTIONS = frozenset({"inventory"})
-"""Actions that cost no global step (inventory lookups)."""
+COOK_STATES = ("raw", *COOK_TOOL)
+CUT_STATES = ("uncut", *CUT_VERB)
+BASE = frozenset({"raw", "uncut"})
+INVENTORY_ACTIONS = frozenset({"inventory", "view inventory", "check inventory"})
+"""Look-ups the sessions answer without a world step (public ``INVENTORY_ACTIONS``)."""
+ALWAYS_ACCEPTED = frozenset({"look around"}) | INVENTORY_ACTIONS
+"""Accepted by ``step`` even when not listed (public ``_step_locked``)."""
+RULES = ("public", "strict")
 
 
 def normalize_action(text: str) -> str:
@@ -106,32 +101,51 @@ def normalize_action(text: str) -> str:
     return " ".join(str(text).lower().split()).strip(" .!\"'`")
 
 
+def _norm(text: str) -> str:
+    """The public ``_normalise``: strip, lower-case, collapse whitespace."""
+    return " ".join(str(text).strip().lower().split())
+
+
+def cook_phrase(tool: str) -> str:
+    """``grill`` -> ``on grill``; ``stove`` / ``oven`` -> ``in stove`` / ``in oven``."""
+    return f"{'on' if tool == 'grill' else 'in'} {tool}"
+
+
+def prep_set(values: Any) -> frozenset[str]:
+    """A row's ``preparation`` as a set; ``[]`` means ``{"raw", "uncut"}``. Unknown words are an error.
+
+    >>> sorted(prep_set(["grilled", "diced"])), sorted(prep_set([]))
+    (['diced', 'grilled'], ['raw', 'uncut'])
+    """
+    if isinstance(values, str):
+        values = values.split(",")
+    if not isinstance(values, (list, tuple, set, frozenset)):
+        raise TypeError(f"preparation must be a list of strings, got {type(values).__name__}")
+    out = frozenset(str(v).strip().lower() for v in values if str(v).strip())
+    unknown = out - set(COOK_STATES) - set(CUT_STATES)
+    if unknown:
+        raise ValueError(
+            f"unknown preparation {sorted(unknown)}; expected words from {COOK_STATES + CUT_STATES}"
+        )
+    return out or BASE
+
+
 def parse_preparation(values: Any) -> tuple[str, str]:
-    """``["grilled", "diced"]`` -> ``("grilled", "diced")``; missing halves default to raw / uncut.
+    """``["grilled", "diced"]`` -> ``("grilled", "diced")``; missing halves read as raw / uncut.
+
+    Used to validate rows (one cooking and one cutting state at most).
 
     >>> parse_preparation(["raw", "uncut"]), parse_preparation("sliced")
     (('raw', 'uncut'), ('raw', 'sliced'))
     """
-    if isinstance(values, str):
-        values = [v for v in values.split(",")]
-    if not isinstance(values, (list, tuple)):
-        raise TypeError(f"preparation must be a list of strings, got {type(values).__name__}")
-    cook, cut = None, None
-    for raw in values:
-        v = str(raw).strip().lower()
-        if not v:
-            continue
-        if v in COOK_STATES:
-            if cook not in (None, v):
-                raise ValueError(f"preparation {list(values)} names two cooking states")
-            cook = v
-        elif v in CUT_STATES:
-            if cut not in (None, v):
-                raise ValueError(f"preparation {list(values)} names two cutting states")
-            cut = v
-        else:
-            raise ValueError(f"unknown preparation {v!r}; expected one of {COOK_STATES + CUT_STATES}")
-    return cook or "raw", cut or "uncut"
+    s = prep_set(values)
+    cooks = [v for v in COOK_STATES if v in s]
+    cuts = [v for v in CUT_STATES if v in s]
+    if len(cooks) > 1:
+        raise ValueError(f"preparation {sorted(s)} names two cooking states")
+    if len(cuts) > 1:
+        raise ValueError(f"preparation {sorted(s)} names two cutting states")
+    return (cooks or ["raw"])[0], (cuts or ["uncut"])[0]
 
 
 @dataclass(frozen=True)
@@ -140,19 +154,18 @@ class ItemSpec:
 
     name: str
     dish: int
-    room: int
-    container: str
-    cook: str
-    cut: str
+    room: str
+    expected: frozenset[str]
 
     @property
-    def preparation(self) -> tuple[str, str]:
-        return (self.cook, self.cut)
+    def initial(self) -> frozenset[str]:
+        """What it is when found: the raw/uncut members of its expected set (public)."""
+        return self.expected & BASE
 
     @property
     def work(self) -> int:
-        """World actions it needs: take + one per non-trivial preparation."""
-        return 1 + (self.cook != "raw") + (self.cut != "uncut")
+        """World actions it needs: take + one per missing preparation."""
+        return 1 + len(self.expected - BASE)
 
 
 @dataclass(frozen=True)
@@ -160,10 +173,8 @@ class TaskSpec:
     """Everything immutable about a task, shared by a world and all its forks."""
 
     task_id: str
+    rules: str
     rooms: tuple[str, ...]
-    room_index: dict[str, int]
-    moves: tuple[tuple[tuple[str, int], ...], ...]
-    """Per room: the (direction, destination) pairs of ``move``."""
     dish_ids: tuple[str, ...]
     dish_index: dict[str, int]
     dish_items: tuple[tuple[int, ...], ...]
@@ -172,120 +183,90 @@ class TaskSpec:
     gated_dishes: frozenset[int]
     gate_initially_open: bool
     capacity: int
+    """0 = unlimited."""
     cooldown: int
     max_steps: int
-    distractors: tuple[tuple[str, int], ...]
-    """(name, room) of each visible, untakeable distractor."""
-    cookbook: str
+    n_distractors: int
+    """Counted only; never shown (public)."""
+
+    @property
+    def strict(self) -> bool:
+        return self.rules == "strict"
 
 
 def _int(value: Any, default: int) -> int:
     if value is None or value == "":
         return default
-    if isinstance(value, bool):
-        return int(value)
     return int(value)
 
 
-def build_spec(task: dict[str, Any]) -> TaskSpec:
+def build_spec(task: dict[str, Any], rules: str = "public") -> TaskSpec:
     """Turn a public-format task row (flat or manifest form) into the immutable :class:`TaskSpec`."""
     from common.envs.textworld_sync.tasks import normalize_row  # local: tasks imports this module
 
+    if rules not in RULES:
+        raise ValueError(f"unknown rules {rules!r}; use one of {RULES}")
     row = normalize_row(task)
     params = row.get("game_params") or {}
     par = row.get("parallelism") or {}
     dishes = row["dishes"]
     if not isinstance(dishes, list) or not dishes:
         raise ValueError("task has no dishes")
-    n_loc = max(4, min(len(ROOMS), _int(params.get("numLocations"), 6)))
-    rooms = list(ROOMS[:n_loc])
-
-    def room_of(source: str) -> tuple[int, str]:
-        room, _, container = str(source).strip().lower().partition(".")
-        if room not in rooms:
-            rooms.append(room)
-        return rooms.index(room), container
-
+    rooms = ROOMS[: max(4, min(len(ROOMS), _int(params.get("numLocations"), 6)))]
     items: list[ItemSpec] = []
     dish_ids: list[str] = []
     dish_items: list[tuple[int, ...]] = []
     for d, dish in enumerate(dishes):
-        dish_id = str(dish["dish_id"]).strip().lower()
+        dish_id = str(dish["dish_id"]).strip()
         if dish_id in dish_ids:
             raise ValueError(f"duplicate dish_id {dish_id!r}")
         dish_ids.append(dish_id)
-        idx = []
         recipe = dish["recipe"]
         if not isinstance(recipe, list) or not recipe:
             raise ValueError(f"dish {dish_id} has an empty recipe")
+        idx = []
         for ing in recipe:
-            name = " ".join(str(ing["name"]).lower().split())
+            name = _norm(ing["name"])
             if any(it.name == name for it in items):
                 raise ValueError(f"ingredient {name!r} appears in two dishes (names must be disjoint)")
-            cook, cut = parse_preparation(ing.get("preparation", []))
+            parse_preparation(ing.get("preparation", []))  # at most one cook and one cut
             sources = ing.get("candidate_source_locations") or ["kitchen"]
-            room, container = room_of(sources[0])
+            room = _norm(sources[0]).split(".", 1)[0]
             idx.append(len(items))
-            items.append(ItemSpec(name, d, room, container, cook, cut))
+            items.append(
+                ItemSpec(
+                    name, d, room if room in SOURCE_ROOMS else KITCHEN, prep_set(ing.get("preparation", []))
+                )
+            )
         dish_items.append(tuple(idx))
-
-    gated = set()
-    for edge in par.get("dependencies") or []:
-        if isinstance(edge, dict) and str(edge.get("from", "")).startswith("gate"):
-            to = str(edge.get("to", "")).strip().lower()
-            if to in dish_ids:
-                gated.add(dish_ids.index(to))
-    include_doors = bool(_int(params.get("includeDoors"), 0)) or bool(gated)
-
+    gated = {
+        dish_ids.index(str(e.get("to")))
+        for e in par.get("dependencies") or []
+        if isinstance(e, dict) and str(e.get("from")) == "gate_1" and str(e.get("to")) in dish_ids
+    }
+    capacity = _int(params.get("limitInventorySize"), 0)
     cap_spec = par.get("resource_capacity")
-    capacity = 0
     if isinstance(cap_spec, dict) and cap_spec.get("inventory"):
         capacity = _int(cap_spec["inventory"], 0)
-    elif _int(params.get("limitInventorySize"), 0):
-        capacity = 1
-    mech = par.get("mechanisms") or {}
-    cooldown = _int(mech.get("tool_cooldown_steps"), 0)
+    cooldown = _int((par.get("mechanisms") or {}).get("tool_cooldown_steps"), 0)
     max_steps = _int(par.get("shared_environment_max_steps"), 100)
     if capacity < 0 or cooldown < 0 or max_steps <= 0:
         raise ValueError("capacity/cooldown must be >= 0 and shared_environment_max_steps > 0")
-
-    rng = random.Random(f"{row.get('task_id', '')}:{row.get('seed', 0)}")
-    pool = [f"{adj} {it.name}" for adj in SPOILED for it in items]
-    rng.shuffle(pool)
-    n_distract = min(len(pool), max(0, _int(params.get("numDistractorItems"), 0)))
-    distractors = tuple((name, rng.randrange(len(rooms))) for name in pool[:n_distract])
-
-    moves = []
-    for r in range(len(rooms)):
-        if r == KITCHEN:
-            moves.append(tuple((d, i) for d, i in _NEIGHBOURS if i < len(rooms)))
-        else:
-            moves.append(tuple((_OPPOSITE[d], KITCHEN) for d, i in _NEIGHBOURS if i == r))
-    lines = ["The cookbook (shared recipes):"]
-    for d, dish_id in enumerate(dish_ids):
-        lines.append(f"Dish {dish_id}:")
-        for i in dish_items[d]:
-            it = items[i]
-            lines.append(f"- {it.name} ({it.cook}, {it.cut})")
-    lines.append("Cut with chop/slice/dice/mince; cook: stove = fried, oven = roasted, grill = grilled.")
-    lines.append("raw = do not cook it; uncut = do not cut it. Then prepare and eat each dish.")
     return TaskSpec(
         task_id=str(row.get("task_id", "")),
+        rules=rules,
         rooms=tuple(rooms),
-        room_index={r: i for i, r in enumerate(rooms)},
-        moves=tuple(moves),
         dish_ids=tuple(dish_ids),
         dish_index={d: i for i, d in enumerate(dish_ids)},
         dish_items=tuple(dish_items),
         items=tuple(items),
         item_index={it.name: i for i, it in enumerate(items)},
         gated_dishes=frozenset(gated),
-        gate_initially_open=not include_doors,
+        gate_initially_open=not bool(_int(params.get("includeDoors"), 0)),
         capacity=capacity,
         cooldown=cooldown,
         max_steps=max_steps,
-        distractors=distractors,
-        cookbook="\n".join(lines),
+        n_distractors=max(0, _int(params.get("numDistractorItems"), 0)),
     )
 
 
@@ -294,38 +275,47 @@ class SyncStep:
     """What one ``SyncWorld.step`` returns."""
 
     accepted: bool
-    """The action was in the agent's valid-action list and was applied."""
+    """The action was valid and was applied."""
     counted: bool
-    """It consumed one global step (every action except ``inventory`` while the world is live)."""
+    """It consumed one global step (every step while the world is live)."""
     message: str
-    """The immediate feedback line ("You take the carrot.", or why it was rejected)."""
+    """What happened, for logs (the model sees only ``observation`` and ``infos``, as in public)."""
     observation: str
-    """The agent's full observation after the step ("" when ``observe=False``)."""
+    """The agent's observation after the step (public text; "" when ``observe=False``)."""
     reward: float
-    """1.0 on the step that completed the whole task, else 0.0."""
+    """1.0 when the task is complete after this step, else 0.0 (public)."""
     done: bool
     """The world has ended (success, failure or budget spent)."""
     success: bool
     failure: str | None = None
+    infos: dict[str, Any] | None = None
+    """The public ``infos`` dict after the step (None when ``observe=False``)."""
 
 
 @dataclass(frozen=True)
 class ItemView:
-    """Read-only snapshot of one ingredient (for oracles, describe(), tests)."""
+    """Read-only snapshot of one ingredient (for oracles and tests; hidden state included)."""
 
     name: str
     dish_id: str
     room: str
-    container: str
     status: str
-    """``source`` (not taken), ``held`` (in the shared inventory), ``ready`` (on the prepared counter) or
-    ``ruined``."""
-    cook: str
-    cut: str
-    expected_cook: str
-    expected_cut: str
+    """``source`` (not taken), ``held`` (in the shared inventory) or ``ready`` (on the prepared counter)."""
+    actual: frozenset[str]
+    expected: frozenset[str]
     gated: bool
     """Behind the kitchen gate (hidden and untakeable while the gate is closed)."""
+
+    @property
+    def needed(self) -> tuple[tuple[str, str], ...]:
+        """The (action, tool) pairs still missing, in the public listing order (cuts, then cooks)."""
+        out = [(f"{v} {self.name}", "knife") for p, v in CUT_VERB.items() if p in self.expected - self.actual]
+        out += [
+            (f"cook {self.name} {cook_phrase(t)}", t)
+            for p, t in COOK_TOOL.items()
+            if p in self.expected - self.actual
+        ]
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -344,8 +334,10 @@ class WorldState:
     max_steps: int
     failure: str | None
     success: bool
+    done: bool
     locations: dict[str, str]
     agent_steps: dict[str, int]
+    strict: bool = False
 
     @property
     def steps_left(self) -> int:
@@ -353,7 +345,7 @@ class WorldState:
 
     @property
     def over(self) -> bool:
-        return self.success or self.failure is not None or self.steps_used >= self.max_steps
+        return self.done
 
 
 @dataclass(frozen=True)
@@ -388,7 +380,7 @@ class _Event:
 
 @dataclass
 class _Agent:
-    location: int
+    location: str
     steps: int = 0
 
 
@@ -402,21 +394,21 @@ class SyncWorld(World):
         b = w.fork(); b.step("0", "go to pantry"); w.commit(b)
     """
 
-    def __init__(self, task: dict[str, Any] | TaskSpec, root_agent: str = "0"):
-        spec = task if isinstance(task, TaskSpec) else build_spec(task)
+    def __init__(self, task: dict[str, Any] | TaskSpec, root_agent: str = "0", rules: str = "public"):
+        spec = task if isinstance(task, TaskSpec) else build_spec(task, rules)
         self.spec = spec
         self._lock = threading.Lock()
-        n = len(spec.items)
-        self._cook = ["raw"] * n
-        self._cut = ["uncut"] * n
-        self._status = [AT_SOURCE] * n
+        self._actual = [it.initial for it in spec.items]
+        self._collected = [False] * len(spec.items)
+        self._ready = [False] * len(spec.items)
         self._inventory: list[int] = []
-        self._counter: list[int] = []
-        self._meal = [NO_MEAL] * len(spec.dish_ids)
+        self._prepared = [False] * len(spec.dish_ids)
+        self._eaten = [False] * len(spec.dish_ids)
         self._gate_open = spec.gate_initially_open
-        self._cooldown = [0, 0, 0, 0]
+        self._cooldown: dict[str, int] = {}
         self._steps = 0
-        self._n_eaten = 0
+        self._done = False
+        self._success = False
         self._failure: str | None = None
         self._agents: dict[str, _Agent] = {root_agent: _Agent(KITCHEN)}
         self._root = root_agent
@@ -433,16 +425,17 @@ class SyncWorld(World):
         return new
 
     def _copy_state_from(self, src: SyncWorld) -> None:
-        self._cook = src._cook[:]
-        self._cut = src._cut[:]
-        self._status = src._status[:]
+        self._actual = src._actual[:]  # frozensets: shared safely
+        self._collected = src._collected[:]
+        self._ready = src._ready[:]
         self._inventory = src._inventory[:]
-        self._counter = src._counter[:]
-        self._meal = src._meal[:]
+        self._prepared = src._prepared[:]
+        self._eaten = src._eaten[:]
         self._gate_open = src._gate_open
-        self._cooldown = src._cooldown[:]
+        self._cooldown = dict(src._cooldown)
         self._steps = src._steps
-        self._n_eaten = src._n_eaten
+        self._done = src._done
+        self._success = src._success
         self._failure = src._failure
         self._agents = {k: _Agent(a.location, a.steps) for k, a in src._agents.items()}
         self._root = src._root
@@ -468,35 +461,23 @@ class SyncWorld(World):
 
     def root_success(self) -> bool:
         with self._lock:
-            return self._success_locked()
+            return self._success
 
     def describe(self) -> str:
-        """The observable shared state (agent-independent), for rubric and scoring prompts."""
+        """The shared state every agent can observe (no expected preparations, no agent locations):
+        what the public observation and a free inventory look-up show, minus the agent's own room."""
         with self._lock:
-            sp = self.spec
-            lines = [f"TextWorld-Sync task {sp.task_id}"]
-            lines.append(
-                "Agents: "
-                + ", ".join(
-                    f"{k} in the {sp.rooms[a.location]} ({a.steps} actions)" for k, a in self._agents.items()
-                )
+            infos = self._infos_locked(None)
+            return "\n".join(
+                [
+                    self._shared_lines_locked(),
+                    f"Shared inventory: {infos['inventory']}",
+                    f"Score: {infos['score']}",
+                    f"Task Success: {infos['tasksuccess']}",
+                    f"Task Failure: {infos['taskfailure']}",
+                    f"Done: {infos['done']}",
+                ]
             )
-            lines.append(self._gate_line())
-            lines.append(self._cooldown_line())
-            lines.append(self._inventory_line())
-            lines.append(self._counter_line())
-            lines.append("Ingredients:")
-            for i, it in enumerate(sp.items):
-                st = ("not taken", "in inventory", "ready", "RUINED")[self._status[i]]
-                gated = " [behind the gate]" if (it.dish in sp.gated_dishes and not self._gate_open) else ""
-                lines.append(
-                    f"- {it.name} ({sp.dish_ids[it.dish]}, {sp.rooms[it.room]}{gated}): {st}; "
-                    f"now {self._cook[i]}, {self._cut[i]}; needs {it.cook}, {it.cut}"
-                )
-            lines.extend(self._progress_lines())
-            lines.append(self._budget_line())
-            lines.append(self._status_line())
-            return "\n".join(lines)
 
     # ---- agents --------------------------------------------------------------------------------
     @property
@@ -504,8 +485,8 @@ class SyncWorld(World):
         return self._root
 
     def add_agent(self, agent_id: str, start_from: str | None = None) -> None:
-        """Register an agent view. It starts where ``start_from`` (default: the root agent) stands now.
-        Re-registering an existing agent keeps its view."""
+        """Register an agent view. It starts where ``start_from`` (default: the root agent) stands now
+        (public ``fork_shared``). Re-registering an existing agent keeps its view."""
         with self._lock:
             if agent_id in self._agents:
                 return
@@ -517,7 +498,7 @@ class SyncWorld(World):
 
     def location(self, agent_id: str) -> str:
         with self._lock:
-            return self.spec.rooms[self._agent(agent_id).location]
+            return self._agent(agent_id).location
 
     def _agent(self, agent_id: str) -> _Agent:
         a = self._agents.get(agent_id)
@@ -529,226 +510,147 @@ class SyncWorld(World):
     # ---- stepping ------------------------------------------------------------------------------
     def step(self, agent_id: str, action: str, observe: bool = True) -> SyncStep:
         """One atomic world action of ``agent_id``: validate, apply, count, score, cool down, observe, log."""
-        norm = normalize_action(action)
+        raw = str(action or "").strip()
+        norm = _norm(raw)
         with self._lock:
             agent = self._agent(agent_id)
-            if norm in FREE_ACTIONS:
-                msg = (
-                    self._inventory_line()
-                    + "\n"
-                    + self._counter_line()
-                    + "\n(Inventory lookups cost no shared step.)"
-                )
-                self._log(agent_id, norm, True, False, msg)
-                obs = self._observe_locked(agent_id, msg) if observe else ""
-                over = self._over_locked()
-                return SyncStep(
-                    True, False, msg, obs, 0.0, over, over and self._success_locked(), self._failure
-                )
-            if self._over_locked():
-                msg = f"The shared task has already ended ({self._end_reason()}); nothing happens."
-                self._log(agent_id, norm, False, False, msg)
-                obs = self._observe_locked(agent_id, msg) if observe else ""
-                return SyncStep(False, False, msg, obs, 0.0, True, self._success_locked(), self._failure)
-            verdict = self._check(agent, norm)
-            if isinstance(verdict, str):
-                accepted = False
-                msg = f"Rejected: '{norm}' is not a valid action right now ({verdict}). It still cost one shared step."
+            if self._done:
+                msg = "The shared task has already ended; nothing happens."
+                self._log(agent_id, raw, False, False, msg)
+                return self._result(agent_id, False, False, msg, observe)
+            valid = self._valid_locked(agent)
+            accepted = raw in valid or norm in ALWAYS_ACCEPTED
+            if accepted:
+                msg = self._apply(agent, raw, norm)
             else:
-                accepted = True
-                msg = self._apply(agent, verdict)
+                msg = "Action is not valid in the current composite world state."
             self._steps += 1
             agent.steps += 1
-            success = self._failure is None and self._n_eaten == len(self._meal)
-            if success and accepted and verdict[0] == "eat":
-                msg += " Every dish has been prepared and eaten: the shared task is complete!"
-            elif self._steps >= self.spec.max_steps and not success and self._failure is None:
-                msg += " The shared action budget is now spent: the task has ended unfinished."
-            cd = self._cooldown
-            for t in range(4):
-                if cd[t]:
-                    cd[t] -= 1
-            self._log(agent_id, norm, accepted, True, msg)
-            obs = self._observe_locked(agent_id, msg) if observe else ""
-            done = success or self._failure is not None or self._steps >= self.spec.max_steps
-            reward = 1.0 if (success and accepted and verdict[0] == "eat") else 0.0
-            return SyncStep(accepted, True, msg, obs, reward, done, success, self._failure)
+            self._rescore()
+            if self._steps >= self.spec.max_steps:
+                self._done = True
+            if self._cooldown:  # public _advance_tool_cooldowns: entries tick down once per global step
+                self._cooldown = {t: r - 1 for t, r in self._cooldown.items() if r > 1}
+            self._log(agent_id, raw, accepted, True, msg)
+            return self._result(agent_id, accepted, True, msg, observe)
 
-    def _check(self, agent: _Agent, a: str) -> tuple[str, Any] | str:
-        """The parsed operation if ``a`` is in the agent's valid-action list, else the reason it is not.
-        Must agree exactly with :meth:`_valid_locked` (tested)."""
+    def _result(self, agent_id: str, accepted: bool, counted: bool, msg: str, observe: bool) -> SyncStep:
+        infos = self._infos_locked(agent_id) if observe else None
+        obs = self._observation_locked(agent_id) if observe else ""
+        return SyncStep(
+            accepted, counted, msg, obs, 1.0 if self._success else 0.0, self._done, self._success,
+            self._failure, infos,
+        )  # fmt: skip
+
+    def _apply(self, agent: _Agent, raw: str, a: str) -> str:
         sp = self.spec
-        loc = agent.location
-        if a == "look around" or a == "read cookbook":
-            return (a, None)
-        if a.startswith("go to "):
-            r = sp.room_index.get(a[6:])
-            if r is None:
-                return f"there is no room called '{a[6:]}'"
-            if r == loc:
-                return f"you are already in the {a[6:]}"
-            return ("go", r)
-        if a.startswith("move "):
-            for d, r in sp.moves[loc]:
-                if a[5:] == d:
-                    return ("go", r)
-            return f"you cannot move {a[5:]} from the {sp.rooms[loc]}"
+        if a in ("look around", "read cookbook") or a in INVENTORY_ACTIONS:
+            return f"You {a}."
         if a == "open door":
-            return ("open", None) if not self._gate_open else "the gate is already open"
-        if a.startswith("take "):
-            i = sp.item_index.get(a[5:])
-            if i is None:
-                if any(name == a[5:] for name, _ in sp.distractors):
-                    return f"the {a[5:]} is spoiled and not part of any recipe"
-                return f"there is no ingredient called '{a[5:]}'"
-            it = sp.items[i]
-            if self._status[i] != AT_SOURCE:
-                return f"the {it.name} has already been taken"
-            if it.room != loc:
-                return f"the {it.name} is not here"
-            if it.dish in sp.gated_dishes and not self._gate_open:
-                return f"the {it.name} is behind the closed kitchen gate"
-            if sp.capacity and len(self._inventory) >= sp.capacity:
-                return f"the shared inventory is full ({sp.capacity}/{sp.capacity})"
-            return ("take", i)
-        if a.startswith("cook "):
-            for suffix, tool in _COOK_SUFFIX.items():
-                if a.endswith(suffix):
-                    i = sp.item_index.get(a[5 : -len(suffix)])
-                    if i is None:
-                        return f"there is no ingredient called '{a[5 : -len(suffix)]}'"
-                    reason = self._prep_reason(i, loc)
-                    if reason:
-                        return reason
-                    if self._cook[i] != "raw":
-                        return f"the {sp.items[i].name} is already {self._cook[i]}"
-                    t = TOOLS.index(tool)
-                    if self._cooldown[t]:
-                        return f"the {tool} is cooling down ({self._cooldown[t]} more step(s))"
-                    return ("cook", (i, t))
-            return "cook needs 'in stove', 'in oven' or 'on grill'"
-        if a.startswith("prepare "):
-            d = sp.dish_index.get(a[8:])
-            if d is None:
-                return f"there is no dish called '{a[8:]}'"
-            if self._meal[d] != NO_MEAL:
-                return f"{a[8:]} has already been prepared"
-            if any(self._status[i] != READY for i in sp.dish_items[d]):
-                return f"not every ingredient of {a[8:]} is on the prepared counter"
-            return ("prepare", d)
-        if a.startswith("eat "):
-            d = sp.dish_index.get(a[4:])
-            if d is None:
-                return f"there is no dish called '{a[4:]}'"
-            if self._meal[d] != PREPARED:
-                return f"{a[4:]} has " + (
-                    "already been eaten" if self._meal[d] == EATEN else "not been prepared"
-                )
-            return ("eat", d)
-        verb, _, rest = a.partition(" ")
-        if verb in CUT_VERBS and rest:
-            i = sp.item_index.get(rest)
-            if i is None:
-                return f"there is no ingredient called '{rest}'"
-            reason = self._prep_reason(i, loc)
-            if reason:
-                return reason
-            if self._cut[i] != "uncut":
-                return f"the {rest} is already {self._cut[i]}"
-            if self._cooldown[_KNIFE]:
-                return f"the knife is cooling down ({self._cooldown[_KNIFE]} more step(s))"
-            return ("cut", (i, verb))
-        return "unknown command"
-
-    def _prep_reason(self, i: int, loc: int) -> str | None:
-        if self._status[i] != HELD:
-            return f"the {self.spec.items[i].name} is not in the shared inventory"
-        if loc != KITCHEN:
-            return "the knife, stove, oven and grill are in the kitchen"
-        return None
-
-    def _apply(self, agent: _Agent, op: tuple[str, Any]) -> str:
-        kind, arg = op
-        sp = self.spec
-        if kind == "look around":
-            return "You look around."
-        if kind == "read cookbook":
-            return sp.cookbook
-        if kind == "go":
-            agent.location = arg
-            return f"You go to the {sp.rooms[arg]}."
-        if kind == "open":
             self._gate_open = True
-            return "You open the kitchen gate. Everything behind it is now reachable."
-        if kind == "take":
-            self._status[arg] = HELD
-            self._inventory.append(arg)
-            name = sp.items[arg].name
-            if self._complete(arg):
-                return (
-                    f"You take the {name}. It needs no preparation and goes straight to the prepared counter."
-                )
-            return f"You take the {name} into the shared inventory."
-        if kind == "prepare":
-            self._meal[arg] = PREPARED
-            return f"You prepare {sp.dish_ids[arg]}."
-        if kind == "eat":
-            self._meal[arg] = EATEN
-            self._n_eaten += 1
-            return f"You eat {sp.dish_ids[arg]}."
-        i, how = arg
-        it = sp.items[i]
-        if kind == "cut":
-            self._cut[i] = CUT_VERBS[how]
-            self._cooldown[_KNIFE] = sp.cooldown + 1 if sp.cooldown else 0
-            text = f"You {how} the {it.name}."
-            wrong = self._cut[i] != it.cut
-        else:  # cook
-            tool = TOOLS[how]
-            self._cook[i] = COOK_RESULT[tool]
-            self._cooldown[how] = sp.cooldown + 1 if sp.cooldown else 0
-            text = f"You cook the {it.name} {COOK_PHRASE[tool]}: it is now {self._cook[i]}."
-            wrong = self._cook[i] != it.cook
-        if wrong:
-            self._status[i] = RUINED
-            self._failure = (
-                f"the {it.name} was made {self._cook[i]}, {self._cut[i]} but {sp.dish_ids[it.dish]} needs it "
-                f"{it.cook}, {it.cut}"
-            )
-            return (
-                text
-                + f" That is not what the recipe asks for: the {it.name} is ruined and the task has failed."
-            )
-        if self._complete(i):
-            return text + f" The {it.name} is ready and goes to the prepared counter."
-        return text
+            return "You open the kitchen gate."
+        if a.startswith("go to ") or a.startswith("move "):
+            dest = a[6:].strip() if a.startswith("go to ") else DIRECTIONS.get(a[5:].strip())
+            if dest in sp.rooms:
+                agent.location = dest
+            return f"You go to the {agent.location}."
+        if a.startswith("take "):
+            i = sp.item_index.get(a[5:].strip())
+            if i is None:
+                return f"You take the {a[5:]}; nothing changes."  # `take knife`
+            self._collected[i] = True
+            if i not in self._inventory:
+                self._inventory.append(i)
+            if sp.items[i].expected <= BASE:
+                self._mark_ready(i)
+            return f"You take the {sp.items[i].name}."
+        if a.startswith("cook "):
+            m = re.match(r"cook (.+?) (?:in|on) (.+)$", a)
+            if m:
+                self._prepare_item(m.group(1), m.group(2))
+            return f"You {a}."
+        for verb in CUT_VERB.values():
+            if a.startswith(verb + " "):
+                self._prepare_item(a[len(verb) + 1 :], verb)
+                return f"You {a}."
+        if a.startswith("prepare "):
+            d = sp.dish_index.get(a[8:].strip())
+            if d is not None and self._dish_ready(d):
+                self._prepared[d] = True
+            return f"You {a}."
+        if a.startswith("eat "):
+            d = sp.dish_index.get(a[4:].strip())
+            if d is not None and self._prepared[d]:
+                self._eaten[d] = True
+            return f"You {a}."
+        return f"You {a}; nothing changes."
 
-    def _complete(self, i: int) -> bool:
-        it = self.spec.items[i]
-        if self._cook[i] == it.cook and self._cut[i] == it.cut:
-            self._status[i] = READY
+    def _prepare_item(self, name: str, how: str) -> None:
+        """Apply a cut verb (``dice``) or a cooking tool (``grill``) to ingredient ``name``."""
+        sp = self.spec
+        tool = "knife" if how in CUT_VERB.values() else how
+        if sp.cooldown > 0:  # public _consume_tool: c + 1, ticked down at the end of this very step
+            self._cooldown[tool] = sp.cooldown + 1
+        i = sp.item_index.get(name.strip())
+        if i is None:
+            return
+        exp, act = sp.items[i].expected, set(self._actual[i])
+        if how in CUT_VERB.values():
+            made = [p for p, v in CUT_VERB.items() if v == how and (p in exp or sp.strict)]
+            for p in made:
+                act.discard("uncut")
+                act.add(p)
+        else:
+            made = [p for p, t in COOK_TOOL.items() if t == how and (p in exp or sp.strict)]
+            if sp.strict and made:  # one state per tool: the recipe's when it uses this tool, else the first
+                made = [p for p in made if p in exp] or made[:1]
+            for p in made:
+                if sp.strict:
+                    act.discard("raw")
+                elif "uncut" not in exp:
+                    act.discard("uncut")
+                act.add(p)
+        self._actual[i] = frozenset(act)
+        wrong = (self._actual[i] - BASE) - exp
+        if wrong:
+            self._failure = (
+                f"the {name} was made {', '.join(sorted(wrong))} but {sp.dish_ids[sp.items[i].dish]} needs "
+                f"it {', '.join(sorted(exp))}"
+            )
+        elif self._actual[i] == exp:
+            self._mark_ready(i)
+
+    def _mark_ready(self, i: int) -> None:
+        self._collected[i] = True
+        self._ready[i] = True
+        if i in self._inventory:
             self._inventory.remove(i)
-            self._counter.append(i)
-            return True
-        return False
+
+    def _dish_ready(self, d: int) -> bool:
+        return all(self._ready[i] for i in self.spec.dish_items[d])
+
+    def _rescore(self) -> None:
+        """The public ``score_task`` verdict: success iff every dish is complete, prepared and eaten;
+        failure iff some ingredient carries a preparation its recipe does not ask for."""
+        sp = self.spec
+        complete = all(
+            self._collected[i] and self._actual[i] == sp.items[i].expected for i in range(len(sp.items))
+        )
+        self._success = complete and all(self._prepared) and all(self._eaten)
+        if self._success or self._failure is not None:
+            self._done = True
+
+    def _tool_free(self, tool: str) -> bool:
+        return self._cooldown.get(tool, 0) <= 0
 
     def _log(self, agent_id: str, action: str, accepted: bool, counted: bool, message: str) -> None:
         self._events.append(
             _Event(len(self._events) + 1, agent_id, action, accepted, counted, message, self._steps)
         )
 
-    # ---- scoring -------------------------------------------------------------------------------
-    def _success_locked(self) -> bool:
-        if self._failure is not None:
-            return False
-        sp = self.spec
-        for i, it in enumerate(sp.items):
-            if self._status[i] != READY or self._cook[i] != it.cook or self._cut[i] != it.cut:
-                return False
-        return all(m == EATEN for m in self._meal)
-
+    # ---- queries -------------------------------------------------------------------------------
     def score(self) -> dict[str, Any]:
-        """The composite verifier's full report (per dish and ingredient)."""
+        """The composite verifier's report (per dish and ingredient), as ``composite_scorer`` builds it."""
         with self._lock:
             sp = self.spec
             dishes = []
@@ -756,14 +658,14 @@ class SyncWorld(World):
                 ings = []
                 for i in sp.dish_items[d]:
                     it = sp.items[i]
-                    ok = self._status[i] == READY and self._cook[i] == it.cook and self._cut[i] == it.cut
+                    ok = self._collected[i] and self._actual[i] == it.expected
                     ings.append(
                         {
                             "name": it.name,
-                            "collected": self._status[i] != AT_SOURCE,
-                            "preparation": [self._cook[i], self._cut[i]],
-                            "expected": [it.cook, it.cut],
-                            "ruined": self._status[i] == RUINED,
+                            "collected": self._collected[i],
+                            "preparation": sorted(self._actual[i]),
+                            "expected": sorted(it.expected),
+                            "preparation_matches": self._actual[i] == it.expected,
                             "complete": ok,
                         }
                     )
@@ -773,14 +675,15 @@ class SyncWorld(World):
                         "dish_id": dish_id,
                         "ingredients": ings,
                         "ingredients_complete": complete,
-                        "meal_prepared": self._meal[d] >= PREPARED,
-                        "meal_eaten": self._meal[d] == EATEN,
-                        "success": complete and self._meal[d] == EATEN,
+                        "meal_prepared": self._prepared[d],
+                        "meal_eaten": self._eaten[d],
+                        "success": complete and self._prepared[d] and self._eaten[d],
                     }
                 )
             return {
-                "success": self._success_locked(),
+                "success": self._success,
                 "failure": self._failure,
+                "score": 1.0 if self._success else 0.0,
                 "completed_dishes": sum(x["success"] for x in dishes),
                 "total_dishes": len(dishes),
                 "steps_used": self._steps,
@@ -788,25 +691,10 @@ class SyncWorld(World):
                 "dishes": dishes,
             }
 
-    def _over_locked(self) -> bool:
-        # success <=> no failure and every dish eaten (eating needs every ingredient ready, i.e. exact)
-        return (
-            self._failure is not None
-            or self._steps >= self.spec.max_steps
-            or self._n_eaten == len(self._meal)
-        )
-
-    def _end_reason(self) -> str:
-        if self._failure is not None:
-            return f"failed: {self._failure}"
-        if self._n_eaten == len(self._meal):
-            return "every dish is done"
-        return "the shared action budget is spent"
-
     @property
     def over(self) -> bool:
-        with self._lock:
-            return self._over_locked()
+        """The world has ended (public ``done``): success, failure or the global budget spent."""
+        return self._done
 
     @property
     def failure(self) -> str | None:
@@ -841,21 +729,21 @@ class SyncWorld(World):
 
     def goal_success(self, scope: GoalScope) -> bool:
         """Did the world reach what ``scope`` asks? Dishes + "eat" -> eaten; ingredients -> on the counter
-        with the right preparation; dishes + "prepare" (no eat, no ingredient) -> prepared; dishes only ->
-        eaten. A ruined in-scope ingredient is never success."""
+        with their expected preparation; dishes + "prepare" (no eat, no ingredient) -> prepared; dishes
+        only -> eaten. A wrongly prepared in-scope ingredient is never success."""
         with self._lock:
             sp = self.spec
             members = set(scope.items)
             for d in scope.dishes:
                 members.update(sp.dish_items[d])
-            if any(self._status[i] == RUINED for i in members):
+            if any((self._actual[i] - BASE) - sp.items[i].expected for i in members):
                 return False
             if scope.dishes and (scope.eat or not (scope.items or scope.prepare)):
-                return all(self._meal[d] == EATEN for d in scope.dishes)
+                return all(self._eaten[d] for d in scope.dishes)
             if scope.items:
-                return all(self._status[i] == READY for i in scope.items)
+                return all(self._ready[i] for i in scope.items)
             if scope.dishes:
-                return all(self._meal[d] >= PREPARED for d in scope.dishes)
+                return all(self._prepared[d] for d in scope.dishes)
             return False
 
     # ---- observations --------------------------------------------------------------------------
@@ -864,138 +752,148 @@ class SyncWorld(World):
             return self._valid_locked(self._agent(agent_id))
 
     def _valid_locked(self, agent: _Agent) -> list[str]:
-        if self._over_locked():
-            return ["inventory"]
+        """The public ``_valid_actions`` (strict rules: every cut/cook, kitchen only)."""
         sp = self.spec
         loc = agent.location
         out = ["look around", "inventory", "read cookbook"]
-        out += [f"go to {r}" for j, r in enumerate(sp.rooms) if j != loc]
-        out += [f"move {d}" for d, _ in sp.moves[loc]]
+        out += [f"go to {r}" for r in sp.rooms if r != loc]
+        out += [f"move {d}" for d, r in DIRECTIONS.items() if r in sp.rooms and r != loc]
         if not self._gate_open:
             out.append("open door")
-        room_free = not sp.capacity or len(self._inventory) < sp.capacity
-        if room_free:
+        if loc == KITCHEN:
+            out.append("take knife")
+        full = bool(sp.capacity) and len(self._inventory) >= sp.capacity
+        if not full:
             for i, it in enumerate(sp.items):
                 if (
-                    self._status[i] == AT_SOURCE
+                    not self._collected[i]
                     and it.room == loc
                     and (self._gate_open or it.dish not in sp.gated_dishes)
                 ):
                     out.append(f"take {it.name}")
-        if loc == KITCHEN:
-            cd = self._cooldown
-            for i in self._inventory:
-                if self._status[i] != HELD:
+        for i in self._inventory:
+            it, act = sp.items[i], self._actual[i]
+            if sp.strict:
+                if loc != KITCHEN:
                     continue
-                name = sp.items[i].name
-                if self._cut[i] == "uncut" and not cd[_KNIFE]:
-                    out += [f"{v} {name}" for v in CUT_VERBS]
-                if self._cook[i] == "raw":
-                    out += [f"cook {name} {COOK_PHRASE[t]}" for k, t in enumerate(TOOLS) if k and not cd[k]]
-        for d, dish_id in enumerate(sp.dish_ids):
-            if self._meal[d] == NO_MEAL and all(self._status[i] == READY for i in sp.dish_items[d]):
-                out.append(f"prepare {dish_id}")
-            elif self._meal[d] == PREPARED:
-                out.append(f"eat {dish_id}")
+                if not act & set(CUT_VERB) and self._tool_free("knife"):
+                    out += [f"{v} {it.name}" for v in CUT_VERB.values()]
+                if not act & set(COOK_TOOL):
+                    out += [f"cook {it.name} {cook_phrase(t)}" for t in TOOLS[1:] if self._tool_free(t)]
+                continue
+            for p, v in CUT_VERB.items():
+                if p in it.expected and p not in act and self._tool_free("knife"):
+                    out.append(f"{v} {it.name}")
+            for p, t in COOK_TOOL.items():
+                if p in it.expected and p not in act and self._tool_free(t):
+                    out.append(f"cook {it.name} {cook_phrase(t)}")
+        out += [
+            f"prepare {dish_id}"
+            for d, dish_id in enumerate(sp.dish_ids)
+            if self._dish_ready(d) and not self._prepared[d]
+        ]
+        out += [
+            f"eat {dish_id}"
+            for d, dish_id in enumerate(sp.dish_ids)
+            if self._prepared[d] and not self._eaten[d]
+        ]
         return out
 
-    def observe(self, agent_id: str, message: str = "") -> str:
+    def observe(self, agent_id: str) -> str:
+        """The agent's observation text (public ``_observation``)."""
         with self._lock:
-            return self._observe_locked(agent_id, message)
+            return self._observation_locked(agent_id)
 
-    def _observe_locked(self, agent_id: str, message: str) -> str:
+    def infos(self, agent_id: str) -> dict[str, Any]:
+        """The public ``infos`` dict of an agent (validActions, inventory, score, tasksuccess, ...)."""
+        with self._lock:
+            return self._infos_locked(agent_id)
+
+    def observe_with_infos(self, agent_id: str) -> tuple[str, dict[str, Any]]:
+        """``(observation, infos)`` read under one lock acquisition (public ``observe``)."""
+        with self._lock:
+            return self._observation_locked(agent_id), self._infos_locked(agent_id)
+
+    def inventory_text(self) -> str:
+        """The shared inventory as the public ``infos["inventory"]`` shows it."""
+        with self._lock:
+            return self._inventory_str()
+
+    def _inventory_str(self) -> str:
+        return ", ".join(self.spec.items[i].name for i in self._inventory) or "(empty)"
+
+    def _infos_locked(self, agent_id: str | None) -> dict[str, Any]:
         sp = self.spec
-        agent = self._agent(agent_id)
-        loc = agent.location
-        visible = []
-        for i, it in enumerate(sp.items):
-            if (
-                self._status[i] == AT_SOURCE
-                and it.room == loc
-                and (self._gate_open or it.dish not in sp.gated_dishes)
-            ):
-                visible.append(f"{it.name} ({it.container})" if it.container else it.name)
-        visible += [name for name, r in sp.distractors if r == loc]
-        parts = [message] if message else []
-        parts += [
-            f"You are in the {sp.rooms[loc]}.",
-            "Visible objects: " + (", ".join(visible) if visible else "(none)"),
-            self._gate_line(),
-            self._cooldown_line(),
-            self._inventory_line(),
-            self._counter_line(),
-            *self._progress_lines(),
-            self._budget_line(),
+        agent = self._agent(agent_id) if agent_id is not None else None
+        return {
+            "validActions": self._valid_locked(agent) if agent is not None else [],
+            "inventory": self._inventory_str(),
+            "score": 1.0 if self._success else 0.0,
+            "tasksuccess": self._success,
+            "taskfailure": self._failure is not None,
+            "done": self._done,
+            "steps": self._steps,
+            "remaining_shared_steps": max(sp.max_steps - self._steps, 0),
+            "agent_location": agent.location if agent is not None else None,
+            "completed_dishes": sum(
+                self._eaten[d] and self._prepared[d] and self._dish_complete(d)
+                for d in range(len(sp.dish_ids))
+            ),
+            "total_dishes": len(sp.dish_ids),
+        }
+
+    def _dish_complete(self, d: int) -> bool:
+        sp = self.spec
+        return all(self._collected[i] and self._actual[i] == sp.items[i].expected for i in sp.dish_items[d])
+
+    def _observation_locked(self, agent_id: str) -> str:
+        sp = self.spec
+        loc = self._agent(agent_id).location
+        visible = [
+            it.name
+            for i, it in enumerate(sp.items)
+            if it.room == loc
+            and not self._collected[i]
+            and (self._gate_open or it.dish not in sp.gated_dishes)
         ]
-        if self._over_locked():
-            parts.append(self._status_line())
-        parts.append("Valid actions: " + " | ".join(self._valid_locked(agent)))
-        return "\n".join(parts)
-
-    def _gate_line(self) -> str:
-        return "Kitchen gate: " + ("open" if self._gate_open else "closed (use 'open door')")
-
-    def _cooldown_line(self) -> str:
-        cd = self._cooldown
-        return "Tool cooldowns: " + ", ".join(
-            f"{t} " + (f"busy {cd[k]} step(s)" if cd[k] else "ready") for k, t in enumerate(TOOLS)
+        return (
+            f"You are in the {loc}.\n"
+            f"Visible objects: {', '.join(visible) if visible else '(none)'}\n"
+            + self._shared_lines_locked()
+            + "\nValid Actions are listed below."
         )
 
-    def _inventory_line(self) -> str:
+    def _shared_lines_locked(self) -> str:
         sp = self.spec
-        cap = str(sp.capacity) if sp.capacity else "unlimited"
-        held = [
-            f"{sp.items[i].name} [{self._cook[i]}, {self._cut[i]}"
-            + ("; RUINED]" if self._status[i] == RUINED else "]")
-            for i in self._inventory
+        gate = "open" if self._gate_open else "closed"
+        cooldowns = ", ".join(f"{t}:{r}" for t, r in sorted(self._cooldown.items())) or "none"
+        counter = sorted(sp.items[i].name for i in range(len(sp.items)) if self._ready[i])
+        progress = [
+            f"{dish_id}: {sum(self._ready[i] for i in sp.dish_items[d])}/{len(sp.dish_items[d])} ingredients "
+            f"prepared, meal_prepared={self._prepared[d]}, meal_eaten={self._eaten[d]}"
+            for d, dish_id in enumerate(sp.dish_ids)
         ]
-        return f"Shared inventory ({len(self._inventory)}/{cap}): " + (", ".join(held) if held else "(empty)")
-
-    def _counter_line(self) -> str:
-        names = [self.spec.items[i].name for i in self._counter]
-        return f"Prepared counter ({len(names)}): " + (", ".join(names) if names else "(empty)")
-
-    def _progress_lines(self) -> list[str]:
-        sp = self.spec
-        lines = ["Dish progress:"]
-        for d, dish_id in enumerate(sp.dish_ids):
-            items = sp.dish_items[d]
-            ready = sum(self._status[i] == READY for i in items)
-            m = self._meal[d]
-            lines.append(
-                f"- {dish_id}: {ready}/{len(items)} ingredients ready, meal prepared: {'yes' if m else 'no'}, "
-                f"eaten: {'yes' if m == EATEN else 'no'}"
-            )
-        return lines
-
-    def _budget_line(self) -> str:
-        return f"Shared steps remaining: {max(0, self.spec.max_steps - self._steps)}/{self.spec.max_steps}"
-
-    def _status_line(self) -> str:
-        if self._success_locked():
-            return "Task status: complete (every dish prepared and eaten)."
-        if self._failure is not None:
-            return f"Task status: FAILED ({self._failure})."
-        if self._steps >= self.spec.max_steps:
-            return "Task status: ended unfinished (shared budget spent)."
-        return "Task status: in progress."
+        return (
+            f"Shared kitchen gate: {gate}.\n"
+            f"Shared tool cooldowns: {cooldowns}.\n"
+            f"Shared prepared counter: {', '.join(counter) if counter else '(empty)'}\n"
+            "Dish progress:\n- " + "\n- ".join(progress) + "\n"
+            f"Shared steps remaining: {max(sp.max_steps - self._steps, 0)}"
+        )
 
     # ---- snapshots -----------------------------------------------------------------------------
     def state(self) -> WorldState:
-        """A consistent read-only snapshot (taken under the lock)."""
+        """A consistent read-only snapshot (taken under the lock), hidden state included."""
         with self._lock:
             sp = self.spec
             items = tuple(
                 ItemView(
                     name=it.name,
                     dish_id=sp.dish_ids[it.dish],
-                    room=sp.rooms[it.room],
-                    container=it.container,
-                    status=("source", "held", "ready", "ruined")[self._status[i]],
-                    cook=self._cook[i],
-                    cut=self._cut[i],
-                    expected_cook=it.cook,
-                    expected_cut=it.cut,
+                    room=it.room,
+                    status="ready" if self._ready[i] else ("held" if self._collected[i] else "source"),
+                    actual=self._actual[i],
+                    expected=it.expected,
                     gated=it.dish in sp.gated_dishes,
                 )
                 for i, it in enumerate(sp.items)
@@ -1003,17 +901,22 @@ class SyncWorld(World):
             return WorldState(
                 items=items,
                 inventory=tuple(sp.items[i].name for i in self._inventory),
-                counter=tuple(sp.items[i].name for i in self._counter),
-                meals={d: ("none", "prepared", "eaten")[self._meal[k]] for k, d in enumerate(sp.dish_ids)},
+                counter=tuple(sp.items[i].name for i in range(len(sp.items)) if self._ready[i]),
+                meals={
+                    d: ("eaten" if self._eaten[k] else "prepared" if self._prepared[k] else "none")
+                    for k, d in enumerate(sp.dish_ids)
+                },
                 gate_open=self._gate_open,
-                cooldowns={t: self._cooldown[k] for k, t in enumerate(TOOLS)},
+                cooldowns={t: self._cooldown.get(t, 0) for t in TOOLS},
                 capacity=sp.capacity,
                 steps_used=self._steps,
                 max_steps=sp.max_steps,
                 failure=self._failure,
-                success=self._success_locked(),
-                locations={k: sp.rooms[a.location] for k, a in self._agents.items()},
+                success=self._success,
+                done=self._done,
+                locations={k: a.location for k, a in self._agents.items()},
                 agent_steps={k: a.steps for k, a in self._agents.items()},
+                strict=sp.strict,
             )
 
     def events(self) -> list[dict[str, Any]]:
@@ -1039,29 +942,25 @@ class SyncWorld(World):
             inv = self._inventory
             assert len(set(inv)) == len(inv), "duplicate inventory entries"
             assert not sp.capacity or len(inv) <= sp.capacity, "inventory over capacity"
-            assert set(inv) == {i for i, s in enumerate(self._status) if s in (HELD, RUINED)}, (
-                "inventory/status"
-            )
-            assert set(self._counter) == {i for i, s in enumerate(self._status) if s == READY}, (
-                "counter/status"
-            )
-            assert len(set(self._counter)) == len(self._counter), "duplicate counter entries"
+            held = {i for i in range(len(sp.items)) if self._collected[i] and not self._ready[i]}
+            assert set(inv) == held, "inventory/status"
             for i, it in enumerate(sp.items):
-                if self._status[i] == READY:
-                    assert (self._cook[i], self._cut[i]) == (it.cook, it.cut), f"{it.name} ready but wrong"
-                if self._status[i] == AT_SOURCE:
-                    assert (self._cook[i], self._cut[i]) == ("raw", "uncut"), f"{it.name} changed at source"
+                if self._ready[i]:
+                    assert self._actual[i] == it.expected, f"{it.name} ready but wrong"
+                if not self._collected[i]:
+                    assert self._actual[i] == it.initial, f"{it.name} changed at source"
             for d in range(len(sp.dish_ids)):
-                if self._meal[d] != NO_MEAL:
-                    assert all(self._status[i] == READY for i in sp.dish_items[d]), "meal without ingredients"
-            assert self._n_eaten == sum(m == EATEN for m in self._meal), "eaten counter"
+                if self._prepared[d]:
+                    assert self._dish_ready(d), "meal without ingredients"
+                if self._eaten[d]:
+                    assert self._prepared[d], "eaten before prepared"
             assert 0 <= self._steps <= sp.max_steps, "global steps out of range"
             counted = sum(e.counted for e in self._events)
             assert counted == self._steps, f"{counted} counted events != {self._steps} global steps"
             assert sum(a.steps for a in self._agents.values()) == self._steps, "per-agent steps"
-            assert all(0 <= c <= sp.cooldown for c in self._cooldown), "cooldown out of range"
-            n_ruined = sum(s == RUINED for s in self._status)
-            assert n_ruined == (0 if self._failure is None else 1), "ruined items must match the failure"
+            assert all(0 < c <= sp.cooldown for c in self._cooldown.values()), "cooldown out of range"
+            if not sp.strict:
+                assert self._failure is None, "a listed action failed the task under the public rules"
 
 
 def bench_sync(
@@ -1080,7 +979,6 @@ def bench_sync(
         acts = w.valid_actions("0")
         w.step("0", rng.choice(acts) if rng.random() < 0.9 else "fly to the moon")
     steps_per_s = n_steps / (time.perf_counter() - t0)
-    # fork latency on a mid-episode world with a populated event log
     mid = base.fork()
     for _ in range(min(40, mid.spec.max_steps - 1)):
         mid.step("0", "look around")

@@ -1,11 +1,15 @@
-"""Trees -> stage datums: hand-built trees with hand-computed advantages."""
+"""Trees -> stage datums: hand-built trees with hand-computed advantages, depth weights and the
+zero-variance rule of every stage (issue #11's examples are computed by hand in the comments).
+
+Run: pytest tests/test_rl_batch.py
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from common.agent.tree import CallRecord, Node, Step, Tree
-from common.rl.batch import build_stage_batch, tree_metrics
+from common.rl.batch import build_stage_batch, group_has_signal, tree_metrics
 
 
 def _call(role: str, text: str, n: int = 3) -> CallRecord:
@@ -67,10 +71,28 @@ def test_failed_rubric_drops_exactly_that_childs_datums():
 
 
 def test_zero_variance_groups_drop_or_keep():
-    trees = [_tree(True, 0.8), _tree(True, 0.1)]
+    trees = [_tree(True, 1.0), _tree(True, 1.0)]  # b = 1: roots 1 - 1 = 0, children 1 - 1 = 0
     assert build_stage_batch("execution", [trees], zero_variance="drop").datums == []
+    assert not group_has_signal(trees, "execution")
     kept = build_stage_batch("execution", [trees], zero_variance="keep")
     assert kept.zero_variance_groups == [0] and kept.datums and all(d.advantage == 0.0 for d in kept.datums)
+    with pytest.raises(ValueError):
+        build_stage_batch("execution", [trees], zero_variance="maybe")
+
+
+def test_flat_roots_with_scored_children_keep_their_signal():
+    # Issue #11 on trees: every root failed (b = 0), children scored 0.9 and 0.1, the third child's
+    # rubric failed (no datum). Advantages: roots 0, children 0.9 and 0.1 -> NOT zero variance.
+    trees = [_tree(False, 0.9), _tree(False, 0.1), _tree(False, 0.5, rubric_ok=False)]
+    b = build_stage_batch("execution", [trees], zero_variance="drop")
+    assert b.zero_variance_groups == []
+    child = {d.trajectory_id: round(d.advantage, 6) for d in b.datums if d.depth == 1}
+    assert child == {"0/0/0.1": 0.9, "0/1/0.1": 0.1}
+    assert group_has_signal(trees, "execution")  # a trainer must not replace this task
+    assert group_has_signal(trees, "execution", execution_reward="binary")  # RAO: 2 children succeeded
+    for t in trees:
+        t.nodes["0.1"].success = False
+    assert not group_has_signal(trees, "execution", execution_reward="binary")  # RAO: all fail: flat
 
 
 class _OffsetsTok:
@@ -86,6 +108,183 @@ def test_delegation_leaf_credit_and_loo():
     # rollout 0: 1 event covering the only leaf -> r = 1; rollout 1: R = 0 -> r = 0. LOO: +1, -1
     assert [round(d.advantage, 6) for d in b.datums] == [1.0, -1.0]
     assert b.datums[0].loss_mask[-1] == 1 and b.datums[0].loss_mask[0] == 0
+
+
+def _launch_call(text: str) -> CallRecord:
+    c = _call("act", text)
+    c.token_offsets = [(0, 8), (8, 30), (30, len(text))]
+    return c
+
+
+LAUNCH = "<python>r = await launch_subagent({'a': 1})</python>"
+
+
+def _delegating_tree(success: bool, root_launches: int, child_launches: int) -> Tree:
+    """root launches ``root_launches`` children (one per step); its first child launches
+    ``child_launches`` grandchildren (one per step). Every child is a leaf unless it launched."""
+    t = Tree(task_id="t", env="textcraft", success=success)
+    root = Node("0", None, 0, None, "goal", 20, success=success)
+    t.nodes["0"] = root
+    for k in range(root_launches):
+        cid = f"0.{k + 1}"
+        root.steps.append(Step(k, _launch_call(LAUNCH), "obs", [cid]))
+        t.nodes[cid] = Node(cid, "0", 1, k, "sub", 20, steps=[Step(0, _call("act", "x"), "obs")])
+    if root_launches and child_launches:
+        child = t.nodes["0.1"]
+        child.steps = []
+        for k in range(child_launches):
+            gid = f"0.1.{k + 1}"
+            child.steps.append(Step(k, _launch_call(LAUNCH), "obs", [gid]))
+            t.nodes[gid] = Node(gid, "0.1", 2, k, "subsub", 20, steps=[Step(0, _call("act", "y"), "obs")])
+    root.steps.append(Step(root_launches, _call("act", "<python>finish('done')</python>"), "obs"))
+    return t
+
+
+def test_delegation_baseline_counts_rollouts_without_launches_as_zero():
+    # Issue #11: 1 of 8 rollouts delegates (one launch, R = 1, the launch covers the tree's only leaf:
+    # r = 1); the 7 others never launch: m = 0. b = 0, A = 1.0 (the old rule: b = r, A = 0).
+    trees = [_delegating_tree(True, 1, 0)] + [_delegating_tree(False, 0, 0) for _ in range(7)]
+    b = build_stage_batch("delegation", [trees], zero_variance="keep")
+    assert [d.advantage for d in b.datums] == [1.0]
+    # one datum: all its advantages are equal -> zero variance: TextCraft ("drop") drops the task, as public
+    assert b.zero_variance_groups == [0]
+    assert build_stage_batch("delegation", [trees], zero_variance="drop").datums == []
+
+
+def test_delegation_depth_weights_count_delegating_agents_not_launches():
+    # Issue #11: the root launches twice, its first child once; a second rollout never launches.
+    # Datums: 2 at depth 0 (one agent), 1 at depth 1 (one agent) -> T_0 = 1, T_1 = 1 -> w = 1, 1, 1.
+    # Counting launches would give T_0 = 2: Z = 3 / (1/2 + 1/2 + 1) = 1.5 -> w_0 = 0.75, w_1 = 1.5.
+    trees = [_delegating_tree(True, 2, 1), _delegating_tree(False, 0, 0)]
+    b = build_stage_batch("delegation", [trees], zero_variance="keep")
+    assert sorted(d.depth for d in b.datums) == [0, 0, 1]
+    assert b.weights == pytest.approx([1.0, 1.0, 1.0])
+    assert [d.traj_start for d in b.datums if d.depth == 0] == [True, False]
+    # leaves: 0.1.1 and 0.2 (total 2); events (0,0) -> 1 leaf, (0,1) -> 1, (0.1,0) -> 1: r = 1/2 each;
+    # m_0 = 1/2, m_1 = 0 -> b_0 = 0: every advantage 0.5
+    assert [d.advantage for d in b.datums] == pytest.approx([0.5, 0.5, 0.5])
+
+
+def test_delegation_depth_weights_two_delegating_roots():
+    # rollout 0 (R = 1): root launches twice, child once (as above, r = 1/2 each, m_0 = 1/2);
+    # rollout 1 (R = 0): root launches once (r = 0, m_1 = 0). b_0 = 0, b_1 = 1/2.
+    # Datums: depth 0 -> 3 (two agents: T_0 = 2), depth 1 -> 1 (T_1 = 1).
+    # Z = 4 / (1/2 * 3 + 1/1) = 1.6 -> w_0 = 0.8, w_1 = 1.6 (launch counting: T_0 = 3 -> 2/3 and 2).
+    trees = [_delegating_tree(True, 2, 1), _delegating_tree(False, 1, 0)]
+    b = build_stage_batch("delegation", [trees], zero_variance="drop")
+    got = sorted(
+        (d.depth, round(d.advantage, 6), round(w, 6)) for d, w in zip(b.datums, b.weights, strict=True)
+    )
+    assert got == [(0, -0.5, 0.8), (0, 0.5, 0.8), (0, 0.5, 0.8), (1, 0.5, 1.6)]
+
+
+def test_delegation_drops_all_zero_tasks_for_textcraft():
+    # both roots fail: every launch reward is 0 and every advantage 0 -> no signal
+    trees = [_delegating_tree(False, 1, 0), _delegating_tree(False, 2, 0)]
+    assert build_stage_batch("delegation", [trees], zero_variance="drop").datums == []
+    assert not group_has_signal(trees, "delegation")
+    kept = build_stage_batch("delegation", [trees], zero_variance="keep")  # TextWorld keeps them
+    assert len(kept.datums) == 3 and kept.zero_variance_groups == [0]
+    # a task with signal next to it is kept; the weights are over the kept datums only
+    good = [_delegating_tree(True, 1, 0), _delegating_tree(False, 1, 0)]
+    b = build_stage_batch("delegation", [trees, good], zero_variance="drop")
+    assert [round(d.advantage, 6) for d in b.datums] == [1.0, -1.0] and b.zero_variance_groups == [0]
+    assert group_has_signal(good, "delegation")
+
+
+def _branches(t: Tree, parent: str, group: str, rows: list[tuple[float | None, bool | None]]) -> Node:
+    """Add a counterfactual group under ``parent``: branch 0 is the committed head with a rubric call."""
+    head = None
+    for b, (score, label) in enumerate(rows):
+        nid = f"{parent}.{group}" + ("" if b == 0 else f"~b{b}")
+        n = Node(nid, parent, t.nodes[parent].depth + 1, 0, "sub", 20, branch_group=group, branch_index=b)
+        n.branch_label, n.score, n.rubric = label, score, {"rubric_items": []}
+        n.committed = b == 0
+        if b == 0:
+            n.rubric_call = _call("rubric", "{...}", 4)
+            head = n
+        t.nodes[nid] = n
+    return head
+
+
+def _rubric_tree(groups: list[list[tuple[float | None, bool | None]]]) -> Tree:
+    t = Tree(task_id="t", env="textcraft", success=True)
+    t.nodes["0"] = Node("0", None, 0, None, "goal", 20, success=True)
+    for k, rows in enumerate(groups):
+        _branches(t, "0", f"g{k + 1}", rows)
+    return t
+
+
+def test_rubric_loo_is_per_task_not_per_batch():
+    # task 0, group A: pos 0.5, neg 0.6 -> hinge 0.2 - (0.5 - 0.6) = 0.3 -> R = -0.3
+    #         group B: pos 0.9, neg 0.1 -> hinge max(0, 0.2 - 0.8) = 0   -> R = 0
+    # task 1, group C: pos 0.5, neg 0.4 -> hinge 0.2 - 0.1 = 0.1         -> R = -0.1
+    #         group D: pos 0.5, neg 0.5 -> hinge 0.2                     -> R = -0.2
+    # per-task LOO: A -0.3 - 0 = -0.3, B 0 + 0.3 = 0.3; C -0.1 + 0.2 = 0.1, D -0.2 + 0.1 = -0.1
+    # (LOO over the whole batch would give A: -0.3 - (0 - 0.1 - 0.2)/3 = -0.2, ...)
+    t0 = _rubric_tree([[(0.5, True), (0.6, False)], [(0.9, True), (0.1, False)]])
+    t1 = _rubric_tree([[(0.5, True), (0.4, False)], [(0.5, True), (0.5, False)]])
+    b = build_stage_batch("rubric", [[t0], [t1]], zero_variance="drop")
+    assert [round(d.advantage, 6) for d in b.datums] == [-0.3, 0.3, 0.1, -0.1]
+    assert all(d.depth == 0 and d.stage == "rubric" for d in b.datums)
+
+
+def test_rubric_homogeneous_and_unjudged_groups_give_no_datum():
+    # group A mixed (R = -0.3 as above); group B all success (homogeneous: no reward, no datum);
+    # group C: pos 0.9, an unjudged branch (verdict failed to parse) scored 0.95, neg 0.1 -> R = 0
+    # (as a failure the unjudged branch would give hinge 0.2 + 0.05 = 0.25 on the pair (0.9, 0.95)).
+    # LOO over A, C: A -0.3 - 0 = -0.3, C 0 + 0.3 = 0.3
+    t = _rubric_tree(
+        [
+            [(0.5, True), (0.6, False)],
+            [(0.5, True), (0.7, True)],
+            [(0.9, True), (0.95, None), (0.1, False)],
+        ]
+    )
+    b = build_stage_batch("rubric", [[t]], zero_variance="drop")
+    assert [round(d.advantage, 6) for d in b.datums] == [-0.3, 0.3]
+    assert b.counts["groups"] == 3 and b.counts["mixed_groups"] == 2 and b.counts["unjudged_branches"] == 1
+
+
+def test_rubric_zero_variance_task_dropped_for_textcraft():
+    t = _rubric_tree([[(0.5, True), (0.6, False)]])  # one mixed group: LOO of one -> advantage 0
+    assert build_stage_batch("rubric", [[t]], zero_variance="drop").datums == []
+    kept = build_stage_batch("rubric", [[t]], zero_variance="keep")
+    assert [d.advantage for d in kept.datums] == [0.0] and kept.zero_variance_groups == [0]
+    assert not group_has_signal([t], "rubric")
+
+
+def test_rubric_datums_of_deeper_agents_have_their_depth():
+    # a depth-1 agent (0.1) delegated and wrote a rubric: the datum's depth is the writer's (1)
+    t = _rubric_tree([[(0.5, True), (0.6, False)], [(0.9, True), (0.1, False)]])
+    t.nodes["0.1"] = Node("0.1", "0", 1, 0, "sub", 20)
+    _branches(t, "0.1", "g9", [(0.2, True), (0.9, False)])  # hinge 0.2 + 0.7 = 0.9 -> R = -0.9
+    b = build_stage_batch("rubric", [[t]], zero_variance="drop")
+    # R = -0.3, 0, -0.9: LOO -0.3 + 0.45 = 0.15, 0 + 0.6 = 0.6, -0.9 + 0.15 = -0.75
+    got = sorted((d.depth, round(d.advantage, 6)) for d in b.datums)
+    assert got == [(0, 0.15), (0, 0.6), (1, -0.75)]
+    # T_0 = 2 datums (2 rubric trajectories), T_1 = 1: Z = 3 / (1/2 + 1/2 + 1) = 1.5 -> 0.75, 0.75, 1.5
+    assert sorted(b.weights) == pytest.approx([0.75, 0.75, 1.5])
+
+
+def test_rao_child_reward_from_judge_verdicts():
+    # RAO with --judge: the runtime stores each child's verdict in branch_label and marks the tree.
+    t_ok, t_bad = _tree(True, None, rubric_ok=False), _tree(False, None, rubric_ok=False)
+    t_ok.nodes["0.1"].success, t_bad.nodes["0.1"].success = False, True  # the programmatic check disagrees
+    t_ok.nodes["0.1"].branch_label, t_bad.nodes["0.1"].branch_label = True, None  # verdict failed to parse
+    for t in (t_ok, t_bad):
+        t.meta["judged_children"] = True
+    b = build_stage_batch("execution", [[t_ok, t_bad]], execution_reward="binary")
+    # b_0 = R_1 = 0, b_1 = R_0 = 1: root 0 -> 1, child 0 (judge: success) -> 1 - 0 = 1; root 1 -> -1;
+    # child 1 (no verdict) is dropped, never counted as a failure
+    got = {d.trajectory_id: d.advantage for d in b.datums}
+    assert got == {"0/0/0": 1.0, "0/0/0.1": 1.0, "0/1/0": -1.0} and b.counts["dropped_children"] == 1
+    for t in (t_ok, t_bad):  # without the mark the programmatic check is the reward
+        t.meta.clear()
+    got = {
+        d.trajectory_id: d.advantage for d in build_stage_batch("execution", [[t_ok, t_bad]], "binary").datums
+    }
+    assert got["0/0/0.1"] == 0.0 and got["0/1/0.1"] == 0.0  # 0 - 0 and 1 - 1
 
 
 def test_rubric_ranking_reward_over_counterfactual_groups():

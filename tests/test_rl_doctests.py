@@ -10,7 +10,7 @@ import importlib
 
 import pytest
 
-MODULES = ["spans", "rewards", "weights", "loss", "schedule", "datums"]
+MODULES = ["spans", "rewards", "weights", "loss", "schedule", "datums", "batch"]
 
 
 @pytest.mark.parametrize("name", MODULES)

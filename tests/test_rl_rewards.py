@@ -18,6 +18,7 @@ from common.rl.rewards import (
     execution_advantages,
     execution_group,
     is_mixed_group,
+    is_zero_variance,
     launch_rewards,
     leaf_credit,
     leaves_under_events,
@@ -42,6 +43,8 @@ def naive_loo(values):
 
 
 def naive_ranking_loss(scores, labels, margin=0.2):
+    keep = [k for k in range(len(scores)) if labels[k] is not None]  # unjudged branches are dropped
+    scores, labels = [scores[k] for k in keep], [labels[k] for k in keep]
     pairs = []
     for i in range(len(scores)):
         for j in range(len(scores)):
@@ -102,21 +105,72 @@ def test_execution_hand_example():
 
 def test_execution_zero_variance():
     g = execution_group([1.0, 1.0, 1.0])
-    assert g.zero_variance and g.root_advantages == [0.0, 0.0, 0.0]
-    adv, zero = execution_advantages([0.0, 0.0], [[0.0, 0.7], [0.0]])
+    assert g.roots_equal and g.root_advantages == [0.0, 0.0, 0.0]
+    adv, zero = execution_advantages([1.0, 1.0], [[1.0, 1.0], [1.0]])  # every datum's advantage is 0
     assert zero and adv == [[0.0, 0.0], [0.0]]  # TextWorld keeps the task at zero advantage
-    assert execution_group([1.0]).zero_variance  # one rollout: no signal
+    adv, zero = execution_advantages([0.0, 0.0], [[0.0, None], [0.0]])  # a dropped child is no datum
+    assert zero and adv == [[0.0, None], [0.0]]
+    assert execution_group([1.0]).roots_equal  # one rollout: no root signal
+    assert execution_advantages([1.0], [[1.0]]) == ([[0.0]], True)
     with pytest.raises(ValueError):
         execution_advantages([1.0], [[1.0], [0.0]])
+
+
+def test_execution_zero_variance_looks_at_every_datum_not_only_roots():
+    # Issue #11: every root failed (R = 0, 0, 0 -> b = 0, 0, 0) but the children were scored 0.9 and 0.1
+    # by their rubrics: advantages 0 - 0 = 0 for the roots, 0.9 - 0 and 0.1 - 0 for the children.
+    # The advantages are not all equal, so the group is NOT zero-variance and the children keep 0.9 / 0.1.
+    adv, zero = execution_advantages([0.0, 0.0, 0.0], [[0.0, 0.9], [0.0, 0.1], [0.0]])
+    assert not zero
+    assert adv == [[0.0, pytest.approx(0.9)], [0.0, pytest.approx(0.1)], [0.0]]
+    # every root succeeded, children scored 0.9 and 1.0: b = 1, advantages 0, -0.1, 0, 0 -> signal
+    adv, zero = execution_advantages([1.0, 1.0], [[1.0, 0.9], [1.0, 1.0]])
+    assert not zero and adv[0][1] == pytest.approx(-0.1)
+
+
+def test_is_zero_variance_by_hand():
+    assert is_zero_variance([0.0, 0.0]) and is_zero_variance([0.5]) and is_zero_variance([])
+    assert is_zero_variance([None, None]) and is_zero_variance([1.0, None, 1.0])
+    assert not is_zero_variance([0.0, 0.9]) and not is_zero_variance([-0.1, None, 0.0])
+
+
+def naive_execution(roots, node_rewards):
+    """Naive reference: per-datum r - LOO(roots); flagged when max == min over all non-None datums."""
+    out = []
+    for i, nodes in enumerate(node_rewards):
+        others = [roots[j] for j in range(len(roots)) if j != i]
+        b = sum(others) / len(others) if others else roots[i]
+        out.append([None if r is None else r - b for r in nodes])
+    flat_values = [a for nodes in out for a in nodes if a is not None]
+    zero = not flat_values or max(flat_values) - min(flat_values) <= 1e-12
+    if zero:
+        out = [[None if a is None else 0.0 for a in nodes] for nodes in out]
+    return out, zero
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.sampled_from([0.0, 1.0]), min_size=2, max_size=8), st.randoms(use_true_random=False))
 def test_execution_matches_naive(roots, rng):
+    node_rewards = [
+        [r] + [rng.choice([None, rng.random(), 0.0, 1.0]) for _ in range(rng.randrange(3))] for r in roots
+    ]
+    adv, zero = execution_advantages(roots, node_rewards)
+    ref, ref_zero = naive_execution(roots, node_rewards)
+    assert zero == ref_zero
+    for i, nodes in enumerate(node_rewards):
+        for k, r in enumerate(nodes):
+            if r is None:
+                assert adv[i][k] is None
+            else:
+                assert adv[i][k] == pytest.approx(ref[i][k])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1.0]), min_size=2, max_size=8), st.randoms(use_true_random=False))
+def test_execution_matches_naive_formula(roots, rng):
     node_rewards = [[r] + [rng.choice([None, rng.random()]) for _ in range(rng.randrange(3))] for r in roots]
     adv, zero = execution_advantages(roots, node_rewards)
     b = naive_loo(roots)
-    assert zero == (len(set(roots)) == 1)
     for i, nodes in enumerate(node_rewards):
         for k, r in enumerate(nodes):
             if r is None:
@@ -193,24 +247,31 @@ def test_leaves_under_events_matches_naive(n, rng):
 
 
 def test_delegation_advantages_hand_example():
-    # rollout 0: launches 2/3, 1/3 (mean 1/2); rollout 1: no launches; rollout 2: a refused launch (0)
+    # rollout 0: launches 2/3, 1/3 (mean 1/2); rollout 1: no launches (m = 0); rollout 2: a refused
+    # launch (m = 0). b_0 = (0 + 0) / 2 = 0; b_2 = (1/2 + 0) / 2 = 1/4.
     adv = delegation_advantages([[2 / 3, 1 / 3], [], [0.0]])
-    # b_0 = mean(m_2) = 0; b_2 = mean(m_0) = 0.5
-    assert adv[0] == pytest.approx([2 / 3, 1 / 3]) and adv[1] == [] and adv[2] == pytest.approx([-0.5])
+    assert adv[0] == pytest.approx([2 / 3, 1 / 3]) and adv[1] == [] and adv[2] == pytest.approx([-0.25])
     assert delegation_advantages([[], []]) == [[], []]
+
+
+def test_delegation_one_delegating_rollout_of_eight():
+    # Issue #11: one rollout of 8 delegates (one launch, leaf credit r = 1); the 7 others have no launch
+    # and count as m = 0, so b = (0 * 7) / 7 = 0 and A = 1 - 0 = 1.0 (the old rule gave b = r, A = 0).
+    adv = delegation_advantages([[1.0]] + [[] for _ in range(7)])
+    assert adv[0] == [1.0] and all(a == [] for a in adv[1:])
+    # two of 8 delegate: m = 1, 0.5, 0 x 6 -> b_0 = 0.5 / 7, b_1 = 1 / 7
+    adv = delegation_advantages([[1.0], [0.5]] + [[] for _ in range(6)])
+    assert adv[0] == pytest.approx([1 - 0.5 / 7]) and adv[1] == pytest.approx([0.5 - 1 / 7])
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(st.floats(0, 1), max_size=4), min_size=1, max_size=8))
 def test_delegation_advantages_matches_naive(rewards):
     adv = delegation_advantages(rewards)
-    launching = [i for i, r in enumerate(rewards) if r]
+    means = [sum(r) / len(r) if r else 0.0 for r in rewards]  # a rollout without launches: m = 0
     for i, r in enumerate(rewards):
-        others = [sum(rewards[j]) / len(rewards[j]) for j in launching if j != i]
-        if not r:
-            assert adv[i] == []
-            continue
-        b = sum(others) / len(others) if others else sum(r) / len(r)
+        others = [means[j] for j in range(len(rewards)) if j != i]
+        b = sum(others) / len(others) if others else means[i]
         assert adv[i] == pytest.approx([x - b for x in r], abs=1e-9)
 
 
@@ -236,10 +297,20 @@ def test_ranking_invalid_and_degenerate_groups():
     assert is_mixed_group([True, False]) and not is_mixed_group([False, False])
 
 
+def test_ranking_drops_branches_without_a_verdict():
+    # an unparseable judge verdict (label None) drops the branch; it is NOT a failure.
+    # As a failure, branch 1 (score 0.8) would give the pair (0.9, 0.8): hinge 0.2 - 0.1 = 0.1.
+    assert ranking_loss([0.9, 0.8, 0.1], [True, None, False]) == pytest.approx(0.0)
+    assert ranking_loss([0.9, 0.8, 0.1], [True, False, False]) == pytest.approx(0.05)
+    assert ranking_loss([0.9, 0.8], [True, None]) is None  # one judged branch left
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.one_of(st.none(), st.just(float("nan")), st.floats(0, 1)), st.booleans()),
+        st.tuples(
+            st.one_of(st.none(), st.just(float("nan")), st.floats(0, 1)), st.one_of(st.none(), st.booleans())
+        ),
         max_size=8,
     ),
     st.floats(0, 1),

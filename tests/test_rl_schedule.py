@@ -49,6 +49,14 @@ def test_presets_match_spec_rows():
         )
     assert get_preset("sera").schedule == "execution:16,delegation:2,rubric:2"
     assert get_preset("sera_wo_d").schedule == "execution:16,rubric:2"
+    # public Scripts/Main/*/rao_with_decomposition_reward.sh: stage_schedule="execution:12,delegation:4"
+    assert get_preset("rao_d").schedule == "execution:12,delegation:4"
+    assert [get_preset("rao_d").parsed_schedule.stage_at(i) for i in (11, 12, 15, 16)] == [
+        "execution",
+        "delegation",
+        "delegation",
+        "execution",
+    ]
     assert get_preset("SERA-wo-D") is get_preset("sera_wo_d")
 
 

@@ -102,6 +102,25 @@ def test_reply_launch_spans_codeact():
     assert reply_launch_spans(truncated) == reply_launch_spans(reply)
 
 
+def test_python_tag_inside_thought_is_not_the_executed_block():
+    # Issue #11: the thought mentions "<python>"; the runtime executes the block AFTER the thought, so
+    # the trained span must start inside that block (the old first-"<python>" search started in the thought).
+    reply = (
+        "<thought>I write <python> blocks; first launch_subagent(x) then craft</thought>\n"
+        "<python>r = await launch_subagent({'m0_i3': 2})\nprint(r)</python>"
+    )
+    spans = reply_launch_spans(reply)
+    code_start = reply.rindex("<python>") + len("<python>")
+    assert texts(reply, spans) == ["r = await launch_subagent({'m0_i3': 2})"]
+    assert all(s >= code_start for s, _ in spans)
+    # the thought's launch is never run: a reply whose only launch sits in the thought trains nothing
+    only_thought = "<thought>maybe <python>launch_subagent(x)</python> later</thought><python>y = 1</python>"
+    assert reply_launch_spans(only_thought) == []
+    # a block inside an unclosed-after thought (the parser's fallback) is still the executed one
+    inside = "<thought>plan <python>r = await launch_subagent(t)</python></thought>"
+    assert texts(inside, reply_launch_spans(inside)) == ["r = await launch_subagent(t)"]
+
+
 def test_reply_launch_spans_delegate_blocks():
     reply = '<thought>two dishes</thought>\n<delegate>{"goal": "cook dish_1", "max_steps": 20}</delegate>'
     assert texts(reply, reply_launch_spans(reply)) == [

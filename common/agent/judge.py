@@ -1,7 +1,9 @@
 """Success labels for counterfactual branches (SPEC.md §4): did the child complete its assigned goal?
 
 Three pluggable judges, all with the runtime's ``Judge`` signature
-``async judge(request, node, session, world) -> bool``:
+``async judge(request, node, session, world) -> bool | None``; ``None`` means "no verdict" (the model's
+answer did not parse): the branch is dropped from its ranking group and a RAO child from the execution
+batch, as the public code does (``skip_gradient_update`` on a failed judge), never counted as a failure.
 
 * ``programmatic`` — the environment's own check of the child's goal (TextCraft: finish called and the
   targets crafted on top of what was held; TextWorld-Sync: the delegated dish's progress). Offline, exact
@@ -41,11 +43,14 @@ def judge_messages(request: LaunchRequest, node: Node, world: World) -> list[dic
     return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
 
 
-def parse_verdict(text: str) -> bool:
-    """``success`` from the judge's JSON; anything unparsable counts as failure (a strict judge).
+def parse_verdict(text: str) -> bool | None:
+    """``success`` from the judge's JSON object; ``None`` when there is no JSON object with a boolean
+    ``success`` (the caller drops the branch instead of calling it a failure).
 
-    >>> parse_verdict('{"success": true, "reason": "done"}'), parse_verdict("yes"), parse_verdict("")
-    (True, False, False)
+    >>> parse_verdict('{"success": true, "reason": "done"}'), parse_verdict('{"success": false}')
+    (True, False)
+    >>> parse_verdict("yes"), parse_verdict(""), parse_verdict('{"success": "yes"}')
+    (None, None, None)
     """
     match = re.search(r"\{.*\}", text, flags=re.S)
     if match:
@@ -55,13 +60,13 @@ def parse_verdict(text: str) -> bool:
             obj = None
         if isinstance(obj, dict) and isinstance(obj.get("success"), bool):
             return obj["success"]
-    return False
+    return None
 
 
 def model_judge(policy: Policy) -> Judge:
     """A judge that asks ``policy`` (greedy, 256 tokens) for a binary verdict."""
 
-    async def judge(request: LaunchRequest, node: Node, session: AgentSession, world: World) -> bool:
+    async def judge(request: LaunchRequest, node: Node, session: AgentSession, world: World) -> bool | None:
         comp = await policy.generate(
             GenerationRequest(
                 messages=judge_messages(request, node, world),

@@ -464,6 +464,9 @@ class _Rollout:
         await self.run_agent(child)
         if self.cfg.use_rubrics:
             await self.score_child(rubric, request, child, self.cfg.score_max_new_tokens)
+        elif self.judge is not programmatic_judge:  # RAO with --judge: the verdict is the child's reward
+            node.branch_label = await self.judge(request, node, child.session, child.world)
+            self.tree.meta["judged_children"] = True
         return _result(request, node)
 
     async def launch_counterfactual(self, parent: _AgentState, request: LaunchRequest, k: int) -> ChildResult:
@@ -601,7 +604,7 @@ async def run_root(
         ro.tree.success, root.error = False, root.error or f"{type(e).__name__}: {e}"
     root.success = ro.tree.success
     ro.tree.seconds = time.perf_counter() - t0
-    ro.tree.meta = {
+    ro.tree.meta |= {  # |=: keeps "judged_children" set during the rollout
         "counterfactual_groups": ro.n_groups if cfg.counterfactual_k > 1 else 0,
         "envs_used": ro.envs_used,
         "truncated_calls": ro.truncated_calls,

@@ -7,15 +7,22 @@ datums and the metric names are the same everywhere.
 Input: ``groups`` = one list of trees per task (its root rollouts). Output: a :class:`StageBatch`.
 
 * ``execution``: node reward r = R (root) or the child's reward (rubric score s for SERA presets, binary
-  success for RAO presets); advantage = r - b_i with b_i the LOO mean of the group's ROOT rewards.
-  Children whose rubric or score failed contribute no datums. Zero-variance groups are dropped
-  (``zero_variance="drop"``, TextCraft: the trainer replaces the task) or kept at zero (TextWorld).
+  success for RAO presets: the programmatic check, or the ``--judge`` verdict when the runtime recorded
+  one, ``tree.meta["judged_children"]``);
+  advantage = r - b_i with b_i the LOO mean of the group's ROOT rewards. Children whose rubric, score or
+  judge verdict failed contribute no datums.
 * ``delegation``: every launch point (a step whose reply has a launch statement, or that launched
-  children) gets leaf credit R x |leaves under its event| / |leaves|; LOO over the rollouts' mean launch
-  rewards; only the launch-statement tokens are trained.
+  children) gets leaf credit R x |leaves under its event| / |leaves|; LOO over ALL rollouts' mean launch
+  rewards (a rollout without launches counts as 0); only the launch-statement tokens are trained. All the
+  launches of one agent are ONE trajectory for the depth weights (``T_d`` = distinct delegating agents).
 * ``rubric``: every counterfactual group (K branches with verified labels and scores under one frozen
-  rubric) gives R = -L_rank when mixed; LOO over the mixed groups of the task; only the
-  rubric-generation tokens are trained. Scoring tokens are never trained.
+  rubric) gives R = -L_rank when mixed (a branch whose judge verdict failed is left out); LOO over the
+  mixed groups of the task; only the rubric-generation tokens are trained. Scoring tokens are never
+  trained.
+
+Zero variance, every stage (public rule): a task group whose datums' advantages are all equal carries no
+signal. ``zero_variance="drop"`` (TextCraft) drops its datums; ``"keep"`` (TextWorld) keeps them as they
+are. :func:`group_has_signal` answers the same question for one group before a trainer accepts it.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from common.rl.datums import Datum, delegation_datum, execution_datums, rubric_d
 from common.rl.rewards import (
     delegation_advantages,
     execution_advantages,
+    is_zero_variance,
     launch_rewards,
     leaves_under_events,
     node_reward,
@@ -59,25 +67,43 @@ class StageBatch:
     weights: list[float] = field(default_factory=list)
     """Depth weights, one per datum (mean 1)."""
     zero_variance_groups: list[int] = field(default_factory=list)
-    """Indices of task groups whose root rewards were all equal."""
+    """Indices of task groups whose datums' advantages were all equal (no signal)."""
     counts: dict[str, int] = field(default_factory=dict)
     """Dropped/unaligned/no-signal counters for the log."""
 
 
-def _child_reward(node: Node, execution_reward: str) -> float | None:
+def _child_reward(node: Node, execution_reward: str, judge_labels: bool = False) -> float | None:
     if execution_reward == "binary":
+        if judge_labels:  # the --judge verdict the runtime stored; None = unparseable: drop the child
+            return None if node.branch_label is None else float(node.branch_label)
         return 1.0 if node.success else 0.0
     if node.rubric is None or node.score is None:
         return None  # rubric or score failed to parse: the child's tokens are dropped
     return float(node.score)
 
 
+def _judged(tree: Tree, judge_labels: bool) -> bool:
+    """RAO child rewards from ``--judge`` verdicts: asked for, or recorded by the runtime in the tree."""
+    return judge_labels or bool(tree.meta.get("judged_children", False))
+
+
 def _traj(g: int, i: int, node_id: str) -> str:
     return f"{g}/{i}/{node_id}"
 
 
+def _add_group(batch: StageBatch, g: int, datums: list[Datum], zero_variance: str) -> None:
+    """Append one task group's datums, applying the zero-variance rule to ALL of them."""
+    if zero_variance not in ("drop", "keep"):
+        raise ValueError(f"zero_variance must be 'drop' or 'keep', got {zero_variance!r}")
+    if is_zero_variance(d.advantage for d in datums):
+        batch.zero_variance_groups.append(g)
+        if zero_variance == "drop":
+            return
+    batch.datums += datums
+
+
 def execution_batch(
-    groups: Sequence[Sequence[Tree]], execution_reward: str, zero_variance: str
+    groups: Sequence[Sequence[Tree]], execution_reward: str, zero_variance: str, judge_labels: bool = False
 ) -> StageBatch:
     batch = StageBatch("execution", counts={"dropped_children": 0})
     for g, trees in enumerate(groups):
@@ -88,24 +114,24 @@ def execution_batch(
                 node_reward(
                     n.parent_id is None,
                     R,
-                    None if n.parent_id is None else _child_reward(n, execution_reward),
+                    None
+                    if n.parent_id is None
+                    else _child_reward(n, execution_reward, _judged(t, judge_labels)),
                 )
                 for n in ns
             ]
-            for ns, R in zip(nodes, roots, strict=True)
+            for t, ns, R in zip(trees, nodes, roots, strict=True)
         ]
-        advantages, flat = execution_advantages(roots, rewards)
-        if flat:
-            batch.zero_variance_groups.append(g)
-            if zero_variance == "drop":
-                continue
+        advantages, _ = execution_advantages(roots, rewards)
+        datums: list[Datum] = []
         for i, (ns, advs) in enumerate(zip(nodes, advantages, strict=True)):
             for n, a in zip(ns, advs, strict=True):
                 if a is None:
                     batch.counts["dropped_children"] += 1
                     continue
                 calls = [s.call for s in n.steps if s.call.output_ids]
-                batch.datums += execution_datums(calls, a, n.depth, _traj(g, i, n.node_id))
+                datums += execution_datums(calls, a, n.depth, _traj(g, i, n.node_id))
+        _add_group(batch, g, datums, zero_variance)
     return batch
 
 
@@ -119,9 +145,12 @@ def launch_points(tree: Tree) -> list[tuple[Node, Any, tuple[str, int]]]:
     return out
 
 
-def delegation_batch(groups: Sequence[Sequence[Tree]], tokenizer: Any) -> StageBatch:
+def delegation_batch(
+    groups: Sequence[Sequence[Tree]], tokenizer: Any, zero_variance: str = "keep"
+) -> StageBatch:
     batch = StageBatch("delegation", counts={"unaligned": 0, "no_launch": 0, "launches": 0})
     for g, trees in enumerate(groups):
+        datums: list[Datum] = []
         points = [launch_points(t) for t in trees]
         rewards = [
             launch_rewards(1.0 if t.success else 0.0, [p[2] for p in pts], t.committed_nodes())
@@ -129,22 +158,22 @@ def delegation_batch(groups: Sequence[Sequence[Tree]], tokenizer: Any) -> StageB
         ]
         advantages = delegation_advantages(rewards)
         for i, (pts, advs) in enumerate(zip(points, advantages, strict=True)):
+            started: set[str] = set()
             for (node, step, _), a in zip(pts, advs, strict=True):
                 batch.counts["launches"] += 1
                 if not step.call.output_ids:
                     continue
+                # one trajectory per delegating agent (not per launch): T_d counts delegating agents
+                traj = _traj(g, i, node.node_id)
                 r = delegation_datum(
-                    step.call,
-                    a,
-                    node.depth,
-                    _traj(g, i, node.node_id) + f"/launch{step.index}",
-                    tokenizer=tokenizer,
-                    traj_start=True,
+                    step.call, a, node.depth, traj, tokenizer=tokenizer, traj_start=traj not in started
                 )
                 if r.datum is None:
                     batch.counts[r.status] += 1
                 else:
-                    batch.datums.append(r.datum)
+                    started.add(traj)
+                    datums.append(r.datum)
+        _add_group(batch, g, datums, zero_variance)
     return batch
 
 
@@ -157,8 +186,10 @@ def counterfactual_groups(tree: Tree) -> dict[str, list[Node]]:
     return {k: sorted(v, key=lambda n: n.branch_index or 0) for k, v in groups.items()}
 
 
-def rubric_batch(groups: Sequence[Sequence[Tree]]) -> StageBatch:
-    batch = StageBatch("rubric", counts={"groups": 0, "mixed_groups": 0, "rubric_parse_fail": 0})
+def rubric_batch(groups: Sequence[Sequence[Tree]], zero_variance: str = "keep") -> StageBatch:
+    batch = StageBatch(
+        "rubric", counts={"groups": 0, "mixed_groups": 0, "rubric_parse_fail": 0, "unjudged_branches": 0}
+    )
     for g, trees in enumerate(groups):
         entries = []  # (branch-0 node, reward or None) over all groups of all rollouts of this task
         for t in trees:
@@ -168,16 +199,19 @@ def rubric_batch(groups: Sequence[Sequence[Tree]]) -> StageBatch:
                 if head.rubric is None:
                     batch.counts["rubric_parse_fail"] += 1
                     continue
-                reward = ranking_reward([b.score for b in branches], [bool(b.branch_label) for b in branches])
+                # an unparseable judge verdict (label None) drops that branch, never counts as a failure
+                judged = [b for b in branches if b.branch_label is not None]
+                batch.counts["unjudged_branches"] += len(branches) - len(judged)
+                reward = ranking_reward([b.score for b in judged], [bool(b.branch_label) for b in judged])
                 batch.counts["mixed_groups"] += int(reward is not None)
                 entries.append((t, head, reward))
         advantages = rubric_advantages([r for _, _, r in entries])
+        datums: list[Datum] = []
         for k, ((_t, head, _), a) in enumerate(zip(entries, advantages, strict=True)):
             if a is None or head.rubric_call is None or not head.rubric_call.output_ids:
                 continue
-            batch.datums.append(
-                rubric_datum(head.rubric_call, a, head.depth - 1, f"{g}/rubric{k}/{head.node_id}")
-            )
+            datums.append(rubric_datum(head.rubric_call, a, head.depth - 1, f"{g}/rubric{k}/{head.node_id}"))
+        _add_group(batch, g, datums, zero_variance)
     return batch
 
 
@@ -187,21 +221,52 @@ def build_stage_batch(
     execution_reward: str = "rubric",
     zero_variance: str = "drop",
     tokenizer: Any = None,
+    judge_labels: bool = False,
 ) -> StageBatch:
-    """The datums of ``stage`` for one optimizer step, with depth weights over the whole batch."""
+    """The datums of ``stage`` for one optimizer step, with depth weights over the whole batch.
+
+    ``zero_variance``: ``"drop"`` (TextCraft, public ``filter_zero_variance_groups=true``) or ``"keep"``
+    (TextWorld) for task groups whose datums' advantages are all equal, in every stage.
+    ``judge_labels``: RAO child rewards come from the ``--judge`` verdicts stored in ``branch_label``
+    (the runtime sets ``tree.meta["judged_children"]`` when it judged them, so trainers need not pass it).
+    """
     if stage == "execution":
-        batch = execution_batch(groups, execution_reward, zero_variance)
+        batch = execution_batch(groups, execution_reward, zero_variance, judge_labels)
     elif stage == "delegation":
-        batch = delegation_batch(groups, tokenizer)
+        batch = delegation_batch(groups, tokenizer, zero_variance)
     elif stage == "rubric":
-        batch = rubric_batch(groups)
+        batch = rubric_batch(groups, zero_variance)
     else:
         raise ValueError(f"unknown stage {stage!r}; expected execution, delegation or rubric")
     batch.weights = depth_weights([d.depth for d in batch.datums], [d.trajectory_id for d in batch.datums])
     return batch
 
 
-def tree_metrics(trees: Sequence[Tree], execution_reward: str = "rubric") -> dict[str, float]:
+def group_has_signal(
+    trees: Sequence[Tree],
+    stage: str,
+    execution_reward: str = "rubric",
+    tokenizer: Any = None,
+    judge_labels: bool = False,
+) -> bool:
+    """Does one task's rollout group carry signal for ``stage``? The zero-variance rule of
+    :func:`build_stage_batch` on ALL the group's datums (not only the root rewards): False when their
+    advantages are all equal or there is none. Trainers call it to replace a task (TextCraft) instead of
+    testing the root rewards alone. The delegation stage needs ``tokenizer`` (launch spans -> tokens)
+    unless the calls carry token offsets.
+
+    >>> group_has_signal([], "execution")   # no rollouts, no signal
+    False
+    """
+    if not trees:
+        return False
+    batch = build_stage_batch(stage, [list(trees)], execution_reward, "drop", tokenizer, judge_labels)
+    return bool(batch.datums)
+
+
+def tree_metrics(
+    trees: Sequence[Tree], execution_reward: str = "rubric", judge_labels: bool = False
+) -> dict[str, float]:
     """The fixed batch metrics (:data:`METRIC_NAMES`) of a list of trees."""
     n = max(1, len(trees))
     exec_rewards, pairs_ok, pairs, children, fails, leaf = [], 0, 0, 0, 0, []
@@ -209,7 +274,11 @@ def tree_metrics(trees: Sequence[Tree], execution_reward: str = "rubric") -> dic
         committed = t.committed_nodes()
         R = 1.0 if t.success else 0.0
         for node in committed:
-            r = R if node.parent_id is None else _child_reward(node, execution_reward)
+            r = (
+                R
+                if node.parent_id is None
+                else _child_reward(node, execution_reward, _judged(t, judge_labels))
+            )
             if r is not None:
                 exec_rewards.append(r)
         for node in t.nodes.values():

@@ -4,9 +4,14 @@
   success for RAO) for other nodes; baseline ``b_i`` = LOO mean of the ROOT rewards of the task's group;
   advantage ``r(node) - b_i`` for every datum of rollout ``i``.
 * Delegation: leaf credit ``r_leaf(e) = R * |leaves under e| / |all leaves|`` per delegation event
-  (refused launches get 0); baseline = LOO over the rollouts' *mean* launch rewards.
+  (refused launches get 0); baseline = LOO over ALL rollouts' *mean* launch rewards, a rollout without
+  launches counting as mean 0.
 * Rubric: ranking reward ``R = -mean_{i succ, j fail} max(0, margin - (s_i - s_j))`` per mixed
   counterfactual group; baseline = LOO over the mixed groups of the same task.
+
+Zero variance (every stage): a task group gives no signal when the advantages of ALL its datums are
+equal (:func:`is_zero_variance`), not only its root rewards: children scored differently by their rubrics
+still teach the execution stage when every root failed.
 
 All functions take and return plain Python numbers and lists (no torch). Every LOO here uses the same
 convention: a group of one gets baseline = its own value, hence advantage 0 (no signal, no update).
@@ -56,6 +61,19 @@ def _all_equal(values: Sequence[float], tol: float = 1e-12) -> bool:
     return all(abs(v - values[0]) <= tol for v in values)
 
 
+def is_zero_variance(advantages: Iterable[float | None]) -> bool:
+    """The public no-signal rule: True when the advantages of all datums of one task group are equal
+    (``max == min``; ``None`` entries, i.e. dropped datums, are ignored; no datum at all is no signal).
+
+    >>> is_zero_variance([0.0, 0.0, 0.0]), is_zero_variance([0.0, 0.9, 0.0, 0.1]), is_zero_variance([None, 0.3])
+    (True, False, True)
+    >>> is_zero_variance([])
+    True
+    """
+    kept = [float(a) for a in advantages if a is not None]
+    return not kept or _all_equal(kept)
+
+
 # ---- execution stage ------------------------------------------------------------------------------
 def node_reward(is_root: bool, root_outcome: float, child_reward: float | None) -> float | None:
     """Execution reward of one node: the root gets the outcome ``R``; other nodes their own reward.
@@ -79,18 +97,18 @@ class ExecutionGroup:
     """``b_i = mean_{j != i} R_j`` per rollout."""
     root_advantages: list[float]
     """``R_i - b_i`` per rollout."""
-    zero_variance: bool
-    """All root advantages equal (all ``R_i`` equal, or one rollout): no signal. The caller replaces
-    the task (TextCraft) or keeps it with all advantages at zero (TextWorld-Sync)."""
+    roots_equal: bool
+    """All root advantages equal (all ``R_i`` equal, or one rollout). This alone is NOT the no-signal
+    test: children's rewards may still differ (see :func:`execution_advantages`)."""
 
 
 def execution_group(root_rewards: Sequence[float]) -> ExecutionGroup:
-    """Baselines, root advantages and the zero-variance flag of one task's rollout group.
+    """Baselines, root advantages and whether the roots alone are flat, for one task's rollout group.
 
     >>> g = execution_group([1.0, 0.0, 1.0])
-    >>> g.baselines, g.root_advantages, g.zero_variance
+    >>> g.baselines, g.root_advantages, g.roots_equal
     ([0.5, 1.0, 0.5], [0.5, -1.0, 0.5], False)
-    >>> execution_group([1.0, 1.0]).zero_variance
+    >>> execution_group([1.0, 1.0]).roots_equal
     True
     """
     if not root_rewards:
@@ -106,22 +124,28 @@ def execution_advantages(
     """Per-node execution advantages ``r(node) - b_i`` for every rollout ``i`` of one task.
 
     ``node_rewards[i]`` lists the rewards (:func:`node_reward`) of rollout i's nodes; ``None`` stays
-    ``None`` (no datums). Returns ``(advantages with the same nesting, zero_variance)``; when
-    ``zero_variance`` is True every advantage is 0.0 (TextWorld keeps them, TextCraft drops the task).
+    ``None`` (no datums). Returns ``(advantages with the same nesting, zero_variance)`` where
+    ``zero_variance`` is :func:`is_zero_variance` over ALL the node advantages (public rule); when it is
+    True every advantage is 0.0 (TextWorld keeps them, TextCraft drops the task).
 
     Shapes: [n], [n][nodes_i] -> [n][nodes_i], bool.
 
     >>> execution_advantages([1.0, 0.0], [[1.0, 0.5], [0.0, None, 0.75]])   # b = [0.0, 1.0]
     ([[1.0, 0.5], [-1.0, None, -0.25]], False)
+    >>> execution_advantages([0.0, 0.0, 0.0], [[0.0, 0.9], [0.0, 0.1], [0.0]])   # roots flat, children not
+    ([[0.0, 0.9], [0.0, 0.1], [0.0]], False)
     """
     if len(root_rewards) != len(node_rewards):
         raise ValueError(f"{len(root_rewards)} root rewards but {len(node_rewards)} rollouts of node rewards")
     group = execution_group(root_rewards)
     out = [
-        [None if r is None else (0.0 if group.zero_variance else r - b) for r in nodes]
+        [None if r is None else r - b for r in nodes]
         for nodes, b in zip(node_rewards, group.baselines, strict=True)
     ]
-    return out, group.zero_variance
+    flat = is_zero_variance(a for nodes in out for a in nodes)
+    if flat:
+        out = [[None if a is None else 0.0 for a in nodes] for nodes in out]
+    return out, flat
 
 
 # ---- delegation stage: leaf credit ----------------------------------------------------------------
@@ -215,28 +239,23 @@ def launch_rewards(root_R: float, launch_points: Sequence[EventKey], nodes: Iter
 
 
 def delegation_advantages(rollout_launch_rewards: Sequence[Sequence[float]]) -> list[list[float]]:
-    """Root-balanced LOO for launch rewards of one task's rollouts.
+    """Root-balanced LOO for launch rewards of one task's rollouts (public ``reward_first_root_balanced``).
 
-    ``m_i`` = mean launch reward of rollout i; ``b_i = mean_{j != i} m_j`` over the rollouts that HAVE
-    launches (a rollout without launches has no mean and no datums); advantage of each launch of
-    rollout i = ``r - b_i``. Averaging within a rollout first keeps a rollout with many launches from
-    dominating the baseline.
+    ``m_i`` = mean launch reward of rollout i, **0 for a rollout without launches**; ``b_i = mean_{j != i}
+    m_j`` over ALL ``n`` rollouts; advantage of each launch of rollout i = ``r - b_i``. Averaging within
+    a rollout first keeps a rollout with many launches from dominating the baseline; counting the
+    rollouts that did not delegate as 0 rewards a successful delegation against them.
 
     Shapes: [n][launches_i] -> [n][launches_i].
 
-    >>> delegation_advantages([[0.75, 0.25], [], [0.0]])   # m = 0.5, -, 0.0 -> b = 0.0, -, 0.5
-    [[0.75, 0.25], [], [-0.5]]
+    >>> delegation_advantages([[0.75, 0.25], [], [0.0]])   # m = 0.5, 0, 0 -> b = 0.0, -, 0.25
+    [[0.75, 0.25], [], [-0.25]]
+    >>> delegation_advantages([[1.0]] + [[]] * 7)          # one delegating rollout of 8: b = 0
+    [[1.0], [], [], [], [], [], [], []]
     """
-    means = [math.fsum(r) / len(r) for r in rollout_launch_rewards if r]
-    baselines = iter(loo_baseline(means)) if means else iter(())
-    out: list[list[float]] = []
-    for rewards in rollout_launch_rewards:
-        if not rewards:
-            out.append([])
-            continue
-        b = next(baselines)
-        out.append([r - b for r in rewards])
-    return out
+    means = [math.fsum(r) / len(r) if r else 0.0 for r in rollout_launch_rewards]
+    baselines = loo_baseline(means) if means else []
+    return [[r - b for r in rewards] for rewards, b in zip(rollout_launch_rewards, baselines, strict=True)]
 
 
 # ---- rubric stage: ranking reward -----------------------------------------------------------------
@@ -244,11 +263,14 @@ def _valid(score: float | None) -> bool:
     return score is not None and math.isfinite(score)
 
 
-def ranking_loss(scores: Sequence[float | None], labels: Sequence[bool], margin: float = 0.2) -> float | None:
+def ranking_loss(
+    scores: Sequence[float | None], labels: Sequence[bool | None], margin: float = 0.2
+) -> float | None:
     """``L_rank = mean_{i success, j failure} max(0, margin - (s_i - s_j))`` over one counterfactual group.
 
-    Invalid scores (``None``/NaN/inf: the score call failed to parse) are removed first. Needs >= 2
-    valid branches with both labels present; otherwise ``None`` (no reward for this group).
+    Invalid scores (``None``/NaN/inf: the score call failed to parse) and unknown labels (``None``: the
+    judge's verdict failed to parse) are removed first. Needs >= 2 valid branches with both labels
+    present; otherwise ``None`` (no reward for this group).
 
     Shapes: [K], [K] -> scalar.
 
@@ -259,10 +281,12 @@ def ranking_loss(scores: Sequence[float | None], labels: Sequence[bool], margin:
     0.075
     >>> ranking_loss([0.9, None, 0.1], [True, False, True]) is None     # one label left
     True
+    >>> ranking_loss([0.9, 0.1, 0.5], [True, None, False])               # branch 1 unjudged: dropped
+    0.0
     """
     if len(scores) != len(labels):
         raise ValueError(f"{len(scores)} scores but {len(labels)} labels")
-    kept = [(float(s), bool(y)) for s, y in zip(scores, labels, strict=True) if _valid(s)]
+    kept = [(float(s), bool(y)) for s, y in zip(scores, labels, strict=True) if _valid(s) and y is not None]
     pos = [s for s, y in kept if y]
     neg = [s for s, y in kept if not y]
     if len(kept) < 2 or not pos or not neg:
@@ -271,7 +295,7 @@ def ranking_loss(scores: Sequence[float | None], labels: Sequence[bool], margin:
 
 
 def ranking_reward(
-    scores: Sequence[float | None], labels: Sequence[bool], margin: float = 0.2
+    scores: Sequence[float | None], labels: Sequence[bool | None], margin: float = 0.2
 ) -> float | None:
     """``R = -L_rank`` (``None`` when the group gives no signal, see :func:`ranking_loss`).
 

@@ -9,7 +9,7 @@ The method presets are the ablation rows of the paper:
 | preset        | execution reward of a child | rubrics written/scored | schedule                          |
 |---------------|-----------------------------|------------------------|-----------------------------------|
 | rao           | binary child success        | no                     | execution                         |
-| rao_d         | binary child success        | no                     | execution:16,delegation:2         |
+| rao_d         | binary child success        | no                     | execution:12,delegation:4         |
 | sera_wo_d_rt  | rubric score s              | yes (never trained)    | execution                         |
 | sera_wo_d     | rubric score s              | yes                    | execution:16,rubric:2             |
 | sera          | rubric score s              | yes                    | execution:16,delegation:2,rubric:2|
@@ -153,7 +153,9 @@ PRESETS: dict[str, MethodPreset] = {
     p.name: p
     for p in (
         MethodPreset("rao", "binary", "execution:1", "RAO: binary per-node execution reward, no rubrics"),
-        MethodPreset("rao_d", "binary", "execution:16,delegation:2", "RAO + leaf delegation reward"),
+        MethodPreset(
+            "rao_d", "binary", "execution:12,delegation:4", "RAO + leaf delegation reward (public 12:4)"
+        ),
         MethodPreset(
             "sera_wo_d_rt",
             "rubric",

@@ -21,6 +21,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from common.envs.textcraft.codeact import parse_codeact_reply  # the parser whose block the runtime runs
+
 Span = tuple[int, int]
 """A half-open character range ``[start, end)``."""
 
@@ -43,7 +45,6 @@ _COMPOUND = (
 )
 _BODY_FIELDS = {"body", "orelse", "finalbody", "handlers", "cases"}
 _NEWLINE = re.compile(r"\r\n|\r|\n")
-_PYTHON_BLOCK = re.compile(r"<python>(.*?)(?:</python\s*>|\Z)", re.DOTALL | re.IGNORECASE)
 _DELEGATE_BLOCK = re.compile(r"<delegate>.*?(?:</delegate\s*>|\Z)", re.DOTALL | re.IGNORECASE)
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 
@@ -197,18 +198,23 @@ def delegate_block_char_spans(reply: str) -> list[Span]:
 def reply_launch_spans(reply: str) -> list[Span]:
     """All launch spans of one model reply, as char offsets into ``reply``.
 
-    The first ``<python>`` block (the one the CodeAct runtime executes; a missing ``</python>`` is
-    tolerated because generation may stop at it) is searched with
-    :func:`launch_statement_char_spans`; ``<delegate>`` blocks are added.
+    The ``<python>`` block the CodeAct runtime executes -- located by the runtime's own parser
+    (:func:`common.envs.textcraft.codeact.parse_codeact_reply`), so a ``<python>`` mentioned inside a
+    closed ``<thought>`` is skipped; a missing ``</python>`` is tolerated because generation may stop at
+    it -- is searched with :func:`launch_statement_char_spans`; ``<delegate>`` blocks are added.
 
     >>> reply = "<thought>delegate</thought><python>r = await launch_subagent({'m0_i1': 2})</python>"
     >>> [reply[s:e] for s, e in reply_launch_spans(reply)]
     ["r = await launch_subagent({'m0_i1': 2})"]
+    >>> reply = "<thought>use <python>launch_subagent(x)</python> later</thought><python>y = 1</python>"
+    >>> reply_launch_spans(reply)        # the launch in the thought is never executed: nothing trained
+    []
     """
     spans: list[Span] = []
-    m = _PYTHON_BLOCK.search(reply)
-    if m is not None:
-        spans += launch_statement_char_spans(m.group(1), offset_in_reply=m.start(1))
+    code_span = parse_codeact_reply(reply).code_span
+    if code_span is not None:
+        start, end = code_span
+        spans += launch_statement_char_spans(reply[start:end], offset_in_reply=start)
     spans += delegate_block_char_spans(reply)
     return _merge(spans)
 

@@ -1,0 +1,364 @@
+"""The runtime's paper protocol: what the rubric writer and scorer may see, the prompt cap on every
+call, and test-time selection (N candidates at temperature 1.0, four selection modes, the fork cap).
+
+Run: ``pytest tests/test_runtime_protocol.py`` (a few seconds; the hf-tiny test loads SmolLM2's tokenizer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import random
+from collections.abc import Callable
+
+import pytest
+
+from common.agent.runtime import (
+    FORK_BUDGET_MESSAGE,
+    RuntimeConfig,
+    run_root,
+    select_candidate,
+)
+from common.envs import make_env
+from common.envs.base import AgentSession, Environment, LaunchRequest, StepResult, World
+from common.envs.textcraft.oracle import oracle_reply as tc_oracle
+from common.envs.textcraft.tasks import generate_tasks as tc_tasks
+from common.policy.base import Completion, GenerationRequest, Policy
+from common.policy.context import estimate_tokens
+from common.policy.scripted import rubric_json, score_json
+
+SECRET = "SECRET_PREPARATION_grilled_diced"
+
+
+# ---- a minimal environment whose world holds state no agent can observe ------------------------------
+class SecretWorld(World):
+    """A counter everybody sees and a secret only ``describe()`` (hidden state) reveals."""
+
+    def __init__(self) -> None:
+        self.counter = 0
+        self.finished_root = False
+
+    def fork(self) -> SecretWorld:
+        return copy.deepcopy(self)
+
+    def commit(self, branch: World) -> None:
+        self.__dict__.update(copy.deepcopy(branch.__dict__))
+
+    def root_success(self) -> bool:
+        return self.finished_root and self.counter >= 1
+
+    def describe(self) -> str:
+        return f"counter={self.counter}; every ingredient needs {SECRET}; agent 0.1 is in the cellar"
+
+
+class SecretSession(AgentSession):
+    """Replies: ``DELEGATE`` (launch one child), ``INC`` (counter += 1), ``FINISH`` (done), else a look."""
+
+    def __init__(self, world: SecretWorld, agent_id: str, depth: int, launch, goal: str, max_steps: int = 20):
+        self.world, self.agent_id, self.depth, self.launch, self.goal = world, agent_id, depth, launch, goal
+        self.max_steps, self.steps_used, self.finished, self.finish_message = max_steps, 0, False, None
+
+    def system_prompt(self) -> str:
+        return "SYSTEM: act with INC, DELEGATE or FINISH."
+
+    def first_user_message(self) -> str:
+        return f"TASK: {self.goal}\nYou are in the kitchen. Counter: {self.world.counter}."
+
+    async def step(self, reply: str) -> StepResult:
+        self.steps_used += 1
+        if reply.startswith("DELEGATE"):
+            res = await self.launch(LaunchRequest(goal="increment the counter once", max_steps=3))
+            return StepResult(observation=f"child said: {res.message or res.error}")
+        if reply.startswith("INC"):
+            self.world.counter += 1
+            return StepResult(observation=f"PARENT_VISIBLE_OBS counter is now {self.world.counter}")
+        if reply.startswith("FINISH"):
+            self.finished, self.finish_message = True, "done"
+            if self.depth == 0:
+                self.world.finished_root = True
+            return StepResult(observation="finished", done=True, finish_message="done")
+        return StepResult(observation=f"PARENT_VISIBLE_OBS you look around ({len(reply)} chars said)")
+
+    def success(self) -> bool:
+        return self.world.counter >= 1 and self.finished
+
+
+class ViewSession(SecretSession):
+    """The same, exposing its own view explicitly."""
+
+    def visible_state(self):
+        return {"counter_seen": self.world.counter, "agent": self.agent_id}
+
+
+class SecretEnv(Environment):
+    name = "secret"
+    tools_description = "INC, DELEGATE, FINISH"
+
+    def __init__(self, session_cls=SecretSession):
+        self.session_cls = session_cls
+
+    def make_world(self, task):
+        return SecretWorld()
+
+    def root_session(self, world, task, launch):
+        return self.session_cls(world, "0", 0, launch, task["goal"])
+
+    def child_session(self, world, parent, request, agent_id, launch):
+        return self.session_cls(world, agent_id, parent.depth + 1, launch, request.goal, request.max_steps)
+
+
+class Recorder(Policy):
+    """``fn(request)`` answers; every request is kept."""
+
+    def __init__(self, fn: Callable[[GenerationRequest], str], tokenizer=None):
+        self.fn, self.requests, self.tokenizer = fn, [], tokenizer
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        self.requests.append(request)
+        await asyncio.sleep(0)
+        return Completion(text=self.fn(request), prompt_ids=[1], output_ids=[2], logprobs=[-0.1])
+
+
+def secret_script(req: GenerationRequest) -> str:
+    if req.role == "rubric":
+        return rubric_json("g")
+    if req.role == "score":
+        return score_json(bool(req.meta.get("child_success")))
+    step, depth = req.meta["step"], req.meta["depth"]
+    if depth == 0:
+        return ["LOOK", "DELEGATE", "FINISH"][min(step, 2)]
+    return ["INC", "FINISH"][min(step, 1)]
+
+
+# ---- 1. only what the parent saw ----------------------------------------------------------------------------
+@pytest.mark.parametrize("session_cls", [SecretSession, ViewSession])
+def test_rubric_and_score_prompts_hold_no_hidden_state(session_cls):
+    policy = Recorder(secret_script)
+    tree = asyncio.run(
+        run_root({"goal": "raise the counter"}, SecretEnv(session_cls), policy, RuntimeConfig())
+    )
+    assert tree.success
+    rubric_req = next(r for r in policy.requests if r.role == "rubric")
+    score_req = next(r for r in policy.requests if r.role == "score")
+    for req in (rubric_req, score_req):
+        text = json.dumps(req.messages)
+        assert SECRET not in text and "cellar" not in text  # World.describe() never reaches them
+    rubric_user = rubric_req.messages[1]["content"]
+    parent_step1 = next(
+        r for r in policy.requests if r.role == "act" and r.meta == {"node_id": "0", "depth": 0, "step": 1}
+    )
+    for m in parent_step1.messages:  # the parent's exact prompt messages at the delegating step
+        assert json.dumps(m["content"])[1:-1] in json.dumps(rubric_user)
+    assert "DELEGATE" in rubric_user.split("[Parent Step: Delegation Decision]")[1]
+    pre = rubric_user.split("[Observable Pre-call Environment]\n")[1].split("\n")[0]
+    score_payload = json.loads(score_req.messages[1]["content"].split("\n\n")[1])
+    if session_cls is ViewSession:  # the session's own view, the parent's before and the child's after
+        assert json.loads(pre) == {"agent": "0", "counter_seen": 0}
+        assert score_payload["final_environment_state"] == {"agent": "0.1", "counter_seen": 1}
+    else:  # default: the last observation the agent received
+        assert json.loads(pre) == {"observation": "PARENT_VISIBLE_OBS you look around (4 chars said)"}
+        assert score_payload["final_environment_state"] == {"observation": "finished"}
+    assert score_payload["trajectory"]["steps"][0]["raw_response"] == "INC"
+
+
+# ---- 2. the prompt cap on every call --------------------------------------------------------------------------
+def test_runtime_caps_every_prompt_without_a_tokenizer():
+    long = "o" * 4000
+
+    def fn(req: GenerationRequest) -> str:
+        if req.role != "act":
+            return secret_script(req)
+        return "LOOK " + long if req.meta["step"] < 9 else "FINISH"
+
+    policy = Recorder(fn)
+    cfg = RuntimeConfig(max_prompt_tokens=3000, max_steps=10)
+    tree = asyncio.run(run_root({"goal": "look a lot"}, SecretEnv(), policy, cfg))
+    sizes = [estimate_tokens(r.messages) for r in policy.requests]
+    assert max(sizes) <= 3000 and len(sizes) == 10
+    late = policy.requests[-1].messages
+    assert late[0]["role"] == "system" and late[1]["content"].startswith("TASK: look a lot")
+    assert "earlier messages were omitted" in late[1]["content"]  # oldest turns went first
+    assert tree.meta["truncated_calls"] > 0
+    assert tree.root.steps[-1].call.prompt_truncated and not tree.root.steps[0].call.prompt_truncated
+    assert tree.root.steps[-1].call.messages == late  # the record holds what was actually sent
+
+
+def test_runtime_caps_with_the_policys_tokenizer():
+    from common.policy.context import render_prompt_ids
+    from common.policy.models import load_tokenizer
+
+    tok = load_tokenizer("smollm2")
+
+    def fn(req: GenerationRequest) -> str:
+        if req.role != "act":
+            return secret_script(req)
+        return "LOOK " + "word " * 300 if req.meta["step"] < 5 else "FINISH"
+
+    policy = Recorder(fn, tokenizer=tok)
+    cfg = RuntimeConfig(max_prompt_tokens=700, max_steps=6)
+    tree = asyncio.run(run_root({"goal": "g"}, SecretEnv(), policy, cfg))
+    sizes = [len(render_prompt_ids(tok, r.messages)) for r in policy.requests]
+    assert max(sizes) <= 700
+    full = [{"role": "system", "content": tree.root.steps[0].call.messages[0]["content"]}]
+    full += tree.root.steps[0].call.messages[1:]
+    for s in tree.root.steps[:-1]:
+        full += [{"role": "assistant", "content": s.call.text}, {"role": "user", "content": s.observation}]
+    assert len(render_prompt_ids(tok, full)) > 700  # the uncut chat would not have fitted
+    assert tree.root.steps[-1].call.prompt_truncated
+
+
+# ---- 3. test-time selection -------------------------------------------------------------------------------------
+def test_select_candidate_rules():
+    rng = random.Random(0)
+    assert select_candidate("first", [0.1, 0.9], [False, True], rng) == 0
+    assert select_candidate("rubric", [0.1, 0.9], [], rng) == 1
+    assert select_candidate("rubric", [0.7, 0.7], [], rng) == 0  # tie -> 0
+    assert select_candidate("rubric", [None, None], [], rng) == 0  # failures -> 0
+    assert select_candidate("rubric", [None, 0.0], [], rng) == 1  # the only valid score (public rule)
+    assert select_candidate("oracle", [], [False, True], rng) == 1
+    assert select_candidate("oracle", [], [None, False], rng) == 0
+    picks = {select_candidate("random", [0, 0], [], random.Random(s)) for s in range(20)}
+    assert picks == {0, 1}
+    with pytest.raises(ValueError, match="selection_mode"):
+        RuntimeConfig(selection_mode="best")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_forks_per_task"):
+        RuntimeConfig(best_of_n=4, max_forks_per_task=2)
+
+
+class SamplingScript(Policy):
+    """A seeded sampling policy for the children: at temperature 0 always the same reply, above 0 a
+    draw seeded by the request's seed. The root delegates once, then finishes."""
+
+    def __init__(self):
+        self.requests: list[GenerationRequest] = []
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        self.requests.append(request)
+        if request.role in ("rubric", "score"):
+            return Completion(text=secret_script(request))
+        if request.meta["depth"] == 0:
+            return Completion(text=["DELEGATE", "FINISH"][min(request.meta["step"], 1)])
+        sp = request.sampling
+        if sp.temperature == 0:
+            return Completion(text="INC" if request.meta["step"] == 0 else "FINISH")
+        r = random.Random(sp.seed).random()
+        return Completion(text=f"LOOK {r:.6f}" if request.meta["step"] == 0 else ("INC", "FINISH")[r < 0.5])
+
+
+def test_candidates_are_sampled_at_temperature_one_and_differ_under_greedy_eval():
+    policy = SamplingScript()
+    cfg = RuntimeConfig(best_of_n=2, temperature=0.0)
+    tree = asyncio.run(run_root({"goal": "g"}, SecretEnv(), policy, cfg))
+    cands = sorted((n for n in tree.nodes.values() if n.branch_group), key=lambda n: n.branch_index)
+    assert len(cands) == 2
+    assert cands[0].steps[0].call.text != cands[1].steps[0].call.text  # the two candidates differ
+    assert all(s.call.sampling["temperature"] == 1.0 for c in cands for s in c.steps)
+    assert all(s.call.sampling["temperature"] == 0.0 for s in tree.root.steps)  # the eval temperature
+    rubric = next(r for r in policy.requests if r.role == "rubric")
+    assert rubric.sampling.temperature == 0.0 and rubric.sampling.max_new_tokens == 1024
+    first_cand_act = next(
+        i for i, r in enumerate(policy.requests) if r.role == "act" and r.meta["depth"] == 1
+    )
+    assert policy.requests.index(rubric) < first_cand_act  # frozen before any candidate acts
+    scores = [r for r in policy.requests if r.role == "score"]
+    assert len(scores) == 2 and all(
+        r.sampling.temperature == 0.0 and r.sampling.max_new_tokens == 512 for r in scores
+    )
+
+
+def test_hf_tiny_candidates_differ():
+    from common.policy.hf import HFPolicy
+
+    hf = HFPolicy("tiny", dtype="float32", device="cpu", max_batch_size=2)
+
+    class RootScripted(Policy):
+        async def generate(self, request: GenerationRequest) -> Completion:
+            if request.role in ("rubric", "score") or request.meta["depth"] == 0:
+                text = (
+                    secret_script(request)
+                    if request.role != "act"
+                    else ["DELEGATE", "FINISH"][min(request.meta["step"], 1)]
+                )
+                return Completion(text=text)
+            request.sampling.max_new_tokens = 12
+            return await hf.generate(request)
+
+    cfg = RuntimeConfig(best_of_n=2, temperature=0.0, max_steps=2)
+    tree = asyncio.run(run_root({"goal": "g"}, SecretEnv(), RootScripted(), cfg))
+    cands = sorted((n for n in tree.nodes.values() if n.branch_group), key=lambda n: n.branch_index)
+    assert len(cands) == 2 and cands[0].steps[0].call.sampling["temperature"] == 1.0
+    assert cands[0].steps[0].call.output_ids != cands[1].steps[0].call.output_ids
+
+
+def _tc_two_candidates(mode: str, seed: int = 0):
+    """TextCraft: the root delegates its first target once; candidate 0 gives up, candidate 1 crafts."""
+    task = tc_tasks("train", 1, seed=4, difficulty="medium")[0]
+    env = make_env("textcraft")
+    worlds = []
+    make_world = env.make_world
+    env.make_world = lambda t: worlds.append(make_world(t)) or worlds[-1]
+    item = {}
+
+    def fn(req: GenerationRequest) -> str:
+        nid = req.meta.get("node_id")
+        if req.role == "rubric":
+            return rubric_json("g")
+        if req.role == "score":
+            return score_json(bool(req.meta.get("child_success")))
+        if nid == "0":
+            if req.meta["step"] == 0:
+                name, n = next(iter(req.session.targets.items()))
+                item["name"] = name
+                return f"<python>r = await launch_subagent({{'{name}': {n}}})\nprint(r)</python>"
+            return "<python>finish('done')</python>"
+        if nid == "0.1":
+            return "<python>finish('I did nothing')</python>"
+        return tc_oracle(req.session)
+
+    policy = Recorder(fn)
+    cfg = RuntimeConfig(best_of_n=2, selection_mode=mode, seed=seed, temperature=0.0)
+    tree = asyncio.run(run_root(task, env, policy, cfg))
+    crafted = worlds[0].view_inventory().get(item["name"], 0) > 0
+    return tree, policy, crafted
+
+
+@pytest.mark.parametrize("mode,winner", [("rubric", 1), ("oracle", 1), ("first", 0)])
+def test_each_selection_mode_commits_as_specified(mode, winner):
+    tree, policy, crafted = _tc_two_candidates(mode)
+    c0, c1 = tree.nodes["0.1"], tree.nodes["0.2~c1"]
+    assert [c0.committed, c1.committed] == [winner == 0, winner == 1]
+    assert tree.root.steps[0].launched == [(c0, c1)[winner].node_id]
+    assert crafted == (winner == 1)  # the live world holds the committed candidate's crafts
+    roles = [r.role for r in policy.requests]
+    if mode == "rubric":
+        assert roles.count("rubric") == 1 and roles.count("score") == 2 and (c0.score, c1.score) == (0.0, 1.0)
+    else:  # only the rubric mode writes and scores rubrics (public selector)
+        assert "rubric" not in roles and "score" not in roles
+    if mode == "oracle":
+        assert (c0.branch_label, c1.branch_label) == (False, True)
+
+
+def test_random_selection_is_seeded_and_uses_both_candidates():
+    winners = set()
+    for seed in range(6):
+        tree, _, crafted = _tc_two_candidates("random", seed)
+        again, _, _ = _tc_two_candidates("random", seed)
+        w = tree.nodes["0.2~c1"].committed
+        assert w == again.nodes["0.2~c1"].committed and crafted == w  # same seed, same pick
+        winners.add(w)
+    assert winners == {True, False}
+
+
+def test_fork_cap_refuses_launches_past_it():
+    policy = Recorder(
+        lambda r: secret_script(r) if r.role != "act" else ("DELEGATE" if r.meta["depth"] < 3 else "FINISH")
+    )
+    cfg = RuntimeConfig(best_of_n=2, max_forks_per_task=6, max_steps=3, temperature=0.0)
+    tree = asyncio.run(run_root({"goal": "g"}, SecretEnv(), policy, cfg))
+    assert tree.meta["forks_used"] == 6 and tree.meta["selection_groups"] == 3
+    assert tree.meta["fork_refusals"] > 0
+    forked = [n for n in tree.nodes.values() if n.branch_group]
+    assert len(forked) == 6  # never more clones than the cap
+    refused = [s for n in tree.nodes.values() for s in n.steps if s.refused_launches]
+    assert refused and all(FORK_BUDGET_MESSAGE in s.observation for s in refused)

@@ -114,6 +114,10 @@ class CellResult:
     such as ``NameError: name 'x' is not defined`` or ``TimeoutError: cell exceeded ...``."""
     timed_out: bool = False
     """True when the cell was stopped by the time limit."""
+    restarted: bool = False
+    """True when the cell's process died or was killed (CodeAct worker only): its namespace is gone."""
+    unawaited_launches: int = 0
+    """Launch coroutines the cell created but never awaited (closed unrun; CodeAct worker only)."""
 
 
 class SandboxViolation(Exception):

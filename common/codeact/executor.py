@@ -1,0 +1,529 @@
+"""The trainer side of the CodeAct worker: :class:`CodeActWorker` runs an agent's cells in its own process.
+
+One worker per agent session, forked from a per-trainer **zygote** (a warm Python that has already
+imported everything, see :mod:`common.codeact.worker`), so starting a session costs about a millisecond and
+one cell with one tool call costs two pipe round trips. The world stays in the trainer: a tool call in a
+cell is a JSON message to the trainer, which runs the tool (``craft``, ``get_info``, ...) on the shared
+world or on the fork the session was given, and answers. Async tools (``launch_subagent``) run as asyncio
+tasks of the trainer, so ``await asyncio.gather(launch_subagent(a), launch_subagent(b))`` runs both
+children concurrently while the worker waits.
+
+The trainer's guarantees, whatever the cell does (it is untrusted):
+
+* a cell ends within ``wall_time_s + grace_s`` of its own running time: time while the trainer works for
+  it (tool calls, sub-agents) is not counted, as in the paper's executor where a step may await children
+  for minutes. Past that the worker's process group is SIGKILLed;
+* a worker that dies (segfault, ``os._exit``, out of memory, closed pipes, killed) is reported as the
+  cell's error and replaced at the next cell (its variables are lost, and the error says so);
+* nothing the worker sends is trusted: messages are size-capped JSON (never pickle), tool names are
+  checked against the session's tools, arguments are decoded to plain data only.
+
+Not covered: the worker shares the machine (CPU time is capped per cell and per worker, memory by
+``RLIMIT_AS``, but not disk or memory bandwidth); see ``docs/fidelity/codeact.md`` for the full list.
+
+Run: ``pytest tests/test_codeact_worker.py -q``; ``python bench/bench_codeact.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..sandbox import CellResult
+from .worker import decode, dumps, encode
+
+WORKER_FILE = Path(__file__).resolve().parent / "worker.py"
+
+
+@dataclass
+class WorkerLimits:
+    """Limits of one CodeAct worker and of each of its cells."""
+
+    wall_time_s: float = 10.0
+    """Seconds a cell may run, not counting time awaiting the trainer (tool calls, sub-agents); the cell
+    gets ``TimeoutError`` and keeps its namespace."""
+    cpu_time_s: float = 10.0
+    """CPU seconds per cell (counted even while sub-agents run); ``TimeoutError`` in the cell."""
+    grace_s: float = 2.0
+    """Extra seconds after ``wall_time_s`` before the trainer kills the worker (a cell stuck in C code,
+    or one that swallows its TimeoutError); the namespace is lost then."""
+    memory_mb: int = 1024
+    """Address-space limit of the worker (``RLIMIT_AS``); larger allocations raise ``MemoryError``."""
+    cpu_total_s: int = 900
+    """CPU seconds over the worker's whole life (``RLIMIT_CPU``; SIGKILL 5 s past it)."""
+    max_output_chars: int = 8000
+    """Characters of printed output kept per cell; the rest is counted and a marker line added."""
+    max_message_bytes: int = 4_000_000
+    """Largest message the trainer accepts from a worker; a larger one kills the worker."""
+    namespaces: bool = True
+    """Use user/net/pid namespaces when the kernel allows them (falls back to rlimits + audit hook)."""
+    start_timeout_s: float = 20.0
+    """Seconds to wait for a new worker to say it is ready."""
+
+
+# --- the zygote (one per trainer process) -----------------------------------------------------------------
+class _Zygote:
+    """A warm Python that forks workers on request (``python -I -S worker.py zygote FD``)."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        self.lock = threading.Lock()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(WORKER_FILE), "zygote", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd="/",
+        )
+        theirs.close()
+        ours.settimeout(30.0)
+        self.sock = ours
+        self.buf = b""
+
+    def alive(self) -> bool:
+        return self.owner == os.getpid() and self.proc.poll() is None
+
+    def _request(self, req: dict[str, Any], fds: list[int] | None = None) -> dict[str, Any]:
+        with self.lock:
+            if fds:
+                socket.send_fds(self.sock, [dumps(req)], fds)
+            else:
+                self.sock.sendall(dumps(req))
+            while b"\n" not in self.buf:
+                chunk = self.sock.recv(1 << 16)
+                if not chunk:
+                    raise ConnectionError("the CodeAct zygote exited")
+                self.buf += chunk
+            line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def spawn(self, config: dict[str, Any]) -> tuple[int, int, int]:
+        """Fork a worker; returns ``(pid, fd to write to it, fd to read from it)``."""
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        try:
+            reply = self._request({"op": "spawn", "config": config}, [to_r, from_w])
+        except BaseException:
+            for fd in (to_w, from_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(to_r)
+            os.close(from_w)
+        return int(reply["pid"]), to_w, from_r
+
+    def poll(self, pid: int) -> int | None:
+        """The wait status of a worker that has ended by itself (None while it runs)."""
+        try:
+            return self._request({"op": "poll", "pid": pid}).get("status")
+        except (OSError, ValueError, ConnectionError):
+            return None
+
+    def stop(self, pid: int) -> int | None:
+        """Kill a worker if it still runs (only the zygote signals: its unreaped children cannot be
+        replaced by another process with the same pid), wait for it; returns how it ended."""
+        try:
+            return self._request({"op": "stop", "pid": pid}).get("status")
+        except (OSError, ValueError, ConnectionError):
+            return None
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+
+_ZYGOTE: _Zygote | None = None
+_ZYGOTE_LOCK = threading.Lock()
+
+
+def _zygote() -> _Zygote:
+    global _ZYGOTE
+    with _ZYGOTE_LOCK:
+        if _ZYGOTE is None or not _ZYGOTE.alive():
+            if _ZYGOTE is not None and _ZYGOTE.owner == os.getpid():
+                _ZYGOTE.close()
+            _ZYGOTE = _Zygote()
+        return _ZYGOTE
+
+
+def _describe(status: int | None) -> str:
+    if status is None:
+        return "stopped"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"was killed by signal {name}"
+    return f"exited with status {os.WEXITSTATUS(status) if os.WIFEXITED(status) else status}"
+
+
+LOST = "It has been restarted: variables, functions and imports from earlier cells are gone."
+
+
+# --- one worker -------------------------------------------------------------------------------------------
+class _Run:
+    """Book-keeping of one cell on the trainer side."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.inflight: set[asyncio.Future[Any]] = set()
+        self.used = 0.0  # seconds the worker ran on its own (no call of it in flight)
+        self.t0 = loop.time()
+        self.done = False
+
+    def pause(self) -> None:
+        self.used += self.loop.time() - self.t0
+
+    def resume(self) -> None:
+        self.t0 = self.loop.time()
+
+
+class CodeActWorker:
+    """An agent's persistent Python, in its own process. ``await run(code)`` executes one cell.
+
+    ``tools``: plain functions run in the trainer when the cell calls them; ``async_tools``: coroutine
+    functions (``launch_subagent``), which the cell gets as functions returning awaitables.
+
+    >>> import asyncio
+    >>> w = CodeActWorker({"double": lambda x: 2 * x}, {})
+    >>> asyncio.run(w.run("import math\\ny = double(21)\\nmath.sqrt(y * 42)")).stdout
+    '42.0\\n'
+    >>> w.close()
+    """
+
+    def __init__(
+        self,
+        tools: Mapping[str, Callable[..., Any]],
+        async_tools: Mapping[str, Callable[..., Awaitable[Any]]] | None = None,
+        limits: WorkerLimits | None = None,
+    ):
+        self.tools = dict(tools)
+        self.async_tools = dict(async_tools or {})
+        for name in [*self.tools, *self.async_tools]:
+            if not name.isidentifier() or name.startswith("_"):
+                raise ValueError(f"tool name {name!r} must be an identifier not starting with '_'")
+        self.limits = limits or WorkerLimits()
+        self.pid: int | None = None
+        self.isolation: str | None = None
+        """What isolation the running worker achieved (from its ready message)."""
+        self.cells = 0
+        self.restarts = 0
+        """Workers started after the first (crashes, timeouts)."""
+        self._wfd = self._rfd = -1
+        self._rbuf = b""
+        self._wbuf = b""
+        self._ready = False
+        self._run: _Run | None = None
+        self._writer_on: asyncio.AbstractEventLoop | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._start()
+
+    # --- process life ---------------------------------------------------------------------------------
+    def _config(self) -> dict[str, Any]:
+        lim = self.limits
+        return {
+            "tools": sorted(self.tools),
+            "async_tools": sorted(self.async_tools),
+            "memory_mb": lim.memory_mb,
+            "cpu_total_s": lim.cpu_total_s,
+            "namespaces": lim.namespaces,
+        }
+
+    def _start(self) -> None:
+        pid, wfd, rfd = _zygote().spawn(self._config())
+        os.set_blocking(wfd, False)
+        os.set_blocking(rfd, False)
+        self.pid, self._wfd, self._rfd = pid, wfd, rfd
+        self._rbuf = self._wbuf = b""
+        self._ready = False
+        self._finalizer = weakref.finalize(self, _stop_worker, pid, wfd, rfd)
+
+    def _stop(self) -> int | None:
+        """Kill the worker (if it still runs) and close its pipes; returns how it ended."""
+        if self.pid is None:
+            return None
+        status = _stop_worker(self.pid, self._wfd, self._rfd)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self.pid, self._wfd, self._rfd = None, -1, -1
+        return status
+
+    async def _stop_after_exit(self) -> int | None:
+        """The worker closed its pipe: give it a moment to exit by itself (so the report says how it
+        ended), then stop it."""
+        if self.pid is not None:
+            for _ in range(50):
+                if _zygote().poll(self.pid) is not None:
+                    break
+                await asyncio.sleep(0.01)
+        return self._stop()
+
+    def close(self) -> None:
+        """Stop the worker (idempotent). A later ``run`` starts a new one."""
+        self._stop()
+
+    # --- pipes ----------------------------------------------------------------------------------------
+    def _on_readable(self) -> None:
+        run = self._run
+        if run is None:
+            return
+        while True:
+            try:
+                chunk = os.read(self._rfd, 1 << 16)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                run.loop.remove_reader(self._rfd)
+                run.queue.put_nowait(("eof", None))
+                return
+            self._rbuf += chunk
+            while (i := self._rbuf.find(b"\n")) >= 0:
+                line, self._rbuf = self._rbuf[:i], self._rbuf[i + 1 :]
+                try:
+                    msg = json.loads(line)
+                except (ValueError, RecursionError):
+                    msg = None
+                if not isinstance(msg, dict):
+                    run.queue.put_nowait(("bad", "a malformed message"))
+                    return
+                run.queue.put_nowait(("msg", msg))
+            if len(self._rbuf) > self.limits.max_message_bytes:
+                run.queue.put_nowait(("bad", "a message larger than max_message_bytes"))
+                run.loop.remove_reader(self._rfd)
+                return
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        self._wbuf += dumps(obj)
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._wbuf:
+            try:
+                n = os.write(self._wfd, self._wbuf)
+            except BlockingIOError:
+                break
+            except OSError:  # the worker is gone; its EOF will tell the run
+                self._wbuf = b""
+                break
+            self._wbuf = self._wbuf[n:]
+        run = self._run
+        if self._wbuf and run is not None and self._writer_on is None:
+            run.loop.add_writer(self._wfd, self._flush)
+            self._writer_on = run.loop
+        elif not self._wbuf and self._writer_on is not None:
+            self._writer_on.remove_writer(self._wfd)
+            self._writer_on = None
+
+    # --- tool calls -----------------------------------------------------------------------------------
+    @staticmethod
+    def _reply(cid: Any, value: Any = None, error: BaseException | None = None) -> dict[str, Any]:
+        if error is None:
+            try:
+                return {"type": "reply", "id": cid, "ok": True, "value": encode(value)}
+            except TypeError as e:
+                error = TypeError(f"the tool returned something that is not plain data ({e})")
+        message = str(error)
+        if len(message) > 4000:
+            message = message[:4000] + " ...(truncated)"
+        return {"type": "reply", "id": cid, "ok": False, "error_type": type(error).__name__, "error": message}
+
+    @staticmethod
+    def _arguments(msg: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        args, kwargs = decode(msg.get("args", [])), decode(msg.get("kwargs", {"d": []}))
+        if (
+            not isinstance(args, list)
+            or not isinstance(kwargs, dict)
+            or not all(isinstance(k, str) for k in kwargs)
+        ):
+            raise ValueError("malformed call")
+        return args, kwargs
+
+    def _sync_call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        cid, name = msg.get("id"), msg.get("name")
+        fn = self.tools.get(name) if isinstance(name, str) else None
+        if fn is None:
+            return self._reply(cid, error=NameError(f"no tool named {name!r}"))
+        try:
+            args, kwargs = self._arguments(msg)
+            return self._reply(cid, fn(*args, **kwargs))
+        except (ValueError, RecursionError) as e:
+            return self._reply(cid, error=ValueError(f"malformed tool call ({e})"))
+        except Exception as e:  # the tool's own error is the cell's error, as in-process
+            return self._reply(cid, error=e)
+
+    async def _async_call(self, msg: dict[str, Any], run: _Run) -> None:
+        cid, name = msg.get("id"), msg.get("name")
+        try:
+            args, kwargs = self._arguments(msg)
+            reply = self._reply(cid, await self.async_tools[name](*args, **kwargs))
+        except (ValueError, RecursionError) as e:
+            reply = self._reply(cid, error=ValueError(f"malformed tool call ({e})"))
+        except Exception as e:
+            reply = self._reply(cid, error=e)
+        if not run.done and self.pid is not None:
+            self._send(reply)
+
+    # --- cells ----------------------------------------------------------------------------------------
+    async def run(self, code: str) -> CellResult:
+        """Run one cell; never raises for anything the cell does (cancellation of the caller propagates,
+        and then the worker is killed)."""
+        if self._run is not None:
+            return CellResult("", "WorkerError: another cell is still running in this worker")
+        if self.pid is None:
+            self.restarts += 1
+            self._start()
+        loop = asyncio.get_running_loop()
+        run = self._run = _Run(loop)
+        loop.add_reader(self._rfd, self._on_readable)
+        try:
+            return await self._serve(run, code)
+        except BaseException:
+            self._stop()
+            raise
+        finally:
+            run.done = True
+            for task in run.inflight:
+                task.cancel()
+            if self._rfd >= 0:
+                loop.remove_reader(self._rfd)
+            if self._writer_on is not None:
+                self._writer_on.remove_writer(self._wfd)
+                self._writer_on = None
+            self._run = None
+
+    async def _serve(self, run: _Run, code: str) -> CellResult:
+        lim = self.limits
+        if not self._ready:
+            try:
+                kind, msg = await asyncio.wait_for(run.queue.get(), lim.start_timeout_s)
+            except asyncio.TimeoutError:
+                kind, msg = "bad", "no ready message"
+            if kind != "msg" or msg.get("type") != "ready":
+                how = _describe(self._stop())
+                return CellResult("", f"WorkerError: the Python worker could not start (it {how}).")
+            self._ready = True
+            self.isolation = str(msg.get("isolation"))
+        self.cells += 1
+        self._send(
+            {
+                "type": "run",
+                "code": code,
+                "cell": self.cells,
+                "wall_time_s": lim.wall_time_s,
+                "cpu_time_s": lim.cpu_time_s,
+                "max_output_chars": lim.max_output_chars,
+            }
+        )
+        run.resume()
+        budget = lim.wall_time_s + lim.grace_s
+        while True:
+            timeout = None if run.inflight else budget - run.used - (run.loop.time() - run.t0)
+            if timeout is not None and timeout <= 0:
+                self._stop()
+                return CellResult(
+                    "",
+                    f"TimeoutError: the cell did not finish within its {lim.wall_time_s:g} s time limit and "
+                    f"was stopped. {LOST}",
+                    timed_out=True,
+                    restarted=True,
+                )
+            try:
+                kind, msg = await asyncio.wait_for(run.queue.get(), timeout)
+            except asyncio.TimeoutError:
+                continue
+            if kind == "eof":
+                how = _describe(await self._stop_after_exit())
+                return CellResult(
+                    "", f"WorkerError: the Python process running this cell {how}. {LOST}", restarted=True
+                )
+            if kind == "bad":
+                self._stop()
+                return CellResult(
+                    "", f"WorkerError: the Python process sent {msg} and was stopped. {LOST}", restarted=True
+                )
+            if kind == "wake":
+                continue
+            typ = msg.get("type")
+            if typ == "call":
+                if msg.get("name") in self.async_tools:
+                    if not run.inflight:
+                        run.pause()
+                    task = asyncio.ensure_future(self._async_call(msg, run))
+                    run.inflight.add(task)
+                    task.add_done_callback(lambda t, run=run: self._call_finished(t, run))
+                else:
+                    t = run.loop.time()
+                    self._send(self._sync_call(msg))
+                    run.t0 += run.loop.time() - t  # the tool's own time is the trainer's, not the cell's
+            elif typ == "done":
+                if run.inflight:  # launched children cannot be un-launched: let them end
+                    run.done = True
+                    await asyncio.gather(*run.inflight, return_exceptions=True)
+                return self._result(msg)
+
+    def _call_finished(self, task: asyncio.Future[Any], run: _Run) -> None:
+        run.inflight.discard(task)
+        if not run.inflight:
+            run.resume()
+        run.queue.put_nowait(("wake", None))
+
+    @staticmethod
+    def _result(msg: dict[str, Any]) -> CellResult:
+        stdout = msg.get("stdout") if isinstance(msg.get("stdout"), str) else ""
+        error = msg.get("error") if isinstance(msg.get("error"), str) else None
+        notes = (
+            [n for n in msg.get("notes", []) if isinstance(n, str)]
+            if isinstance(msg.get("notes"), list)
+            else []
+        )
+        if notes:
+            stdout += "".join(n + "\n" for n in notes)
+        unawaited = msg.get("unawaited")
+        return CellResult(
+            stdout=stdout,
+            error=error,
+            timed_out=bool(msg.get("timed_out")),
+            unawaited_launches=unawaited if isinstance(unawaited, int) else 0,
+        )
+
+
+def _stop_worker(pid: int, wfd: int, rfd: int) -> int | None:
+    """Stop a worker through the zygote and close its pipes (also the finalizer of a forgotten
+    :class:`CodeActWorker`)."""
+    for fd in (wfd, rfd):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    zygote = _ZYGOTE
+    if zygote is None or not zygote.alive():
+        return None  # the zygote is gone: the worker sees EOF on its pipe and exits
+    return zygote.stop(pid)
+
+
+def worker_limits_dict(limits: WorkerLimits) -> dict[str, Any]:
+    """The limits as a plain dict (for logs and run manifests)."""
+    return asdict(limits)

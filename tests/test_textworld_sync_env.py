@@ -81,65 +81,106 @@ def oracle_hook(
     return launch
 
 
-def test_prompts_and_first_message():
+def test_prompts_and_first_message_have_the_public_sections():
     w, s = root(make_task(TWO))
-    assert "<action>" in s.system_prompt() and "<delegate>" in s.system_prompt()
-    first = s.first_user_message()
-    assert "hand-made test task" in first and "20 steps" in first and "Valid actions:" in first
-    deep = SyncSession(w, agent_id="d", depth=3, goal="x", max_steps=5, launch=_no_launch, max_depth=3)
-    assert "maximum delegation depth" in deep.system_prompt()
+    sys_prompt, first = s.system_prompt(), s.first_user_message()
+    assert "You are Agent 0." in sys_prompt and "<TIPS>" in sys_prompt and "</TIPS>" in sys_prompt
+    assert "DELEGATION STRATEGY:" in sys_prompt and "maximum delegation depth is 3" in sys_prompt
+    for section in ("# Task", "# Initial Observation", "# Valid Actions", "# Action Space", "# Delegation"):
+        assert f"\n{section}\n" in f"\n{first}", section
+    assert "hand-made test task" in first and "total budget of 20 steps" in first
+    assert "\n- take carrot\n" in first and "Valid Actions are listed below." in first
+    deepest = SyncSession(w, agent_id="x", depth=3, goal="g", max_steps=5, launch=_no_launch)
+    assert "DELEGATION STRATEGY:" not in deepest.system_prompt()
 
 
-def test_action_invalid_reply_and_finish():
+def test_every_turn_carries_the_public_per_turn_lines():
     w, s = root(make_task(TWO))
+    r = asyncio.run(s.step("<action>take carrot</action>"))
+    obs = r.observation
+    assert obs.startswith("[Step 0 Observation]\nYou are in the kitchen.")
+    for line in (
+        "Budget used by current Agent: 1/20 steps.",
+        "Current Agent remaining budget: 19 steps.",
+        "Score: 0.0",
+        "Task Success: False",
+        "Task Failure: False",
+        "Done: False",
+        "Shared tool cooldowns: none.",
+        "Shared steps remaining: 59",
+    ):
+        assert line in obs, line
+    head, valid = obs.split("Valid Actions are listed below.")  # valid actions listed separately
+    assert "dice carrot" not in head and "\nValid Actions: - look around\n- inventory\n" in valid
+    assert "- dice carrot\n- cook carrot on grill" in valid
+    r2 = asyncio.run(s.step("<action>look around</action>"))
+    assert r2.observation.startswith("[Step 1 Observation]") and "2/20 steps" in r2.observation
 
-    async def go():
-        r1 = await s.step("I take the carrot.\n<action>take carrot</action>")
-        assert r1.info["accepted"] and not r1.done and "shared inventory" in r1.observation
-        r2 = await s.step("hmm, let me think")
-        assert r2.info["kind"] == "error" and "Invalid reply" in r2.observation and not r2.done
-        r3 = await s.step("dice carrot")  # lenient: a bare valid action
-        assert r3.info["lenient"] and r3.info["accepted"]
-        r4 = await s.step("<action>juggle</action>")  # parsed, rejected by the world, costs a shared step
-        assert r4.info["accepted"] is False and r4.info["counted"]
-        r5 = await s.step("<finish>stopping early</finish>")
-        assert r5.done and r5.finish_message == "stopping early"
-        r6 = await s.step("<action>look around</action>")
-        assert r6.done
 
-    asyncio.run(go())
-    assert w.steps_used == 3 and s.steps_used == 5
-    assert s.finished and s.finish_message == "stopping early" and not s.success()
+def test_inventory_lookups_are_free_for_the_world():
+    w, s = root(make_task(TWO))
+    asyncio.run(s.step("<action>take carrot</action>"))
+    for reply in (
+        "<action>inventory</action>",
+        "<action>View Inventory</action>",
+        "<action>check inventory</action>",
+    ):
+        r = asyncio.run(s.step(reply))
+        assert r.info["kind"] == "inventory_lookup" and not r.done
+        assert (
+            "[Inventory Lookup]\nCurrent shared inventory (visible to all Agents):\ncarrot\n" in r.observation
+        )
+    assert w.steps_used == 1 and s.steps_used == 4  # each look-up is one of the agent's own steps
 
 
-def test_own_budget_ends_the_agent():
-    task = dict(make_task(TWO), max_steps=3)
+def test_malformed_reply_costs_one_shared_step_and_its_fallback_may_act():
+    w, s = root(make_task(TWO))
+    r = asyncio.run(s.step("I am not sure what to do."))
+    assert r.info["kind"] == "error" and r.info["counted"] and not r.info["accepted"]
+    assert w.steps_used == 1 and s.steps_used == 1
+    r = asyncio.run(s.step("<action>take carrot</action><finish>done</finish>"))  # two kinds: malformed
+    assert r.info["kind"] == "error" and r.info["accepted"]  # the public fallback runs the <action>
+    assert w.steps_used == 2 and "carrot" in w.inventory_text()
+    r = asyncio.run(s.step("Let me check.\nAction: inventory"))  # a malformed look-up stays free
+    assert r.info["kind"] == "inventory_lookup" and w.steps_used == 2
+
+
+def test_finish_and_own_budget_end_the_agent():
+    w, s = root(make_task(TWO))
+    r = asyncio.run(s.step("<finish>nothing to do</finish>"))
+    assert r.done and r.finish_message == "nothing to do" and s.finished
+    w2 = ENV.make_world(make_task(TWO))
+    s2 = SyncSession(w2, agent_id="k", depth=1, goal="g", max_steps=2, launch=_no_launch)
+    assert not asyncio.run(s2.step("<action>look around</action>")).done
+    assert asyncio.run(s2.step("<action>look around</action>")).done
+
+
+def test_every_agent_stops_once_the_world_has_ended():
+    task = make_task(TWO, max_steps=3)
     w, s = root(task)
+    other = SyncSession(w, agent_id="0.1", depth=1, goal="help", max_steps=20, launch=_no_launch)
+    assert not asyncio.run(s.step("<action>look around</action>")).done
+    assert not asyncio.run(other.step("<action>look around</action>")).done and not other.done
+    r = asyncio.run(s.step("<action>look around</action>"))  # the third and last shared step
+    assert r.done and "Done: True" in r.observation and w.over
+    assert other.done  # the runtime can ask before calling the model again
+    r2 = asyncio.run(other.step("<action>take carrot</action>"))
+    assert r2.done and r2.info["kind"] == "world_ended" and w.steps_used == 3
+    assert "carrot" not in w.inventory_text()
 
-    async def go():
-        outs = [await s.step("<action>look around</action>") for _ in range(3)]
-        assert [o.done for o in outs] == [False, False, True]
-        assert "all 3 of your steps" in outs[-1].observation
 
-    asyncio.run(go())
-    assert not s.finished
-
-
-def test_world_end_asks_to_finish_without_cutting_off():
-    w, s = root(make_task(TWO, max_steps=2))
-
-    async def go():
-        await s.step("<action>look around</action>")
-        r = await s.step("<action>look around</action>")
-        assert not r.done and "Reply with <finish>" in r.observation
-        r = await s.step("<finish>out of shared budget</finish>")
-        assert r.done
-
-    asyncio.run(go())
+def test_the_step_that_completes_the_task_stops_the_agent():
+    w, s = root(make_task([[("salt", ("raw", "uncut"), "kitchen.counter")]]))
+    for a in ("take salt", "prepare dish_1"):
+        assert not asyncio.run(s.step(f"<action>{a}</action>")).done
+    r = asyncio.run(s.step("<action>eat dish_1</action>"))
+    assert r.done and "Task Success: True" in r.observation and "Score: 1.0" in r.observation
+    assert w.root_success() and s.success()
 
 
 def _results_blocks(obs: str) -> list[str]:
-    return [b for b in obs.split("[SubAgent Results]")[1:]]
+    body = obs.split("[SubAgent Results]\n", 1)[1].split("\n\n[Current Environment Observation]")[0]
+    return ["- Agent" + b for b in body.split("- Agent")[1:]]
 
 
 @pytest.mark.parametrize("interleave", [False, True])
@@ -149,28 +190,24 @@ def test_delegation_runs_children_concurrently_and_reports_each(interleave):
     created: list = []
     w, s = root(task, oracle_hook(ref, interleave=interleave, created=created))
     ref.append(s)
-
-    async def go():
-        await s.step("<action>go to pantry</action>")
-        reply = oracle_reply(s, delegate=True)
-        assert reply.startswith("<action>take salt")  # the root fetches far-away raw items first
-        await s.step(reply)
-        await s.step("<action>go to kitchen</action>")
-        return await s.step(oracle_reply(s, delegate=True))
-
-    r = asyncio.run(go())
+    goals = {"delegations": [{"goal": "Prepare and eat dish_1"}, {"goal": "Prepare and eat dish_2"}]}
+    r = asyncio.run(s.step(f"<delegate>{json.dumps(goals)}</delegate>"))
     assert r.info["kind"] == "delegate" and len(r.info["delegations"]) == 2
+    assert "\n\n[Current Environment Observation]\nYou are in the kitchen." in r.observation
     blocks = _results_blocks(r.observation)
     assert len(blocks) == 2
     for k, b in enumerate(blocks, start=1):
-        assert f"Sub-agent {k} of 2; goal: Prepare and eat dish_{k}" in b
-        assert "returned: yes" in b and "environment_success: true" in b
-        m = re.search(r"Budget used by subagent: (\d+)/20 steps", b)
-        assert m and f"steps: {m.group(1)}" in b
-        assert "result: Done: dish_" in b and "final observation:\nYou are in the kitchen" in b
-    assert "[Your current view]" in r.observation
-    assert w.root_success() and s.success()
-    assert all(c.success() and c.depth == 1 for c in created)
+        assert b.startswith(f"- Agent 0.{k}: returned=")
+        m = re.search(
+            r"steps=(\d+)\n  Budget used by subagent: (\d+)/20 steps. Total remaining budget "
+            r"for this SubAgent task is (\d+) steps.",
+            b,
+        )
+        assert m and m.group(1) == m.group(2) and int(m.group(3)) == 20 - int(m.group(1))
+        assert "\n  result: " in b and "\n  final observation: You are in the " in b
+    assert "environment_success=True" in blocks[-1]  # the whole task's success, as in public
+    assert w.root_success() and s.success() and r.done  # the world ended during the delegation
+    assert all(c.depth == 1 for c in created)
     w.check_invariants()
 
 
@@ -192,27 +229,37 @@ def test_children_start_where_the_root_stands():
     r = asyncio.run(go())
     assert seen == ["garden"]
     b = _results_blocks(r.observation)[0]
-    assert "returned: no" in b and "environment_success: false" in b and "result: (no message)" in b
+    assert "returned=False, environment_success=False" in b and "result: (no explicit finish message)" in b
 
 
-def test_refused_and_crashing_launches_become_text():
+def test_depth_limit_and_crashing_launches_become_text():
     async def launch(request: LaunchRequest) -> ChildResult:
-        if "refuse" in request.goal:
-            return ChildResult(
-                request=request, returned=False, refused=True, error="Launch refused: depth limit."
-            )
         raise RuntimeError("boom")
 
     w, s = root(make_task(TWO), launch)
-    r = asyncio.run(
-        s.step('<delegate>{"delegations": [{"goal": "refuse dish_1"}, {"goal": "dish_2"}]}</delegate>')
-    )
+    r = asyncio.run(s.step('<delegate>{"delegations": [{"goal": "dish_1"}, {"goal": "dish_2"}]}</delegate>'))
     a, b = _results_blocks(r.observation)
-    assert (
-        "(launch refused)" in a and "Launch refused: depth limit." in a and "environment_success: false" in a
-    )
-    assert "RuntimeError: boom" in b and "returned: no" in b
+    assert a.startswith("- Agent unknown: returned=False") and "SubAgent crashed: RuntimeError: boom" in a
     assert w.steps_used == 0 and not r.done
+    deep = SyncSession(w, agent_id="d", depth=3, goal="g", max_steps=5, launch=_no_launch)
+    r = asyncio.run(deep.step('<delegate>{"goal": "dish_1"}</delegate>'))
+    assert r.observation.startswith(
+        "[Step 0 Observation]\nSubAgent delegation rejected: current depth 3 reached the maximum allowed depth 3."
+    )
+    assert w.steps_used == 0 and deep.steps_used == 1
+
+
+def test_child_budget_is_capped_at_twenty():
+    seen: list[int] = []
+
+    async def launch(request: LaunchRequest) -> ChildResult:
+        seen.append(ENV.child_session(s.world, s, request, "0.1", _no_launch).max_steps)
+        return ChildResult(request=request, returned=False)
+
+    w, s = root(make_task(TWO), launch)
+    asyncio.run(s.step('<delegate>{"goal": "dish_1", "max_steps": 50}</delegate>'))
+    asyncio.run(s.step('<delegate>{"goal": "dish_2", "max_steps": "7"}</delegate>'))
+    assert seen == [20, 7]
 
 
 def test_child_on_a_fork_is_committed_back():
@@ -224,7 +271,32 @@ def test_child_on_a_fork_is_committed_back():
     assert r.info["kind"] == "delegate"
     assert w.root_success()  # both forks committed in turn (children run one after the other here)
     for b in _results_blocks(r.observation):
-        assert "environment_success: true" in b and "final observation:\nYou are in" in b
+        assert "final observation: You are in" in b
+
+
+def test_visible_state_is_the_agents_own_view():
+    w, s = root(make_task(TWO))
+    other = SyncSession(w, agent_id="0.1", depth=1, goal="g", max_steps=5, launch=_no_launch)
+    asyncio.run(other.step("<action>go to pantry</action>"))
+    asyncio.run(s.step("<action>take carrot</action>"))
+    v = s.visible_state()
+    assert set(v) == {"observation", "infos", "location"} and v["location"] == "kitchen"
+    text = json.dumps(v)
+    assert "pantry" not in text.replace("go to pantry", "").replace("move north", "")  # no other agent's room
+    assert "grilled" not in text and "diced" not in text.replace("dice carrot", "")  # no hidden recipe
+    assert "grilled" not in w.describe() and "pantry" not in w.describe()
+
+
+def test_prompt_directory_substitution_reaches_the_sessions(tmp_path):
+    (tmp_path / "turn.txt").write_text("STEP ${index} | ${observation} | done=${done}\n")
+    env = TextWorldSyncEnv(prompts_dir=str(tmp_path))
+    w = env.make_world(make_task(TWO))
+    s = env.root_session(w, make_task(TWO), _no_launch)
+    assert s.first_user_message().startswith("# Task")  # defaults kept for the other files
+    r = asyncio.run(s.step("<action>look around</action>"))
+    assert r.observation.startswith("STEP 0 | You are in the kitchen.") and r.observation.endswith(
+        "done=False"
+    )
 
 
 def test_child_success_follows_its_goal():

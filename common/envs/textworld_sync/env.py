@@ -132,10 +132,14 @@ class SyncSession(AgentSession):
     def valid_actions(self) -> list[str]:
         return self.world.valid_actions(self.agent_id)
 
-    def observable_state(self) -> dict[str, Any]:
-        """What this agent itself last saw: ``{"observation": ..., "infos": ...}`` (the public rubric
-        writer's pre-call environment state for TextWorld)."""
-        return {"observation": self.env_observation, "infos": dict(self.env_infos)}
+    def visible_state(self) -> dict[str, Any]:
+        """What this agent itself last saw (``AgentSession.visible_state``): its latest observation, its
+        public ``infos`` and its room. Never another agent's location or a required preparation."""
+        return {
+            "observation": self.env_observation,
+            "infos": dict(self.env_infos),
+            "location": self.env_infos.get("agent_location"),
+        }
 
     async def step(self, reply: str) -> StepResult:
         if self.halted:

@@ -216,3 +216,42 @@ def test_oracle_rollout_roundtrips_through_the_log(tmp_path, env, difficulty):
     append_tree(tmp_path / "log.jsonl", tree)
     again = read_trees(tmp_path / "log.jsonl")[0]
     assert again.to_dict() == json.loads(json.dumps(tree.to_dict())) and again.success
+
+
+def test_textworld_rubric_and_score_prompts_hold_only_what_the_agents_saw():
+    """Coarse (extreme-tier) task: the preparations are not in the task text. Every preparation word in
+    a rubric prompt must come from the parent's own messages or reply, in a score prompt from the
+    child's own trajectory or the frozen rubric; World.describe() never reaches either prompt."""
+    task = tw_tasks("train", 1, seed=2, tier="extreme")[0]
+    preps = {p for d in task["dishes"] for ing in d["recipe"] for p in ing["preparation"]} - {"uncut", "raw"}
+    assert not any(p in task["task_description"] for p in preps)  # hidden from the root's task text
+    policy = FnPolicy(oracle_fn(tw_oracle, delegate=True))
+    seen: list[GenerationRequest] = []
+    policy.fn = lambda req, base=policy.fn: seen.append(req) or base(req)
+    tree = run(task, "textworld", policy)
+    rubric_reqs = [r for r in seen if r.role == "rubric"]
+    score_reqs = [r for r in seen if r.role == "score"]
+    assert rubric_reqs and score_reqs
+    checked = 0
+    for req in rubric_reqs:
+        child = tree.nodes[req.meta["node_id"]]
+        parent = tree.nodes[child.parent_id]
+        call = parent.steps[child.fork_step].call
+        view = json.dumps(call.messages) + call.text
+        prompt = json.dumps(req.messages)
+        for p in preps:
+            if p not in view:
+                checked += 1
+                assert p not in prompt, (p, child.node_id)
+        assert "needs " not in prompt and "Agents:" not in prompt
+    for req in score_reqs:
+        child = tree.nodes[req.meta["node_id"]]
+        view = json.dumps(child.rubric) + "".join(
+            json.dumps(s.call.messages) + s.call.text + s.observation for s in child.steps
+        )
+        prompt = json.dumps(req.messages)
+        for p in preps:
+            if p not in view:
+                checked += 1
+                assert p not in prompt, (p, child.node_id)
+    assert checked > 0  # the test did check some preparation the agents never saw

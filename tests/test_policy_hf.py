@@ -60,23 +60,48 @@ def test_greedy_logprobs_equal_teacher_forced(tiny):
         assert all(lp <= 0 and math.isfinite(lp) for lp in comp.logprobs)
 
 
-def test_sampled_logprobs_are_tempered_sampler_distribution(tiny):
+def test_sampled_logprobs_are_the_trainers_untempered_distribution(tiny):
+    """Sampled at T = 0.7, recorded at T = 1 (what the trainer scores): CISPO's ratio is 1 on-policy."""
     reqs = [_req(p, n=16, temperature=0.7, seed=i) for i, p in enumerate(PROMPTS[:4])]
     comps = tiny.generate_batch(reqs)
     for comp in comps:
-        forced = tiny.score_logprobs(comp.prompt_ids, comp.output_ids, temperature=0.7)
+        forced = tiny.score_logprobs(comp.prompt_ids, comp.output_ids)
         assert max(abs(x - y) for x, y in zip(comp.logprobs, forced, strict=True)) < 1e-4
+        tempered = tiny.score_logprobs(comp.prompt_ids, comp.output_ids, temperature=0.7)
+        assert max(abs(x - y) for x, y in zip(comp.logprobs, tempered, strict=True)) > 1e-2
     again = tiny.generate_batch(reqs)  # per-request seeds make sampling reproducible
     assert [c.output_ids for c in again] == [c.output_ids for c in comps]
     alone = tiny.generate_batch(reqs[2:3])[0]  # ... whatever batch the request lands in
     assert alone.output_ids == comps[2].output_ids
 
 
-def test_top_p_keeps_sampled_token_in_nucleus(tiny):
+def test_top_p_samples_from_nucleus_records_raw_logprob(tiny):
     comps = tiny.generate_batch([_req(PROMPTS[2], n=12, temperature=1.0, top_p=0.5, seed=3)])
     forced = tiny.score_logprobs(comps[0].prompt_ids, comps[0].output_ids)
-    # renormalised over the nucleus: each recorded log-prob >= the untruncated one
-    assert all(a >= b - 1e-5 for a, b in zip(comps[0].logprobs, forced, strict=True))
+    # recorded: the untruncated log-prob (the trainer's), not the nucleus-renormalised one
+    assert max(abs(a - b) for a, b in zip(comps[0].logprobs, forced, strict=True)) < 1e-4
+
+
+def test_update_weights_changes_logprobs_and_version():
+    """An engine fed a state dict by name: its log-probs are those of the new weights afterwards."""
+    import torch
+
+    a = HFPolicy("tiny", dtype="float32", device="cpu", seed=0)
+    b = HFPolicy("tiny", dtype="float32", device="cpu", seed=1)  # other random weights
+    req = _req(PROMPTS[4], n=10, temperature=0.0)
+    comp = a.generate_batch([req])[0]
+    before = a.score_logprobs(comp.prompt_ids, comp.output_ids)
+    target = b.score_logprobs(comp.prompt_ids, comp.output_ids)
+    assert max(abs(x - y) for x, y in zip(before, target, strict=True)) > 1e-2
+    seconds = a.update_weights(b.model.state_dict(), version=3)
+    assert a.version == 3 and seconds >= 0
+    after = a.score_logprobs(comp.prompt_ids, comp.output_ids)
+    assert max(abs(x - y) for x, y in zip(after, target, strict=True)) < 1e-5
+    assert a.generate_batch([req])[0].output_ids == b.generate_batch([req])[0].output_ids
+    a.update_weights(None)  # shared model: only the version moves
+    assert a.version == 4
+    with pytest.raises(KeyError, match="no tensors named"):
+        a.update_weights({"not.a.weight": torch.zeros(1)})
 
 
 def test_stop_string_cuts_generation_per_sequence(tiny):

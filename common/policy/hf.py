@@ -10,12 +10,14 @@ The sampling loop is our own (prefill + KV-cache decode: ``model(..., cache=Dyna
 so that every row can have its own sampling parameters (temperature, top-p, max_new_tokens, stop strings,
 seed) and so that the behaviour log-probs are taken from exactly the logits used for sampling:
 
-* temperature 0 = greedy (argmax); the recorded log-prob is the untempered ``log_softmax(logits)``;
-* temperature T > 0: the recorded log-prob is ``log_softmax(logits / T)`` of the sampled token, after
-  top-p filtering and renormalisation when ``top_p < 1`` (i.e. the distribution actually sampled from);
-  sampling is inverse-CDF with one uniform draw per token from the request's own generator (seeded by
-  ``SamplingParams.seed``, so a seeded request samples the same tokens whatever batch it lands in);
-  all of this runs batched on the model's device, one host transfer per step;
+* temperature 0 = greedy (argmax); temperature T > 0: inverse-CDF sampling from ``softmax(logits / T)``
+  (top-p filtered and renormalised when ``top_p < 1``) with one uniform draw per token from the
+  request's own generator (seeded by ``SamplingParams.seed``, so a seeded request samples the same
+  tokens whatever batch it lands in); all of this runs batched on the model's device, one host
+  transfer per step;
+* the recorded behaviour log-prob is ALWAYS the raw ``log_softmax(logits)`` of the sampled token
+  (temperature 1, no top-p): the distribution the trainer scores, so CISPO's ratio is exactly 1 when
+  the weights have not moved, whatever the sampling temperature (``engine.py``, docs/fidelity/engines.md);
 * left padding with an attention mask and explicit position ids (``cumsum(mask) - 1``), so a prompt
   gives the same greedy tokens alone or inside a batch; finished rows are removed from the batch and
   the KV cache;
@@ -24,6 +26,9 @@ seed) and so that the behaviour log-probs are taken from exactly the logits used
   when a stop string ends inside a token, ``output_ids`` may decode to a few more characters than ``text``.
 
 ``score_logprobs(prompt_ids, output_ids)`` gives teacher-forced log-probs (tests; the trainer has its own).
+As an engine (``engine.Engine``): ``update_weights(None)`` only bumps ``version`` when the policy wraps
+the trainer's own model (levels 0 and 1 share one model object); ``update_weights(state_dict)`` copies
+tensors in by name. No ``sleep`` (the model is the trainer's).
 Simplifications: no continuous batching (a batch runs to its last finished row, finished rows only drop
 out), no speculative decoding, no prefix caching. Prompt over ``max_context_tokens - max_new_tokens`` is
 shortened by ``context.build_prompt_ids``.
@@ -33,20 +38,20 @@ Try it: ``python -m common.policy.hf "Say hello"`` (SmolLM2 on the CPU).
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from common.policy.base import Completion, GenerationRequest, Policy, SamplingParams
-from common.policy.context import build_prompt_ids
+from common.policy.base import Completion, GenerationRequest, SamplingParams
+from common.policy.engine import Engine, find_stop, prompt_for
 from common.policy.models import DEFAULT_MODEL, load_model
+
+__all__ = ["HFPolicy", "find_stop"]
 
 
 @dataclass
@@ -64,14 +69,6 @@ class _Row:
     text: str | None = None
 
 
-@dataclass
-class _LoopState:
-    loop: asyncio.AbstractEventLoop
-    pending: list[tuple[GenerationRequest, asyncio.Future]] = field(default_factory=list)
-    full: asyncio.Event = field(default_factory=asyncio.Event)
-    runner: asyncio.Task | None = None
-
-
 def _top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Rows of ``logits`` ``(B, V)`` with everything outside the smallest set of cumulative probability
     >= ``top_p[b]`` set to -inf (the most likely token is always kept)."""
@@ -83,19 +80,7 @@ def _top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def find_stop(text: str, stops: tuple[str, ...] | list[str]) -> int:
-    """End index (exclusive) of the earliest stop string in ``text``, or -1."""
-    best = -1
-    for s in stops:
-        if not s:
-            continue
-        i = text.find(s)
-        if i >= 0 and (best < 0 or i + len(s) < best):
-            best = i + len(s)
-    return best
-
-
-class HFPolicy(Policy):
+class HFPolicy(Engine):
     """Local transformers model with batched, token-exact generation (see module docstring)."""
 
     name = "hf"
@@ -132,65 +117,18 @@ class HFPolicy(Policy):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
-        self.max_batch_size = max(1, int(max_batch_size))
-        self.max_wait_ms = float(max_wait_ms)
+        super().__init__(max_batch_size, max_wait_ms)
         cfg_max = getattr(model.config, "max_position_embeddings", None) or 8192
         self.max_context_tokens = int(max_context_tokens or cfg_max)
         self.eos_ids = self._eos_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-policy")
         self._lock = threading.Lock()  # one forward pass at a time (sync callers + the worker thread)
-        self._state: _LoopState | None = None
         # transformers 5 renamed forward(past_key_values=...) to forward(cache=...)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0}
 
-    # ------------------------------------------------------------------ async API (batching queue)
-    async def generate(self, request: GenerationRequest) -> Completion:
-        loop = asyncio.get_running_loop()
-        if self._state is None or self._state.loop is not loop:
-            self._state = _LoopState(loop=loop)
-        st = self._state
-        fut: asyncio.Future = loop.create_future()
-        st.pending.append((request, fut))
-        if len(st.pending) >= self.max_batch_size:
-            st.full.set()
-        if st.runner is None or st.runner.done():
-            st.runner = loop.create_task(self._runner(st))
-        return await fut
-
-    async def _runner(self, st: _LoopState) -> None:
-        while st.pending:
-            if len(st.pending) < self.max_batch_size and self.max_wait_ms > 0:
-                st.full.clear()
-                try:
-                    await asyncio.wait_for(st.full.wait(), self.max_wait_ms / 1000.0)
-                except asyncio.TimeoutError:
-                    pass
-            batch, st.pending = st.pending[: self.max_batch_size], st.pending[self.max_batch_size :]
-            batch = [(r, f) for r, f in batch if not f.done()]
-            if not batch:
-                continue
-            try:
-                results = await st.loop.run_in_executor(
-                    self._executor, self._generate_batch_locked, [r for r, _ in batch]
-                )
-            except Exception as exc:  # a model error: fail every waiter of this batch, keep serving
-                results = [exc] * len(batch)
-            for (_, f), res in zip(batch, results, strict=True):
-                if f.done():
-                    continue
-                if isinstance(res, BaseException):
-                    f.set_exception(res)
-                else:
-                    f.set_result(res)
-
-    async def aclose(self) -> None:
-        self._executor.shutdown(wait=True)
-
-    # ------------------------------------------------------------------ sync API
+    # ------------------------------------------------------------------ generation
     def _eos_ids(self) -> list[int]:
         ids: list[int] = []
         for src in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
@@ -203,28 +141,13 @@ class HFPolicy(Policy):
             raise ValueError("tokenizer/model define no EOS token")
         return ids
 
-    def generate_batch(self, requests: list[GenerationRequest]) -> list[Completion]:
-        """Run ``requests`` as one left-padded batch (synchronous; thread-safe). A request whose prompt
-        cannot be built raises here; through ``generate`` only that request's caller gets the error."""
-        results = self._generate_batch_locked(requests)
-        for res in results:
-            if isinstance(res, BaseException):
-                raise res
-        return results  # type: ignore[return-value]
-
-    def _generate_batch_locked(self, requests: list[GenerationRequest]) -> list[Completion | Exception]:
+    def _run_batch(self, requests: list[GenerationRequest]) -> list[Completion | Exception]:
         with self._lock, torch.inference_mode():
             return self._generate_batch(requests)
 
     def _make_row(self, i: int, req: GenerationRequest) -> _Row:
         sp = req.sampling
-        budget = self.max_context_tokens - max(1, sp.max_new_tokens)
-        if budget < 1:
-            raise ValueError(
-                f"max_new_tokens={sp.max_new_tokens} leaves no room for a prompt in "
-                f"max_context_tokens={self.max_context_tokens}"
-            )
-        ids, truncated = build_prompt_ids(self.tokenizer, req.messages, budget)
+        ids, truncated = prompt_for(self.tokenizer, req, self.max_context_tokens)
         gen = None
         if sp.seed is not None:
             gen = torch.Generator(device="cpu").manual_seed(int(sp.seed))
@@ -232,9 +155,10 @@ class HFPolicy(Policy):
 
     def _pick(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """Next token and behaviour log-prob of every row, from the float32 logits ``(B, V)`` left on the
-        model's device (one host transfer per step). Greedy rows: argmax, untempered log-prob. Sampled
-        rows: inverse-CDF sampling from ``softmax(logits / T)`` (top-p filtered and renormalised), one
-        uniform draw per token from the row's generator (torch.multinomial is far slower on a 49K vocab)."""
+        model's device (one host transfer per step). Greedy rows: argmax. Sampled rows: inverse-CDF
+        sampling from ``softmax(logits / T)`` (top-p filtered and renormalised), one uniform draw per token
+        from the row's generator (torch.multinomial is far slower on a 49K vocab). The recorded log-prob
+        is the raw ``log_softmax(logits)`` of the chosen token in every case (module docstring)."""
         dev = logits.device
         sps: list[SamplingParams] = [r.request.sampling for r in rows]
         greedy = [sp.temperature <= 0 for sp in sps]
@@ -245,17 +169,17 @@ class HFPolicy(Policy):
             idx = torch.tensor(nucleus, device=dev)
             top_p = torch.tensor([float(sps[b].top_p) for b in nucleus], device=dev, dtype=logits.dtype)
             scaled[idx] = _top_p_filter(scaled[idx], top_p)
-        logp = torch.log_softmax(scaled, dim=-1)
-        tokens = torch.argmax(logits, dim=-1)
+        tokens = torch.argmax(logits, dim=-1)  # [B]
         sampled = [b for b, g in enumerate(greedy) if not g]
         if sampled:
             gens = [rows[b].generator if rows[b].generator is not None else self._generator for b in sampled]
             u = torch.cat([torch.rand(1, generator=g) for g in gens]).to(dev, logits.dtype)
             idx = torch.tensor(sampled, device=dev)
-            cdf = torch.cumsum(logp[idx].exp(), dim=-1)
+            cdf = torch.cumsum(torch.softmax(scaled[idx], dim=-1), dim=-1)  # [S, V] sampler's CDF
             draw = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
             tokens[idx] = draw.clamp(max=logits.shape[-1] - 1)
-        chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        raw = torch.log_softmax(logits, dim=-1)  # [B, V]: the trainer's distribution (T = 1, no top-p)
+        chosen = raw.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B]
         return tokens.tolist(), chosen.tolist()
 
     def _check_done(self, row: _Row) -> bool:
@@ -359,6 +283,20 @@ class HFPolicy(Policy):
             finish_reason=r.finish_reason,
             prompt_truncated=r.truncated,
         )
+
+    def _load_weights(self, pairs: list[tuple[str, Any]]) -> None:
+        """Copy ``(name, tensor)`` pairs into the model's parameters and buffers (unknown names raise)."""
+        own = dict(self.model.named_parameters())
+        own.update(dict(self.model.named_buffers()))
+        unknown = [n for n, _ in pairs if n not in own]
+        if unknown:
+            raise KeyError(
+                f"update_weights: the model has no tensors named {unknown[:3]} ({len(unknown)} unknown)"
+            )
+        with self._lock, torch.no_grad():
+            for name, tensor in pairs:
+                if own[name] is not tensor:
+                    own[name].copy_(tensor)
 
     def score_logprobs(
         self, prompt_ids: list[int], output_ids: list[int], temperature: float = 1.0

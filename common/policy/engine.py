@@ -1,0 +1,219 @@
+"""The generation-engine interface: what a trainer needs from whatever produces its rollouts.
+
+A *policy* (``base.Policy``) turns chats into token-exact completions. An *engine* is a trainable policy
+whose weights the trainer owns and replaces after every optimizer step:
+
+* ``generate_batch(requests) -> completions`` (synchronous, one batch) and the async
+  ``generate(request)`` that agents await; concurrent ``generate`` calls meet in :class:`BatchQueue`
+  and run as one batch on a worker thread, so the asyncio loop stays free while the model runs;
+* every completion holds ``prompt_ids`` (built by ``context.build_prompt_ids``, the same code in every
+  engine, so the same chat gives the same prompt ids everywhere), ``output_ids`` and ``logprobs``: the
+  behaviour log-probs of exactly the sampled tokens under the **raw model distribution**
+  ``log_softmax(logits)`` (temperature 1, no top-p), i.e. the distribution the trainer scores
+  (``common.rl.loss.token_logprobs``). Sampling itself may use any temperature / top-p; only what is
+  *recorded* is the untempered log-prob. Why: CISPO's ratio ``pi_theta / pi_behaviour`` must be 1 when
+  the trainer's weights equal the sampler's, whatever the sampling temperature; a tempered behaviour
+  log-prob would bias every ratio at ``T != 1`` (docs/fidelity/engines.md). It is also vLLM's default
+  (``logprobs_mode="raw_logprobs"``);
+* ``update_weights(weights, version)`` loads new weights in memory (no restart) and returns the seconds
+  it took; ``version`` (completed optimizer steps of the weights held) is recorded by the caller;
+* ``sleep()`` / ``wake()`` free and restore the engine's accelerator memory around a training step
+  where the engine supports it (``supports_sleep``); elsewhere they are no-ops.
+
+Engines: ``hf.HFPolicy`` (the reference: our own batched decode loop on the training model itself),
+``openai.OpenAIPolicy`` (a server: vLLM / SGLang / ``serve.py``; weights move server-side, level 2) and
+the in-process vLLM engine of level 1 (``level1_batched/vllm_engine.py``; ``common/`` never imports
+vLLM). Pure Python: nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import abstractmethod
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.policy.base import Completion, GenerationRequest, Policy
+from common.policy.context import build_prompt_ids
+
+Weights = Mapping[str, Any] | Iterable[tuple[str, Any]]
+"""A ``state_dict``-like mapping or an iterable of ``(name, tensor)`` pairs, in Hugging Face names."""
+
+
+def find_stop(text: str, stops: tuple[str, ...] | list[str]) -> int:
+    """End index (exclusive) of the earliest-ending stop string in ``text``, or -1.
+
+    >>> find_stop("say <finish>done</finish> more", ("</finish>", "<finish>"))
+    12
+    """
+    best = -1
+    for s in stops:
+        if not s:
+            continue
+        i = text.find(s)
+        if i >= 0 and (best < 0 or i + len(s) < best):
+            best = i + len(s)
+    return best
+
+
+def prompt_for(tokenizer: Any, request: GenerationRequest, max_context_tokens: int) -> tuple[list[int], bool]:
+    """``(prompt ids, truncated?)`` of ``request`` within ``max_context_tokens - max_new_tokens``: the one
+    prompt rule of every local engine (chat template + oldest-turn dropping, ``context.py``)."""
+    budget = max_context_tokens - max(1, request.sampling.max_new_tokens)
+    if budget < 1:
+        raise ValueError(
+            f"max_new_tokens={request.sampling.max_new_tokens} leaves no room for a prompt in "
+            f"max_context_tokens={max_context_tokens}"
+        )
+    return build_prompt_ids(tokenizer, request.messages, budget)
+
+
+def completion_text(tokenizer: Any, output_ids: list[int], stops: tuple[str, ...]) -> tuple[str, bool]:
+    """``(text, stopped?)``: the decoded output (special tokens skipped) cut right after the earliest stop
+    string (kept). The same rule in every local engine, so texts agree whenever token ids agree."""
+    text = tokenizer.decode(output_ids, skip_special_tokens=True)
+    end = find_stop(text, stops) if stops else -1
+    return (text[:end], True) if end >= 0 else (text, False)
+
+
+def named_weights(weights: Weights) -> list[tuple[str, Any]]:
+    """``weights`` as a list of ``(name, tensor)`` pairs (a mapping's items, or the pairs as given)."""
+    if isinstance(weights, Mapping):
+        return list(weights.items())
+    pairs = list(weights)
+    for p in pairs[:1]:
+        if not (isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)):
+            raise TypeError(
+                f"weights must be a mapping or (name, tensor) pairs, got an item {type(p).__name__}"
+            )
+    return pairs
+
+
+@dataclass
+class _LoopState:
+    loop: asyncio.AbstractEventLoop
+    pending: list[tuple[GenerationRequest, asyncio.Future]] = field(default_factory=list)
+    full: asyncio.Event = field(default_factory=asyncio.Event)
+    runner: asyncio.Task | None = None
+
+
+class BatchQueue:
+    """Collects concurrent ``await submit(request)`` calls into batches for ``run_batch`` (sync, run on ONE
+    worker thread): a batch starts when ``max_batch_size`` requests wait or ``max_wait_ms`` passed since
+    the first; requests arriving meanwhile form the next batch. ``run_batch`` returns one
+    ``Completion | Exception`` per request; an exception fails only its own caller."""
+
+    def __init__(self, run_batch, max_batch_size: int, max_wait_ms: float, name: str = "engine") -> None:
+        self.run_batch = run_batch
+        self.max_batch_size = max(1, int(max_batch_size))
+        self.max_wait_ms = float(max_wait_ms)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._state: _LoopState | None = None
+
+    async def submit(self, request: GenerationRequest) -> Completion:
+        loop = asyncio.get_running_loop()
+        if self._state is None or self._state.loop is not loop:
+            self._state = _LoopState(loop=loop)
+        st = self._state
+        fut: asyncio.Future = loop.create_future()
+        st.pending.append((request, fut))
+        if len(st.pending) >= self.max_batch_size:
+            st.full.set()
+        if st.runner is None or st.runner.done():
+            st.runner = loop.create_task(self._runner(st))
+        return await fut
+
+    async def _runner(self, st: _LoopState) -> None:
+        while st.pending:
+            if len(st.pending) < self.max_batch_size and self.max_wait_ms > 0:
+                st.full.clear()
+                try:
+                    await asyncio.wait_for(st.full.wait(), self.max_wait_ms / 1000.0)
+                except asyncio.TimeoutError:
+                    pass
+            batch, st.pending = st.pending[: self.max_batch_size], st.pending[self.max_batch_size :]
+            batch = [(r, f) for r, f in batch if not f.done()]
+            if not batch:
+                continue
+            try:
+                results = await st.loop.run_in_executor(self._executor, self.run_batch, [r for r, _ in batch])
+            except Exception as exc:  # an engine error: fail every waiter of this batch, keep serving
+                results = [exc] * len(batch)
+            for (_, f), res in zip(batch, results, strict=True):
+                if f.done():
+                    continue
+                if isinstance(res, BaseException):
+                    f.set_exception(res)
+                else:
+                    f.set_result(res)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+class Engine(Policy):
+    """A trainable policy with replaceable weights (see the module docstring). Subclasses implement
+    ``_run_batch`` (one batch, one result or exception per request) and ``_load_weights``."""
+
+    trainable = True
+    supports_sleep: bool = False
+    """True when ``sleep()`` really frees accelerator memory."""
+
+    def __init__(self, max_batch_size: int = 8, max_wait_ms: float = 5.0) -> None:
+        self.version = 0
+        """Policy version of the weights held: completed optimizer steps (set by ``update_weights``)."""
+        self.asleep = False
+        self.queue = BatchQueue(self._run_batch, max_batch_size, max_wait_ms, name=self.name)
+        self.stats: dict[str, float] = {"batches": 0, "requests": 0, "generated_tokens": 0}
+
+    # ------------------------------------------------------------------ generation
+    @property
+    def max_batch_size(self) -> int:
+        return self.queue.max_batch_size
+
+    @property
+    def max_wait_ms(self) -> float:
+        return self.queue.max_wait_ms
+
+    @abstractmethod
+    def _run_batch(self, requests: list[GenerationRequest]) -> list[Completion | Exception]:
+        """Generate one batch (worker thread); a request that cannot be served gets its exception."""
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        return await self.queue.submit(request)
+
+    def generate_batch(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """Run ``requests`` as one batch, synchronously; the first failed request raises."""
+        results = self._run_batch(requests)
+        for res in results:
+            if isinstance(res, BaseException):
+                raise res
+        return results  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ weights and memory
+    @abstractmethod
+    def _load_weights(self, pairs: list[tuple[str, Any]]) -> None:
+        """Copy ``(HF name, tensor)`` pairs into the engine's model."""
+
+    def update_weights(self, weights: Weights | None, version: int | None = None) -> float:
+        """Load ``weights`` (HF names; ``None`` = the engine shares the trainer's model, nothing to copy)
+        and set ``version`` (default: previous + 1). Returns the seconds the load took."""
+        t = time.perf_counter()
+        if weights is not None:
+            self._load_weights(named_weights(weights))
+        self.version = self.version + 1 if version is None else int(version)
+        return time.perf_counter() - t
+
+    def sleep(self) -> None:
+        """Free accelerator memory (weights and KV cache) until ``wake()``; a no-op where unsupported."""
+        self.asleep = True
+
+    def wake(self) -> None:
+        """Undo ``sleep()``."""
+        self.asleep = False
+
+    async def aclose(self) -> None:
+        self.queue.shutdown()

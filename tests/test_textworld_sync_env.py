@@ -260,6 +260,10 @@ def test_child_budget_is_capped_at_twenty():
     asyncio.run(s.step('<delegate>{"goal": "dish_1", "max_steps": 50}</delegate>'))
     asyncio.run(s.step('<delegate>{"goal": "dish_2", "max_steps": "7"}</delegate>'))
     assert seen == [20, 7]
+    sub = SyncSession(w, agent_id="0.9", depth=1, goal="g", max_steps=6, launch=launch)
+    s = sub  # the hook builds children of `s`
+    asyncio.run(sub.step('<delegate>{"goal": "dish_1", "max_steps": 15}</delegate>'))
+    assert seen == [20, 7, 6]  # a sub-agent's children get at most its own budget (public)
 
 
 def test_child_on_a_fork_is_committed_back():

@@ -80,3 +80,12 @@ def test_oracle_on_a_fork_leaves_the_live_world_untouched():
     assert live.steps_used == 0 and not live.root_success()
     live.commit(branch)
     assert live.root_success()
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_oracle_also_solves_the_strict_rules(tier):
+    for family in FAMILIES:
+        row = generate_tasks("test", 1, seed=7, family=family, tier=tier)[0]
+        run = solve(row, rules="strict")
+        assert run.world.spec.strict
+        _check_run(run, row["task_id"])

@@ -14,9 +14,12 @@ from hypothesis import strategies as st
 from common.envs.textworld_sync.protocol import (
     KINDS,
     ParsedReply,
+    extract_action,
+    extract_decision,
     format_action,
     format_delegate,
     format_finish,
+    is_inventory_action,
     parse_reply,
 )
 
@@ -188,3 +191,68 @@ def test_echoed_instruction_with_several_tags_is_not_a_finish():
 def test_a_single_unclosed_tag_at_the_end_is_still_accepted():
     r = parse_reply("I am done here.\n<finish>Both dishes are eaten", ["look around"])
     assert r.kind == "finish" and r.message == "Both dishes are eaten"
+
+
+# ---- the public protocol (extract_decision / extract_action), used by TextWorld-Sync sessions --------
+
+
+@pytest.mark.parametrize(
+    "reply, kind, value",
+    [
+        ("think first\n<action> take salt </action>", "action", "take salt"),
+        ("<action>take salt</action> <action>look around</action>", "action", "take salt"),  # first of a kind
+        ("<finish>done</finish>", "finish", "done"),
+        ("<action>take salt</action><finish>done</finish>", "error", "exactly one"),  # two kinds
+        ("no block at all", "error", "exactly one"),
+        ("<action>  </action>", "error", "empty"),
+        ("<finish></finish>", "error", "empty"),
+        ("<delegate>not json</delegate>", "error", "Expecting value"),
+        ('<delegate>{"goal": ""}</delegate>', "error", "non-empty detailed goal"),
+        ('<delegate>{"goal": "x", "max_steps": 0}</delegate>', "error", "positive"),
+        ('<delegate>{"goal": "x", "max_steps": "many"}</delegate>', "error", "integer"),
+        ('<delegate>{"delegations": []}</delegate>', "error", "non-empty delegations"),
+        ('<delegate>{"delegations": ["x"]}</delegate>', "error", "JSON object"),
+    ],
+)
+def test_public_decision_parser(reply, kind, value):
+    d = extract_decision(reply)
+    assert d.kind == kind
+    got = {"action": d.action, "finish": d.message, "error": d.error}[kind]
+    assert value in got, got
+
+
+def test_public_delegations_keep_their_budget_and_default_to_twenty():
+    d = extract_decision(
+        '<delegate>{"delegations": [{"goal": "a"}, {"goal": "b", "max_steps": "7"}]}</delegate>'
+    )
+    assert d.kind == "delegate" and [(x.goal, x.max_steps) for x in d.delegations] == [("a", 20), ("b", 7)]
+    many = [{"goal": f"g{k}"} for k in range(12)]  # no cap on the number of children (public)
+    assert (
+        len(extract_decision(f"<delegate>{json.dumps({'delegations': many})}</delegate>").delegations) == 12
+    )
+
+
+@pytest.mark.parametrize(
+    "reply, action, tagged",
+    [
+        ("<action>take salt</action><finish>x</finish>", "take salt", True),
+        ("I will act.\n```text\nlook around\ntake salt\n```", "take salt", False),
+        ("Let me see.\nAction: take salt", "take salt", False),
+        ('Command: "open door"', "open door", False),
+        ("", "", False),
+    ],
+)
+def test_public_fallback_action(reply, action, tagged):
+    assert extract_action(reply) == (action, tagged)
+
+
+def test_inventory_lookup_names():
+    assert all(is_inventory_action(a) for a in ("inventory", " View  Inventory ", "CHECK inventory"))
+    assert not is_inventory_action("take inventory") and not is_inventory_action("look around")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_public_parser_never_raises(text):
+    extract_decision(text)
+    extract_action(text)

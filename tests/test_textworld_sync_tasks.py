@@ -64,6 +64,72 @@ def test_manifest_form_is_lifted_to_the_flat_form(tmp_path):
         assert SyncWorld(a).spec == SyncWorld(b).spec
 
 
+V9_ROW_KEYS = (
+    "difficulty",
+    "fold",
+    "game",
+    "game_params",
+    "generation_properties",
+    "seed",
+    "task_description",
+    "task_id",
+)
+V9_GEN_KEYS = (
+    "base_game",
+    "dishes",
+    "generation",
+    "parallelism",
+    "task_descriptions",
+    "task_family",
+    "task_view",
+)
+
+
+@needs_sample
+def test_the_public_1400_row_manifest_shape_loads_unchanged(tmp_path):
+    """Dataset/eval/textworld_multidish_test_1400_v9.json (OliverLeeXZ/SERA): a manifest object whose rows
+    keep ``game_params`` as a JSON string and the recipe under ``generation_properties``. Rebuilt here in
+    that exact shape from the public sample rows (the file's first row is sample row 0)."""
+    from common.envs.textworld_sync.oracle import solve
+
+    rows = load_tasks(SAMPLE)
+    assert rows[0]["task_id"] == "cookingworld_multidish_test_multi_dish_fork_join_easy_0000"
+    tasks = []
+    for r in rows:
+        gp = {k: r[k] for k in V9_GEN_KEYS}
+        params = json.dumps(r["game_params"], separators=(",", ":"), sort_keys=True)
+        tasks.append(
+            {
+                "difficulty": r["difficulty"],
+                "fold": "test",
+                "game": "cookingworld_multidish",
+                "game_params": params,
+                "generation_properties": gp,
+                "seed": r["seed"],
+                "task_description": r["task_description"],
+                "task_id": r["task_id"],
+            }  # fmt: skip
+        )
+    assert all(tuple(sorted(t)) == V9_ROW_KEYS for t in tasks)
+    doc = {
+        "dataset": "TextWorldExpress-MultiDish-V9-Test", "difficulty_counts": {}, "game_selection":
+        "cookingworld_multidish", "schema_version": 1, "source_files": {}, "source_sha256": "", "split": "test",
+        "task_count": len(tasks), "task_family_counts": {}, "tasks": tasks,
+    }  # fmt: skip
+    path = tmp_path / "textworld_multidish_test_1400_v9.json"
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+    loaded = load_tasks(path)
+    assert [r["task_id"] for r in loaded] == [r["task_id"] for r in rows]
+    for a, b in zip(loaded, rows, strict=True):
+        assert SyncWorld(a).spec == SyncWorld(b).spec
+        assert a["generation_properties"] == b_gp(b)
+        assert solve(a).success
+
+
+def b_gp(row: dict) -> dict:
+    return {k: row[k] for k in V9_GEN_KEYS}
+
+
 def _row(**over):
     row = generate_tasks("train", 1, seed=0)[0]
     row.update(over)

@@ -1,9 +1,9 @@
 """TextWorld-Sync (SPEC.md §2.2): a multi-dish cooking world shared by every agent of the recursive tree.
 
 * ``world``    -- :class:`SyncWorld`, the locked pure-Python coordinator (fork / commit / root_success);
-* ``protocol`` -- ``parse_reply``: one ``<action>`` / ``<delegate>`` / ``<finish>`` block per reply;
+* ``protocol`` -- the public ``extract_decision`` / ``extract_action`` (and the stricter ``parse_reply``);
 * ``env``      -- :class:`TextWorldSyncEnv` and :class:`SyncSession` (the environment contract);
-* ``prompts``  -- the system prompt and first message;
+* ``prompts``  -- ``load_prompts(dir)``: every agent-facing text, as template files in ``templates/``;
 * ``tasks``    -- load public SERA rows, generate new ones (7 families x 4 tiers);
 * ``oracle``   -- a scripted policy that solves tasks within every budget.
 
@@ -27,6 +27,10 @@ _EXPORTS = {
     "Delegation": "protocol",
     "ParsedReply": "protocol",
     "parse_reply": "protocol",
+    "extract_action": "protocol",
+    "extract_decision": "protocol",
+    "PromptSet": "prompts",
+    "load_prompts": "prompts",
     "FAMILIES": "tasks",
     "TIERS": "tasks",
     "food_catalogue": "tasks",

@@ -120,6 +120,12 @@ class SyncSession(AgentSession):
         """True once this agent has halted or the shared world has ended (no further call is useful)."""
         return self.halted or self.world.over
 
+    @property
+    def child_cap(self) -> int:
+        """The most steps a child of this agent may get: 20 under the root; under a sub-agent, also at most
+        that sub-agent's own budget (public: a child's settings carry its reduced ``subagent_max_steps``)."""
+        return self.max_child_steps if self.depth == 0 else min(self.max_child_steps, self.max_steps)
+
     def system_prompt(self) -> str:
         return self.prompts.system(self.agent_id, self.depth, self.max_depth, self.allow_subagents)
 
@@ -214,7 +220,7 @@ class SyncSession(AgentSession):
             return self.prompts.delegation_rejected(self.depth, self.max_depth, self.env_observation)
         self.delegation_events += 1
         requests = [
-            LaunchRequest(goal=d.goal, max_steps=min(d.max_steps, self.max_child_steps)) for d in delegations
+            LaunchRequest(goal=d.goal, max_steps=min(d.max_steps, self.child_cap)) for d in delegations
         ]
         results = await asyncio.gather(*(self.launch(r) for r in requests), return_exceptions=True)
         children, summary = [], []
@@ -341,7 +347,10 @@ class TextWorldSyncEnv(Environment):
             depth=parent.depth + 1,
             goal=request.goal,
             context=request.context,
-            max_steps=min(request.max_steps, self.max_child_steps),
+            max_steps=min(
+                request.max_steps,
+                parent.child_cap if isinstance(parent, SyncSession) else self.max_child_steps,
+            ),
             launch=launch,
             max_depth=self.max_depth,
             start_from=world.root_agent,  # public fork_shared: children start where the root stands

@@ -225,9 +225,10 @@ async def run_oracle_episode(
     interleave: bool = False,
     max_depth: int = 3,
     world: SyncWorld | None = None,
+    rules: str = "public",
 ) -> OracleRun:
     """Run root + children with the oracle on one world; launches past ``max_depth`` are refused."""
-    env = TextWorldSyncEnv(max_depth=max_depth)
+    env = TextWorldSyncEnv(max_depth=max_depth, rules=rules)
     world = world or env.make_world(task)
     sessions: list[SyncSession] = []
     counters: dict[str, itertools.count] = {}

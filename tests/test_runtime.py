@@ -77,12 +77,15 @@ def test_depth_limit_refuses_and_costs_only_the_step():
 def test_budget_exhaustion_and_malformed_replies_become_observations():
     task = tc_tasks("train", 1, seed=1, difficulty="easy")[0]
     tree = run(
-        task, "textcraft", ReplayPolicy(["no code here"] * 3 + ["<python>import os</python>"]), max_steps=4
+        task,
+        "textcraft",
+        ReplayPolicy(["no code here"] * 3 + ["<python>print(undefined_name)</python>"]),
+        max_steps=4,
     )
     root = tree.root
     assert not tree.success and root.steps_used == 4 and not root.finished and root.error is None
     assert "<python>" in root.steps[0].observation
-    assert "import" in root.steps[3].observation and "not allowed" in root.steps[3].observation
+    assert "NameError" in root.steps[3].observation and "undefined_name" in root.steps[3].observation
 
 
 def test_textworld_concurrent_siblings_share_the_world():

@@ -49,24 +49,28 @@ VLLM_HELP = (
 )
 
 
-def model_dir(name: str, seed: int = 0) -> str:
-    """A directory vLLM can load for ``name``: ``smollm2`` (the converted GGUF), ``tiny`` (the seeded random
-    Llama written once to ``$SERA_CACHE/models/tiny-seed{seed}``), else the path / HF id unchanged."""
-    from common.policy.models import ALIASES, build_tiny_model, cache_root, resolve_model_path
+def model_dir(name: str) -> str:
+    """A directory vLLM can load for ``name``: ``smollm2`` (the converted GGUF), else the path / HF id
+    unchanged. ``tiny`` is built in memory: save it first (``save_model``; note that vLLM's CPU attention
+    rejects its head size 16, so the CPU tests use a head-size-64 variant)."""
+    from common.policy.models import ALIASES, resolve_model_path
 
-    if ALIASES.get(name.lower()) != "tiny":
-        return resolve_model_path(name)
-    target = cache_root() / "models" / f"tiny-seed{seed}"
-    if not (target / "config.json").is_file():
-        model, tokenizer = build_tiny_model(seed)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}")
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
+    if ALIASES.get(name.lower()) == "tiny":
+        raise ValueError(
+            "the vllm engine loads from a directory: save the tiny model with save_model() first"
+        )
+    return resolve_model_path(name)
+
+
+def save_model(model: Any, tokenizer: Any, directory: str | Path | None = None) -> str:
+    """Write a transformers ``model`` + ``tokenizer`` where vLLM can load them (a fresh temp directory by
+    default): how an engine starts from exactly the trainer's weights."""
+    import tempfile
+
+    target = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="sera-engine-"))
+    target.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
     return str(target)
 
 
@@ -91,7 +95,7 @@ class VLLMEngine(Engine):
         seed: int = 0,
         **llm_kwargs: Any,
     ) -> None:
-        """``model``: ``smollm2``, ``tiny``, a directory or an HF id on disk. ``dtype`` float32 gives the
+        """``model``: ``smollm2``, a directory (``save_model``) or an HF id on disk. ``dtype`` float32 gives the
         exact CPU tests; ``enable_sleep`` defaults to True on CUDA. Extra keywords go to ``vllm.LLM``."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
         try:
@@ -104,7 +108,7 @@ class VLLMEngine(Engine):
         super().__init__(max_batch_size, max_wait_ms)
         cuda = torch.cuda.is_available()
         self.model_name = model
-        self.path = model_dir(model, seed)
+        self.path = model_dir(model)
         self.tokenizer = load_tokenizer(self.path)
         self.supports_sleep = bool(cuda if enable_sleep is None else enable_sleep)
         self.weight_sync = weight_sync if weight_sync != "auto" else ("load_weights" if cuda else "reload")

@@ -188,6 +188,9 @@ class TaskSpec:
     max_steps: int
     n_distractors: int
     """Counted only; never shown (public)."""
+    nav: dict[str, tuple[str, ...]]
+    """Per room: the always-listed actions (look, inventory, cookbook, go to, move), precomputed."""
+    items_by_room: dict[str, tuple[int, ...]]
 
     @property
     def strict(self) -> bool:
@@ -267,6 +270,17 @@ def build_spec(task: dict[str, Any], rules: str = "public") -> TaskSpec:
         cooldown=cooldown,
         max_steps=max_steps,
         n_distractors=max(0, _int(params.get("numDistractorItems"), 0)),
+        nav={
+            loc: (
+                "look around",
+                "inventory",
+                "read cookbook",
+                *(f"go to {r}" for r in rooms if r != loc),
+                *(f"move {d}" for d, r in DIRECTIONS.items() if r in rooms and r != loc),
+            )
+            for loc in rooms
+        },
+        items_by_room={r: tuple(i for i, it in enumerate(items) if it.room == r) for r in rooms},
     )
 
 
@@ -401,6 +415,8 @@ class SyncWorld(World):
         self._actual = [it.initial for it in spec.items]
         self._collected = [False] * len(spec.items)
         self._ready = [False] * len(spec.items)
+        self._n_ready = [0] * len(spec.dish_ids)
+        """Per dish: how many of its ingredients are on the counter."""
         self._inventory: list[int] = []
         self._prepared = [False] * len(spec.dish_ids)
         self._eaten = [False] * len(spec.dish_ids)
@@ -428,6 +444,7 @@ class SyncWorld(World):
         self._actual = src._actual[:]  # frozensets: shared safely
         self._collected = src._collected[:]
         self._ready = src._ready[:]
+        self._n_ready = src._n_ready[:]
         self._inventory = src._inventory[:]
         self._prepared = src._prepared[:]
         self._eaten = src._eaten[:]
@@ -622,12 +639,14 @@ class SyncWorld(World):
 
     def _mark_ready(self, i: int) -> None:
         self._collected[i] = True
-        self._ready[i] = True
+        if not self._ready[i]:
+            self._ready[i] = True
+            self._n_ready[self.spec.items[i].dish] += 1
         if i in self._inventory:
             self._inventory.remove(i)
 
     def _dish_ready(self, d: int) -> bool:
-        return all(self._ready[i] for i in self.spec.dish_items[d])
+        return self._n_ready[d] == len(self.spec.dish_items[d])
 
     def _rescore(self) -> None:
         """The public ``score_task`` verdict: success iff every dish is complete, prepared and eaten;
@@ -755,22 +774,15 @@ class SyncWorld(World):
         """The public ``_valid_actions`` (strict rules: every cut/cook, kitchen only)."""
         sp = self.spec
         loc = agent.location
-        out = ["look around", "inventory", "read cookbook"]
-        out += [f"go to {r}" for r in sp.rooms if r != loc]
-        out += [f"move {d}" for d, r in DIRECTIONS.items() if r in sp.rooms and r != loc]
+        out = list(sp.nav[loc])
         if not self._gate_open:
             out.append("open door")
         if loc == KITCHEN:
             out.append("take knife")
-        full = bool(sp.capacity) and len(self._inventory) >= sp.capacity
-        if not full:
-            for i, it in enumerate(sp.items):
-                if (
-                    not self._collected[i]
-                    and it.room == loc
-                    and (self._gate_open or it.dish not in sp.gated_dishes)
-                ):
-                    out.append(f"take {it.name}")
+        if not sp.capacity or len(self._inventory) < sp.capacity:
+            for i in sp.items_by_room[loc]:
+                if not self._collected[i] and (self._gate_open or sp.items[i].dish not in sp.gated_dishes):
+                    out.append(f"take {sp.items[i].name}")
         for i in self._inventory:
             it, act = sp.items[i], self._actual[i]
             if sp.strict:
@@ -787,16 +799,13 @@ class SyncWorld(World):
             for p, t in COOK_TOOL.items():
                 if p in it.expected and p not in act and self._tool_free(t):
                     out.append(f"cook {it.name} {cook_phrase(t)}")
-        out += [
-            f"prepare {dish_id}"
-            for d, dish_id in enumerate(sp.dish_ids)
-            if self._dish_ready(d) and not self._prepared[d]
-        ]
-        out += [
-            f"eat {dish_id}"
-            for d, dish_id in enumerate(sp.dish_ids)
-            if self._prepared[d] and not self._eaten[d]
-        ]
+        for d, dish_id in enumerate(sp.dish_ids):
+            if not self._prepared[d]:
+                if self._dish_ready(d):
+                    out.append(f"prepare {dish_id}")
+        for d, dish_id in enumerate(sp.dish_ids):
+            if self._prepared[d] and not self._eaten[d]:
+                out.append(f"eat {dish_id}")
         return out
 
     def observe(self, agent_id: str) -> str:
@@ -850,11 +859,9 @@ class SyncWorld(World):
         sp = self.spec
         loc = self._agent(agent_id).location
         visible = [
-            it.name
-            for i, it in enumerate(sp.items)
-            if it.room == loc
-            and not self._collected[i]
-            and (self._gate_open or it.dish not in sp.gated_dishes)
+            sp.items[i].name
+            for i in sp.items_by_room[loc]
+            if not self._collected[i] and (self._gate_open or sp.items[i].dish not in sp.gated_dishes)
         ]
         return (
             f"You are in the {loc}.\n"
@@ -869,7 +876,7 @@ class SyncWorld(World):
         cooldowns = ", ".join(f"{t}:{r}" for t, r in sorted(self._cooldown.items())) or "none"
         counter = sorted(sp.items[i].name for i in range(len(sp.items)) if self._ready[i])
         progress = [
-            f"{dish_id}: {sum(self._ready[i] for i in sp.dish_items[d])}/{len(sp.dish_items[d])} ingredients "
+            f"{dish_id}: {self._n_ready[d]}/{len(sp.dish_items[d])} ingredients "
             f"prepared, meal_prepared={self._prepared[d]}, meal_eaten={self._eaten[d]}"
             for d, dish_id in enumerate(sp.dish_ids)
         ]
@@ -950,6 +957,7 @@ class SyncWorld(World):
                 if not self._collected[i]:
                     assert self._actual[i] == it.initial, f"{it.name} changed at source"
             for d in range(len(sp.dish_ids)):
+                assert self._n_ready[d] == sum(self._ready[i] for i in sp.dish_items[d]), "ready count"
                 if self._prepared[d]:
                     assert self._dish_ready(d), "meal without ingredients"
                 if self._eaten[d]:

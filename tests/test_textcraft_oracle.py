@@ -30,12 +30,9 @@ def run_all(tasks, reply_fn, **kw):
 
 
 def test_oracle_solves_every_task_of_a_200_task_sample(tasks):
-    assert collections.Counter(t["misc"]["difficulty"] for t in tasks) == {
-        "easy": 50,
-        "medium": 50,
-        "hard": 50,
-        "extreme": 50,
-    }
+    # The first 100 paper tasks of each split (the public mix: 51/74/43/32 over easy/medium/hard/extreme).
+    per_tier = collections.Counter(t["misc"]["difficulty"] for t in tasks)
+    assert set(per_tier) == {"easy", "medium", "hard", "extreme"} and min(per_tier.values()) >= 30, per_tier
     outs = run_all(tasks, oracle_reply)
     failed = [o.root.agent_id for o in outs if not o.success]
     assert not failed, failed

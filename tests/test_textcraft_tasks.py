@@ -1,4 +1,7 @@
-"""Tests of the TextCraft-Synth task generator, solver and loader.
+"""Tests of the TextCraft-Synth task generators, solver and loader.
+
+The generator tests here pin OUR generator (``generator="sera"``, seed-0 world); the paper's generator,
+now the default, is pinned by tests/test_textcraft_paper.py. The loader tests run on the default.
 
 Run: ``pytest tests/test_textcraft_tasks.py -q``.
 """
@@ -29,14 +32,17 @@ from common.envs.textcraft.world import TextCraftWorld
 
 @pytest.fixture(scope="module")
 def sample():
-    return generate_tasks("train", 60, seed=1) + generate_tasks("val", 40, seed=2)
+    return generate_tasks("train", 60, seed=1, generator="sera") + generate_tasks(
+        "val", 40, seed=2, generator="sera"
+    )
 
 
-def test_generation_is_deterministic():
-    a = generate_tasks("train", 12, seed=5)
-    b = generate_tasks("train", 12, seed=5)
+@pytest.mark.parametrize("generator", ["paper", "sera"])
+def test_generation_is_deterministic(generator):
+    a = generate_tasks("train", 12, seed=5, generator=generator)
+    b = generate_tasks("train", 12, seed=5, generator=generator)
     assert json.dumps(a) == json.dumps(b)
-    c = generate_tasks("train", 12, seed=6)
+    c = generate_tasks("train", 12, seed=6, generator=generator)
     assert json.dumps(a) != json.dumps(c)
 
 
@@ -66,7 +72,7 @@ def test_record_format(sample):
 def test_difficulty_tiers_counts_and_balance(sample):
     book = generate_recipe_book(0)
     per = {d: 0 for d in DIFFICULTIES}
-    for t in generate_tasks("train", 40, seed=3):
+    for t in generate_tasks("train", 40, seed=3, generator="sera"):
         m = t["misc"]
         lo, hi, cmin, cmax = DIFFICULTIES[m["difficulty"]]
         per[m["difficulty"]] += 1
@@ -74,7 +80,7 @@ def test_difficulty_tiers_counts_and_balance(sample):
         assert lo <= book.tier(item) <= hi and cmin <= n <= cmax
         assert m["max_depth"] == book.crafting_depth(item)
     assert set(per.values()) == {10}
-    only = generate_tasks("val", 8, seed=3, difficulty="hard")
+    only = generate_tasks("val", 8, seed=3, difficulty="hard", generator="sera")
     assert {t["misc"]["difficulty"] for t in only} == {"hard"}
 
 
@@ -114,11 +120,15 @@ def test_train_val_targets_disjoint():
         assert not set(parts["train"]) & set(parts["val"])
         n = len(parts["train"]) + len(parts["val"])
         assert 0.15 <= len(parts["val"]) / n <= 0.25, d
-    train = {i for t in generate_tasks("train", 200, seed=0) for i in t["misc"]["target_items"]}
-    val = {i for t in generate_tasks("val", 200, seed=0) for i in t["misc"]["target_items"]}
+    train = {
+        i for t in generate_tasks("train", 200, seed=0, generator="sera") for i in t["misc"]["target_items"]
+    }
+    val = {i for t in generate_tasks("val", 200, seed=0, generator="sera") for i in t["misc"]["target_items"]}
     assert train and val and not train & val
     # The split depends on the world only, never on the sampling seed.
-    val2 = {i for t in generate_tasks("val", 200, seed=99) for i in t["misc"]["target_items"]}
+    val2 = {
+        i for t in generate_tasks("val", 200, seed=99, generator="sera") for i in t["misc"]["target_items"]
+    }
     assert not train & val2
 
 

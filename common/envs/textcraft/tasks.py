@@ -1,35 +1,50 @@
-"""TextCraft-Synth tasks: the craft planner/solver, the seeded task generator and the task-file loader.
+"""TextCraft-Synth tasks: the craft planner/solver, the task generators and the task-file loader.
 
 * :func:`plan_crafts` / :func:`solve` -- given a recipe book, an inventory and targets ("make N more of
   each on top of what is held"), compute the batched craft sequence: every intermediate is crafted once,
   in the amount all its consumers need (rounded up to whole recipe executions), in increasing crafting
-  depth. This is the gold trajectory of a generated task and the plan of the scripted oracle.
-* :func:`generate_tasks` -- records for one split: difficulty by target tier (easy 2-3 with count 1-3,
-  medium 4-6 with 1-3, hard 7-9 with 1-2, extreme 10-12 with 1-2), train/val split BY TARGET ITEM (80/20
-  per tier, a function of the recipe world only, so it never depends on the sampling seed), initial
-  inventory = exact base needs + a small buffer + 1-3 distractor base items, verified solvable.
+  depth. This is the plan of the scripted oracle and the gold trajectory of ``generator="sera"`` tasks.
+* :func:`generate_tasks` -- task records of one split. Two generators:
+
+  - ``"paper"`` (default): the paper's own tasks, reproduced from the public generator by
+    ``paper.py`` -- world seed 42, 2,522 train / 632 val tasks, public ids and order. ``seed=0`` keeps
+    the public order; another seed is a seeded shuffle of the split. ``n`` is capped by the split size.
+  - ``"sera"``: our earlier generator over our seed-0 world (``recipes.py``): any number of tasks,
+    tiers cycled evenly, an inventory slack of 1.05-1.34x the minimum (the paper's: 3.3-8.9x), 20 steps.
+    Kept because recorded fixtures and earlier runs were made with it (their rows name it in
+    ``misc.recipe_book``, so they still load) and for ablations that need more tasks or tighter
+    inventories than the paper's finite pools; it is not the paper's data.
 * :func:`load_tasks` -- read a JSONL/JSON task file with ``file:line`` errors (``common.data.read_jsonl``).
 
-Record format (compatible with the public SERA/platoon TextCraft-Synth rows, plus ``split`` and
-``recipe_book`` in ``misc``)::
+Record format (the public SERA/platoon TextCraft-Synth rows, plus ``split`` and ``recipe_book`` in
+``misc``)::
 
-    {"id": "textcraft_synth.val.0.3", "goal": "Craft the following items: 3x a1_i5", "max_steps": 20,
-     "misc": {"target_items": {"a1_i5": 3}, "initial_inventory": {"raw_a1": 9, "raw_a4": 2, ...},
+    {"id": "textcraft_synth.val.0", "goal": "Craft the following items: 2x a3_i3_13", "max_steps": 75,
+     "misc": {"target_items": {...}, "initial_inventory": {...},
               "gold_trajectory": [{"action": "craft", "target": ["a9_i1", 4],
                                    "ingredients": {"raw_a1": 8}, "result_count": 12}, ...],
-              "difficulty": "medium", "max_depth": 5, "num_craft_steps": 7, "split": "val",
-              "recipe_book": {"seed": 0, "sha256": "..."}}}
+              "difficulty": "easy", "max_depth": 3, "num_craft_steps": 3, "split": "val",
+              "recipe_book": {"generator": "paper", "seed": 42, "items_per_domain_tier": 25,
+                              "sha256": "..."}}}
 
 A gold step replays as ``craft(step["ingredients"], (item, step["result_count"]))``: ``target`` holds the
 item and the number of recipe executions, ``ingredients`` and ``result_count`` are totals for the step.
 
-Which world a record runs in: ``misc.recipes`` (an inline JSON table, see ``recipes.py``), else
-``misc.recipes_path`` (a table file, relative to the task file), else ``misc.recipe_book.seed`` (default 0)
-of our generator -- whose ``sha256`` must match when given, so a record never silently runs in a
-different world.
+Which world a record runs in (:func:`book_for_task`), first match wins:
+
+1. ``misc.recipes`` -- an inline JSON table (see ``recipes.py``);
+2. ``misc.recipes_path`` -- a table file, relative to the task file;
+3. ``misc.recipe_book`` -- a generated world: ``{"generator": "paper", "seed": 42,
+   "items_per_domain_tier": 25}`` (the paper's), or ``{"generator": "sera", "seed": N}`` (ours; rows
+   written before generators had names carry only ``{"seed": N}`` and mean ours). A ``sha256`` given
+   there must match the regenerated world;
+4. nothing -- the paper's world (a public row carries no recipe book).
+
+Loading checks that every named item exists in that world AND that the targets can be crafted from the
+initial inventory there, so a row run in the wrong world fails at load time with ``file:line``.
 
 Simplifies: one target item per task (as the public files); tasks with several targets load and run.
-Run: ``python -m common.envs.textcraft.tasks --split val --n 632 --seed 0 --out val.jsonl``.
+Run: ``python -m common.envs.textcraft.tasks --split val --n 632 --out val.jsonl`` (the paper's val set).
 """
 
 from __future__ import annotations
@@ -232,12 +247,66 @@ def make_task(
             "max_depth": max(book.crafting_depth(t) for t in targets),
             "num_craft_steps": len(gold),
             "split": split,
-            "recipe_book": {"seed": book.seed, "sha256": book.stable_hash()},
+            "recipe_book": {"generator": "sera", "seed": book.seed, "sha256": book.stable_hash()},
         },
     }
 
 
+GENERATORS = ("paper", "sera")
+"""``paper``: the paper's tasks (default); ``sera``: our earlier generator (module docstring)."""
+
+
+def _check_request(split: str, n: int, difficulty: str | None) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if difficulty is not None and difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {list(DIFFICULTIES)} or None, got {difficulty!r}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+
+
 def generate_tasks(
+    split: str,
+    n: int,
+    seed: int = 0,
+    difficulty: str | None = None,
+    *,
+    generator: str = "paper",
+    book_seed: int = 0,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> list[dict[str, Any]]:
+    """``n`` task records of ``split`` ("train" or "val").
+
+    ``generator="paper"`` (default): rows of the paper's split (``paper.paper_tasks``), restricted to
+    ``difficulty`` when given; ``seed=0`` takes them in the public order, any other seed in a seeded
+    shuffled order; asking for more than the split holds is a ValueError. ``book_seed`` and
+    ``max_steps`` apply to ``generator="sera"`` only (:func:`generate_sera_tasks`).
+
+    >>> [t["id"] for t in generate_tasks("val", 2)]
+    ['textcraft_synth.val.0', 'textcraft_synth.val.1']
+    """
+    if generator == "sera":
+        return generate_sera_tasks(split, n, seed, difficulty, book_seed=book_seed, max_steps=max_steps)
+    if generator != "paper":
+        raise ValueError(f"generator must be one of {GENERATORS}, got {generator!r}")
+    _check_request(split, n, difficulty)
+    from .paper import paper_tasks
+
+    rows = paper_tasks(split)  # type: ignore[arg-type]
+    if difficulty is not None:
+        rows = [r for r in rows if r["misc"]["difficulty"] == difficulty]
+    if n > len(rows):
+        what = f"{difficulty} tasks" if difficulty else "tasks"
+        raise ValueError(
+            f"the paper's {split} split has {len(rows)} {what}, {n} were asked for: ask for at most "
+            f"{len(rows)}, or use generator='sera' (our generator, any number of tasks)"
+        )
+    if seed != 0:
+        random.Random(f"paper-order:{split}:{seed}").shuffle(rows)
+    return rows[:n]
+
+
+def generate_sera_tasks(
     split: str,
     n: int,
     seed: int,
@@ -246,19 +315,14 @@ def generate_tasks(
     book_seed: int = 0,
     max_steps: int = DEFAULT_MAX_STEPS,
 ) -> list[dict[str, Any]]:
-    """``n`` task records of ``split`` ("train" or "val") sampled with ``seed``.
+    """``n`` records of ``split`` ("train" or "val") from OUR generator (``generator="sera"``), with ``seed``.
 
     ``difficulty=None`` cycles easy/medium/hard/extreme (balanced); a name restricts to that tier. Within a
     difficulty, the (target item, count) pairs of the split are dealt in a seeded shuffled order, so the
     first ``len(pairs)`` tasks are distinct; past that the deck is reshuffled (inventories still differ).
     The recipe world is ``generate_recipe_book(book_seed)``.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if difficulty is not None and difficulty not in DIFFICULTIES:
-        raise ValueError(f"difficulty must be one of {list(DIFFICULTIES)} or None, got {difficulty!r}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+    _check_request(split, n, difficulty)
     book = generate_recipe_book(book_seed)
     pools = split_targets(book)
     order = [difficulty] if difficulty else list(DIFFICULTIES)
@@ -317,21 +381,57 @@ def book_for_task(task: Mapping[str, Any], base_dir: str | Path | None = None) -
         if key not in _PATH_CACHE:
             _PATH_CACHE[key] = RecipeBook.load(path)
         return _PATH_CACHE[key]
-    ref = misc.get("recipe_book") or {}
+    ref = misc.get("recipe_book")
+    if ref is None:
+        return _paper_book()  # a public row: the paper's world
     if not isinstance(ref, Mapping):
-        raise ValueError("misc.recipe_book must be an object {seed, sha256}")
+        raise ValueError("misc.recipe_book must be an object {generator, seed, sha256}")
+    gen = ref.get("generator", "sera")
     seed = ref.get("seed", 0)
+    if gen not in GENERATORS:
+        raise ValueError(f"misc.recipe_book.generator must be one of {GENERATORS}, got {gen!r}")
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ValueError(f"misc.recipe_book.seed must be an integer, got {seed!r}")
-    book = generate_recipe_book(seed)
+    if gen == "paper":
+        from .paper import ITEMS_PER_DOMAIN_TIER, paper_world
+
+        per_tier = ref.get("items_per_domain_tier", ITEMS_PER_DOMAIN_TIER)
+        if not isinstance(per_tier, int) or isinstance(per_tier, bool) or per_tier < 1:
+            raise ValueError(
+                f"misc.recipe_book.items_per_domain_tier must be a positive integer, got {per_tier!r}"
+            )
+        book = paper_world(seed, per_tier).book
+    else:
+        book = generate_recipe_book(seed)
     want = ref.get("sha256")
     if want and want != book.stable_hash():
         raise ValueError(
-            f"the record names recipe world sha256={str(want)[:12]}..., but seed {seed} generates "
-            f"{book.stable_hash()[:12]}... (the generator changed): regenerate the tasks, or ship the "
-            "table with the tasks via misc.recipes_path"
+            f"the record names recipe world sha256={str(want)[:12]}..., but generator {gen!r} with seed "
+            f"{seed} makes {book.stable_hash()[:12]}... (the generator changed): regenerate the tasks, or "
+            "ship the table with the tasks via misc.recipes_path"
         )
     return book
+
+
+def _paper_book() -> RecipeBook:
+    from .paper import paper_world
+
+    return paper_world().book
+
+
+def world_name(task: Mapping[str, Any]) -> str:
+    """A short human name of the world a record runs in (for error messages)."""
+    misc = task.get("misc") or {}
+    if misc.get("recipes") is not None:
+        return "the inline table misc.recipes"
+    if misc.get("recipes_path"):
+        return f"the table {misc['recipes_path']}"
+    ref = misc.get("recipe_book")
+    if ref is None:
+        return "the paper's world (no misc.recipe_book)"
+    if isinstance(ref, Mapping):
+        return f"the {ref.get('generator', 'sera')} world seed {ref.get('seed', 0)}"
+    return "an unreadable misc.recipe_book"
 
 
 # --- loading -----------------------------------------------------------------------------------------
@@ -387,14 +487,22 @@ def validate_task(task: dict[str, Any], base_dir: str | Path | None = None) -> N
         if not p.is_absolute():
             misc["recipes_path"] = str((Path(base_dir) / p).resolve())
     book = book_for_task(task, base_dir)
+    where = world_name(task)
     for item in misc["target_items"]:
         if not book.knows(item):
-            raise ValueError(f"target item {item!r} is not in the task's recipe world")
+            raise ValueError(f"target item {item!r} does not exist in {where}")
         if book.recipe(item) is None:
-            raise ValueError(f"target item {item!r} is a base item (nothing to craft)")
+            raise ValueError(f"target item {item!r} is a base item in {where} (nothing to craft)")
     for item in misc.get("initial_inventory", {}):
         if not book.knows(item):
-            raise ValueError(f"inventory item {item!r} is not in the task's recipe world")
+            raise ValueError(f"inventory item {item!r} does not exist in {where}")
+    lacking = plan_crafts(book, misc.get("initial_inventory", {}), misc["target_items"]).missing_base
+    if lacking:
+        short = ", ".join(f"{k} x{v}" for k, v in list(lacking.items())[:4])
+        raise ValueError(
+            f"the targets cannot be crafted from the initial inventory in {where} (short of {short}): "
+            "a row made for another world needs misc.recipe_book or misc.recipes naming it"
+        )
 
 
 def load_tasks(path: str | Path) -> list[dict[str, Any]]:
@@ -414,10 +522,11 @@ if __name__ == "__main__":
     ap.add_argument("--n", type=int, default=632)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--difficulty", choices=list(DIFFICULTIES), default=None)
-    ap.add_argument("--book-seed", type=int, default=0)
+    ap.add_argument("--generator", choices=GENERATORS, default="paper")
+    ap.add_argument("--book-seed", type=int, default=0, help="world seed of --generator sera")
     ap.add_argument("--out", type=str, default="")
     a = ap.parse_args()
-    recs = generate_tasks(a.split, a.n, a.seed, a.difficulty, book_seed=a.book_seed)
+    recs = generate_tasks(a.split, a.n, a.seed, a.difficulty, generator=a.generator, book_seed=a.book_seed)
     if a.out:
         save_tasks(a.out, recs)
         print(f"wrote {len(recs)} tasks to {a.out}")

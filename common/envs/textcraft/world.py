@@ -8,9 +8,12 @@ them as observations):
 * ``craft(ingredients, target)`` -- ``target = (item, total_count)``; ``total_count`` must be a multiple
   of the recipe's ``result_count``; ``ingredients`` must equal the recipe scaled by
   ``total_count // result_count`` exactly (no missing, no extra, no wrong amounts); the inventory must
-  hold them. Success: ``Successfully crafted 6 a1_i5(s)``. Failures name the recipe as ``Recipe 0``
-  (every item has exactly one recipe), e.g. ``Recipe 0: Wrong amount of m3_ore. Need 4, provided 2``.
-* ``get_info(items)`` -- per item ``{item, can_craft, is_base, in_inventory, crafting_depth, recipes}``.
+  hold them. Success: ``Successfully crafted 6 a1_i5(s)``. The strings are the public environment's
+  (``platoon/textcraft/env.py``), e.g. ``Error: All 1 recipe(s) failed for a1_i5. Errors:\nRecipe 1:
+  Wrong amount of m3_ore. Need 4, provided 2`` (every item has exactly one recipe, numbered from 1).
+* ``get_info(items)`` -- per item ``{item, can_craft, is_base, in_inventory, crafting_depth, recipes}``;
+  ``crafting_depth`` is the item's tier, as the public ``get_crafting_depth`` (in the paper's world a
+  tier-2 item made from base items only reports 2, although one craft makes it).
 * ``view_inventory()`` -- a copy of the inventory.
 
 ``fork()`` copies the inventory dict only (the book, the targets and the initial inventory are immutable
@@ -20,6 +23,9 @@ world IN PLACE (the same dict object), so sessions holding this world see it.
 Root success (SPEC): the root called finish with a non-empty message AND every target's count rose by at
 least the required amount over the initial inventory (items already present never count).
 
+Deviations from the public tools (docs/fidelity/textcraft_data.md): a list ``[item, count]`` target is
+accepted like a tuple (tool calls may cross a process boundary as JSON), ``True``/``False`` are not
+counts, ``get_info`` accepts one name as well as a list and adds an ``error`` key for unknown items.
 Simplifies: crafting is atomic and instantaneous; there is no capacity limit.
 Run: covered by ``pytest tests/test_textcraft_world.py``.
 """
@@ -112,32 +118,29 @@ class TextCraftWorld(World):
     def craft(self, ingredients: Any, target: Any) -> str:
         """Craft ``target = (item, total_count)`` from exactly the scaled recipe ``ingredients``."""
         if not isinstance(ingredients, dict):
-            return f"Error: ingredients must be a dict {{item_name: count}}, got {_tname(ingredients)}"
+            return f"Error: ingredients must be a dict, got {_tname(ingredients)}"
         if not isinstance(target, (tuple, list)) or len(target) != 2:
-            return f"Error: target must be a tuple (item_name, count), got {target!r}"
+            return "Error: target must be a tuple of (item_name, count)"
         item, count = target
         if not isinstance(item, str):
-            return f"Error: target item name must be a string, got {_tname(item)}"
+            return f"Error: target item must be a string, got {_tname(item)}"
         if not _is_int(count):
             return f"Error: target count must be an int, got {_tname(count)}"
         if count <= 0:
             return f"Error: target count must be positive, got {count}"
         for ing, n in ingredients.items():
             if not isinstance(ing, str):
-                return f"Error: ingredient names must be strings, got {_tname(ing)}"
+                return f"Error: ingredient name must be a string, got {_tname(ing)}"
             if not _is_int(n):
-                return f"Error: count of ingredient {ing} must be an int, got {_tname(n)}"
+                return f"Error: ingredient count for {ing} must be an int, got {_tname(n)}"
             if n <= 0:
-                return f"Error: count of ingredient {ing} must be positive, got {n}"
+                return f"Error: ingredient count for {ing} must be positive, got {n}"
         rec = self.book.recipes.get(item)
         if rec is None:
             return f"Error: No recipe found for {item}"
-        head = f"Error: cannot craft {count} {item}.\nRecipe 0: "
+        head = f"Error: All 1 recipe(s) failed for {item}. Errors:\nRecipe 1: "
         if count % rec.result_count:
-            return (
-                head + f"Target count {count} is not a multiple of the recipe's result_count "
-                f"{rec.result_count}"
-            )
+            return head + f"Target count {count} is not divisible by recipe result count {rec.result_count}"
         n_exec = count // rec.result_count
         for ing, per in rec.ingredients.items():
             if ing not in ingredients:
@@ -148,7 +151,11 @@ class TextCraftWorld(World):
         if extra:
             return head + f"Extra ingredients not required: {', '.join(extra)}"
         inv = self.inventory
-        short = [f"{i}: need {n}, have {inv.get(i, 0)}" for i, n in ingredients.items() if inv.get(i, 0) < n]
+        short = [
+            f"{i}: need {n}, have {inv.get(i, 0)}"
+            for i in rec.ingredients
+            if inv.get(i, 0) < (n := ingredients[i])
+        ]
         if short:
             return head + f"Insufficient ingredients in inventory: {', '.join(short)}"
         for i, n in ingredients.items():
@@ -170,7 +177,7 @@ class TextCraftWorld(World):
             "can_craft": rec is not None,
             "is_base": book.is_base(item),
             "in_inventory": self.inventory.get(item, 0),
-            "crafting_depth": book.crafting_depth(item),
+            "crafting_depth": book.tiers.get(item, 0),
             "recipes": (
                 [{"ingredients": dict(rec.ingredients), "result_count": rec.result_count}] if rec else []
             ),

@@ -1,0 +1,82 @@
+"""Trainer efficiency helpers (``level1_batched/efficiency.py``) == level 1's reference log-probs.
+
+On CPU the varlen attention runs its per-datum sdpa fallback, so this pins the packing bookkeeping
+(cumulative lengths, kept positions, the grid) and the chunked head, values AND gradients, against
+``level1_batched.train.packed_logprobs`` on the seeded tiny model in float32. The CUDA kernel path is
+measured on the H200 (bench/bench_train_gpu.py), not in CI.
+Run: ``pytest tests/test_engine_efficiency.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from common.policy.models import build_tiny_model
+from common.rl.datums import Datum
+from common.rl.loss import token_logprobs
+from level1_batched.efficiency import (
+    apply_efficiency,
+    chunked_token_logprobs,
+    cu_seqlens,
+    fast_packed_logprobs,
+)
+
+
+def _datums(vocab: int) -> list[Datum]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i, (p, o) in enumerate([(5, 7), (3, 2), (9, 11), (4, 1)]):
+        seq = torch.randint(0, vocab, (p + o,), generator=g).tolist()
+        out.append(Datum(seq[:p], seq[p:], [0.0] * o, [1] * o, 0.5, 0, i, True, "t"))
+    return out
+
+
+def test_cu_seqlens():
+    assert cu_seqlens([2, 5], "cpu").tolist() == [0, 2, 7]
+    assert cu_seqlens([2, 5], "cpu").dtype == torch.int32
+
+
+def test_chunked_logprobs_equal_full_logprobs_and_grads():
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(10, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (10,), generator=g)
+    full = token_logprobs((hidden @ weight.t()).unsqueeze(0), targets.unsqueeze(0))[0]  # [10]
+    chunked = chunked_token_logprobs(hidden, weight, targets, chunk=3)  # 4 chunks
+    assert torch.allclose(full, chunked, atol=1e-5)
+    gh, gw = torch.autograd.grad(full.sum() * 0.7, (hidden, weight))
+    ch, cw = torch.autograd.grad(chunked.sum() * 0.7, (hidden, weight))
+    assert torch.allclose(gh, ch, atol=1e-5) and torch.allclose(gw, cw, atol=1e-5)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_fast_packed_logprobs_equal_reference(checkpointing):
+    from level1_batched.train import packed_logprobs
+
+    ref_model, _ = build_tiny_model(0)
+    fast_model = apply_efficiency(copy.deepcopy(ref_model), checkpointing=checkpointing)
+    ref_model.train()
+    fast_model.train()
+    datums = _datums(ref_model.config.vocab_size)
+    ref = packed_logprobs(ref_model, datums)  # [D, T_max]
+    fast = fast_packed_logprobs(fast_model, datums, chunk=5)  # [D, T_max]
+    diff = float((ref - fast).detach().abs().max())
+    print(f"max |fast - reference| log-prob: {diff:.2e}")
+    assert ref.shape == fast.shape and diff < 1e-4
+    w = torch.linspace(-1, 1, ref.numel()).view_as(ref)
+    (ref * w).sum().backward()
+    (fast * w).sum().backward()
+    pairs = list(zip(ref_model.parameters(), fast_model.parameters(), strict=True))
+    gdiff = max(float((a.grad - b.grad).abs().max()) for a, b in pairs)
+    scale = max(float(a.grad.abs().max()) for a, _ in pairs)
+    print(f"max |fast - reference| gradient: {gdiff:.2e} (largest gradient entry {scale:.2e})")
+    assert gdiff < 1e-5 * scale  # float32 reassociation only
+
+
+def test_fast_path_refuses_a_plain_model():
+    model, _ = build_tiny_model(0)
+    with pytest.raises(ValueError, match="apply_efficiency"):
+        fast_packed_logprobs(model, _datums(model.config.vocab_size))

@@ -458,6 +458,11 @@ def test_prompts_dir_substitutes_templates_and_rejects_unknown_placeholders(tmp_
         build_rubric_messages(_ctx(), prompts_dir=bad)
     with pytest.raises(PromptTemplateError, match="does not exist"):
         build_rubric_messages(_ctx(), prompts_dir=tmp_path / "missing")
+    from common.agent.runtime import RuntimeConfig
+
+    with pytest.raises(PromptTemplateError, match="rubric_user.txt:2"):  # checked when the config is made
+        RuntimeConfig(prompts_dir=str(bad))
+    assert RuntimeConfig(prompts_dir=str(tmp_path)).prompts_dir == str(tmp_path)
 
 
 def test_packaged_templates_are_package_data():

@@ -51,7 +51,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from common.agent.prompts import load_templates
 from common.agent.rubric import (
+    RUBRIC_TEMPLATES,
+    SCORE_TEMPLATES,
     Rubric,
     RubricContext,
     RubricParseError,
@@ -139,6 +142,8 @@ class RuntimeConfig:
             )
         if self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if self.prompts_dir:  # a bad template fails here, with its file:line, not inside every rollout
+            load_templates({**RUBRIC_TEMPLATES, **SCORE_TEMPLATES}, self.prompts_dir)
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]

@@ -258,3 +258,32 @@ def test_generated_rows_respect_family_and_tier(family, tier):
                 assert work[-1] > max(work[:-1])
             if family == "load_balanced":
                 assert max(work) > min(work)
+
+
+def test_paper_mix_matches_the_public_v9_split_sizes():
+    from collections import Counter
+
+    from common.envs.textworld_sync.tasks import paper_mix
+
+    train = paper_mix("train")
+    assert len(train) == 1500 and Counter(t for _, t in train) == {"medium": 900, "extreme": 450, "hard": 150}
+    per_family = Counter(f for f, t in train if t == "medium")
+    assert [per_family[f] for f in FAMILIES] == [129, 129, 129, 129, 128, 128, 128]  # public allocate_counts
+    assert [t for _, t in train[:1]] == ["medium"] and train[-1] == ("hierarchical", "hard")
+    dev, test = paper_mix("dev"), paper_mix("test")
+    assert len(dev) == 200 and Counter(t for _, t in dev) == {t: 50 for t in TIERS}
+    assert len(test) == 1400 and set(Counter(test).values()) == {50} and len(Counter(test)) == 28
+    assert paper_mix("valid") == dev
+    small = Counter(t for _, t in paper_mix("train", 30))
+    assert small == {"medium": 18, "extreme": 9, "hard": 3}
+
+
+def test_generate_tasks_with_the_paper_mix():
+    rows = generate_tasks("train", 20, seed=3, mix="paper")
+    assert len({r["task_id"] for r in rows}) == 20
+    assert {r["difficulty"] for r in rows} == {"medium", "extreme", "hard"}
+    assert rows == generate_tasks("train", 20, seed=3, mix="paper")
+    with pytest.raises(ValueError, match="drop family/tier"):
+        generate_tasks("train", 2, seed=0, tier="easy", mix="paper")
+    with pytest.raises(ValueError, match="unknown mix"):
+        generate_tasks("train", 2, seed=0, mix="balanced")

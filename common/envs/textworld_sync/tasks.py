@@ -106,6 +106,14 @@ RUNTIME_BANDS: dict[str, dict[str, Any]] = {
 }
 TASK_VIEW = {"easy": "structured", "medium": "structured", "hard": "structured", "extreme": "coarse"}
 _DEFAULT_BOTTLENECKS = ["kitchen", "meal_preparation", "meal_eating"]
+PAPER_TIER_COUNTS: dict[str, tuple[tuple[str, int], ...]] = {
+    "train": (("medium", 900), ("extreme", 450), ("hard", 150)),
+    "dev": (("easy", 50), ("medium", 50), ("hard", 50), ("extreme", 50)),
+    "test": tuple((t, 50 * len(FAMILIES)) for t in TIERS),
+}
+"""The paper's V9 split sizes per tier, in the public generation order (``Dataset/generation/textworld_v9.json``:
+train 1,500 = medium 900 + extreme 450 + hard 150, no easy; dev 200 = 50 per tier; test 1,400 = 50 per
+family and tier). ``valid`` is an alias of ``dev``."""
 
 
 # ---- loading --------------------------------------------------------------------------------------
@@ -524,13 +532,67 @@ def _band_json(v: Any) -> dict[str, Any]:
     return {"min": v[0], "max": v[1]} if isinstance(v, tuple) else {"choices": list(v)}
 
 
-def generate_tasks(
-    split: str, n: int, seed: int, family: str | None = None, tier: str | None = None
-) -> list[dict[str, Any]]:
-    """``n`` reproducible rows. Without ``family``/``tier`` the rows cycle through every family, then every
-    tier (row i: family ``FAMILIES[i % 7]``, tier ``TIERS[(i // 7) % 4]``); fixing one cycles the other."""
+def _split_evenly(total: int, n: int) -> list[int]:
+    """``total`` items over ``n`` buckets, the first ``total % n`` one larger (public ``allocate_counts``)."""
+    base, rem = divmod(total, n)
+    return [base + int(k < rem) for k in range(n)]
+
+
+def paper_mix(split: str, n: int | None = None) -> list[tuple[str, str]]:
+    """The (family, tier) of each row of a paper-mix split, in the public order: tier by tier in
+    :data:`PAPER_TIER_COUNTS` order, family by family within a tier, each tier's count spread over the 7
+    families as the public ``allocate_counts`` does. ``n`` (default: the paper's split size) rescales the
+    tier counts proportionally (largest remainders first, ties in tier order).
+
+    >>> len(paper_mix("train")), paper_mix("train")[0], paper_mix("train")[-1]
+    (1500, ('multi_dish_fork_join', 'medium'), ('hierarchical', 'hard'))
+    >>> from collections import Counter; Counter(t for _, t in paper_mix("train", 100))
+    Counter({'medium': 60, 'extreme': 30, 'hard': 10})
+    """
+    key = "dev" if split == "valid" else split
+    if key not in PAPER_TIER_COUNTS:
+        raise ValueError(f"unknown split {split!r}; use one of {sorted(PAPER_TIER_COUNTS)} (or valid)")
+    tiers = PAPER_TIER_COUNTS[key]
+    total = sum(c for _, c in tiers)
+    n = total if n is None else n
     if n < 0:
         raise ValueError("n must be >= 0")
+    exact = [c * n / total for _, c in tiers]
+    counts = [int(x) for x in exact]
+    for k in sorted(range(len(tiers)), key=lambda k: -(exact[k] - counts[k]))[: n - sum(counts)]:
+        counts[k] += 1
+    out: list[tuple[str, str]] = []
+    for (tier, _), count in zip(tiers, counts, strict=True):
+        for fam, m in zip(FAMILIES, _split_evenly(count, len(FAMILIES)), strict=True):
+            out += [(fam, tier)] * m
+    return out
+
+
+def generate_tasks(
+    split: str,
+    n: int,
+    seed: int,
+    family: str | None = None,
+    tier: str | None = None,
+    mix: str = "cycle",
+) -> list[dict[str, Any]]:
+    """``n`` reproducible rows. ``mix="cycle"`` (default): without ``family``/``tier`` the rows cycle through
+    every family, then every tier (row i: family ``FAMILIES[i % 7]``, tier ``TIERS[(i // 7) % 4]``); fixing
+    one cycles the other. ``mix="paper"``: the paper's tier and family proportions of ``split``
+    (:func:`paper_mix`; train has no easy tasks), ``family``/``tier`` must then be None."""
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    if mix == "paper":
+        if family or tier:
+            raise ValueError("mix='paper' fixes the family and tier of every row; drop family/tier")
+        seen: dict[tuple[str, str], int] = {}
+        rows = []
+        for fam, tr in paper_mix(split, n):
+            k = seen[(fam, tr)] = seen.get((fam, tr), -1) + 1
+            rows.append(generate_task(split, fam, tr, k, seed))
+        return rows
+    if mix != "cycle":
+        raise ValueError(f"unknown mix {mix!r}; use 'cycle' or 'paper'")
     rows = []
     for i in range(n):
         fam = family or FAMILIES[i % len(FAMILIES)]
@@ -551,9 +613,10 @@ def main(argv: list[str] | None = None) -> None:  # pragma: no cover - thin CLI
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--family", choices=FAMILIES)
     p.add_argument("--tier", choices=TIERS)
+    p.add_argument("--mix", choices=("cycle", "paper"), default="cycle")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
-    n = write_jsonl(a.out, generate_tasks(a.split, a.n, a.seed, a.family, a.tier))
+    n = write_jsonl(a.out, generate_tasks(a.split, a.n, a.seed, a.family, a.tier, a.mix))
     load_tasks(a.out)  # round-trip check
     print(f"wrote {n} tasks to {a.out}")
 
@@ -569,6 +632,7 @@ __all__ = [
     "load_tasks",
     "make_row",
     "normalize_row",
+    "paper_mix",
     "validate_row",
 ]
 

@@ -287,3 +287,12 @@ def test_generate_tasks_with_the_paper_mix():
         generate_tasks("train", 2, seed=0, tier="easy", mix="paper")
     with pytest.raises(ValueError, match="unknown mix"):
         generate_tasks("train", 2, seed=0, mix="balanced")
+
+
+@needs_sample
+def test_task_texts_follow_the_public_generator_format():
+    from common.envs.textworld_sync.tasks import describe_dishes
+
+    for row in load_tasks(SAMPLE):
+        cap = row["generation"]["v7_sampled_parameters"]["inventory_capacity"]
+        assert describe_dishes(row["dishes"], row["task_family"], cap) == row["task_descriptions"], row["task_id"]

@@ -9,13 +9,13 @@ holding ``dishes``/``parallelism``, ``game_params`` as a JSON string) to the fla
 Generation (:func:`generate_tasks`) samples the 7 families x 4 tiers of SPEC.md §2.2 with the tier bands
 of the public benchmark (dishes 2/2-4/4-5/5, ingredients 3/3-4/4/4, budgets 115-125/95-100/75-90/65-80,
 cooldown 0/0-1/1/1, tighter inventory and more preparation at higher tiers, coarse descriptions at
-extreme). Foods, their allowed (cook, cut) preparations and where they are found come from the
+extreme, task texts in the public generator's format). Foods, their allowed (cook, cut) preparations and where they are found come from the
 ``textworld`` package's cooking challenge (``textworld.challenges.tw_cooking.cooking``); the train / dev /
 test splits use its train / valid / test food folds (valid and test = that fold's own foods with every
 preparation, plus the train foods with the fold's preparations, exactly as TextWorld builds them).
 
 What it simplifies: feasibility is checked with a closed-form action count (work + prepare/eat + gate
-+ 2 moves <= budget), not by search; the oracle tests confirm it. Our descriptions use our own wording.
++ 2 moves <= budget), not by search; the oracle tests confirm it.
 
 Run: ``python -m common.envs.textworld_sync.tasks --split train --n 14 --out /tmp/tw_sync.jsonl``.
 """
@@ -302,31 +302,38 @@ def _sample_recipe(
     raise ValueError("not enough foods in this split for the requested recipe")
 
 
-def _describe(dishes: list[dict[str, Any]], family: str, profile: dict[str, Any]) -> dict[str, str]:
+FAMILY_CONTEXT: dict[str, tuple[str, ...]] = {
+    "resource_constrained": (
+        "The shared inventory can hold at most {capacity} ingredients at once.",
+        "The kitchen and preparation tools are shared across all dishes.",
+    ),
+    "dependency_gate": ("Some ingredient locations are behind an access gate that must be opened first.",),
+    "conflict": ("Several dishes require shared kitchen tools; coordinate their use.",),
+    "hierarchical": (
+        "Each dish contains multiple ingredient-level objectives that can be handled as a group.",
+    ),
+    "critical_path": ("The dishes do not require equal amounts of preparation work.",),
+    "load_balanced": ("The preparation workloads of the dishes are intentionally different.",),
+}
+"""The family's extra task-text lines (public ``render_family_context``; data format, kept verbatim)."""
+
+
+def describe_dishes(dishes: list[dict[str, Any]], family: str, inventory_capacity: int) -> dict[str, str]:
+    """The ``structured`` and ``coarse`` task texts of a row, in the public generator's format
+    (``render_structured`` / ``render_coarse`` + the family's context lines): the texts the paper's
+    models were trained and evaluated on."""
     n = len(dishes)
     structured = [
-        f"Cook and eat {n} dishes; every dish must be finished.",
-        "Each dish can be worked on independently until its final prepare and eat actions.",
+        f"Prepare and eat {n} independent dishes. Complete every dish.",
+        "The dishes are separate objectives and may be prepared independently before the final meal actions.",
     ]
     for dish in dishes:
-        structured.append(f"Dish {dish['dish_id']} needs these ingredients:")
+        structured.append(f"Dish {dish['dish_id']}: prepare the following ingredients:")
         structured += [f"- {r['name']} ({', '.join(r['preparation'])})" for r in dish["recipe"]]
-    structured.append("Once all ingredients of a dish are ready, prepare it and eat it.")
-    coarse = [f"Cook and eat {n} dishes; read the cookbook to learn how each ingredient must be prepared."]
+    structured.append("After all required ingredients for a dish are ready, prepare and eat that dish.")
+    coarse = [f"Prepare and eat {n} dishes. Check the cookbook and complete every dish."]
     coarse += [f"Dish {d['dish_id']} uses: {', '.join(r['name'] for r in d['recipe'])}." for d in dishes]
-    extra = {
-        "resource_constrained": [
-            f"At most {profile['inventory_capacity']} ingredient(s) fit in the shared inventory at once.",
-            "All dishes share the kitchen and its tools.",
-        ],
-        "dependency_gate": ["The ingredients of some dishes are behind the kitchen gate; open it first."],
-        "conflict": ["The dishes compete for the same kitchen tools; take turns with them."],
-        "hierarchical": [
-            "Every dish breaks down into per-ingredient subgoals that can be handled as a group."
-        ],
-        "critical_path": ["One dish needs much more preparation than the others."],
-        "load_balanced": ["The dishes need deliberately different amounts of work."],
-    }.get(family, [])
+    extra = [line.format(capacity=inventory_capacity) for line in FAMILY_CONTEXT.get(family, ())]
     return {"structured": "\n".join(structured + extra), "coarse": "\n".join(coarse + extra)}
 
 
@@ -421,7 +428,7 @@ def _build(
     capacity: dict[str, int] | None = {"conflict": {"knife": 1, "stove": 1}}.get(family)
     if family == "resource_constrained":
         capacity = {"inventory": int(profile["inventory_capacity"])}
-    descriptions = _describe(dishes, family, profile)
+    descriptions = describe_dishes(dishes, family, int(profile["inventory_capacity"]))
     view = TASK_VIEW[tier]
     params = {
         "includeDoors": int(doors),
@@ -631,6 +638,7 @@ __all__ = [
     "generate_tasks",
     "load_tasks",
     "make_row",
+    "describe_dishes",
     "normalize_row",
     "paper_mix",
     "validate_row",

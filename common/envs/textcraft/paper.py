@@ -44,6 +44,7 @@ both are cached per process. Run: ``python -m common.envs.textcraft.paper --spli
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import random
@@ -122,6 +123,49 @@ process where the set happens to iterate in insertion order, and what an inserti
 (a ``dict``) would give. See docs/fidelity/textcraft_data.md for what this does and does not change."""
 
 
+class Draws:
+    """The ``random.Random`` methods the public generator calls, written out on top of the two raw
+    Mersenne-Twister outputs (``getrandbits``, ``random``) exactly as CPython 3.11/3.12 implements them,
+    so the data cannot change if a later Python changes ``randrange``/``sample``/``shuffle`` internals.
+
+    >>> a, b = Draws(7), random.Random(7)
+    >>> [a.randint(1, 6) for _ in range(5)] == [b.randint(1, 6) for _ in range(5)]
+    True
+    """
+
+    __slots__ = ("_bits", "random")
+
+    def __init__(self, seed: int):
+        gen = random.Random(seed)
+        self._bits = gen.getrandbits
+        self.random = gen.random
+        """A float in [0, 1) from 53 random bits (``random.Random.random``)."""
+
+    def below(self, n: int) -> int:
+        """Uniform in [0, n): ``k = n.bit_length()`` bits, redrawn while >= n (``_randbelow``)."""
+        k = n.bit_length()
+        r = self._bits(k)
+        while r >= n:
+            r = self._bits(k)
+        return r
+
+    def randint(self, a: int, b: int) -> int:
+        return a + self.below(b - a + 1)
+
+    def choice(self, seq: Any) -> Any:
+        return seq[self.below(len(seq))]
+
+    def sample_one(self, seq: list[str]) -> str:
+        """``random.sample(seq, 1)[0]``: both of its code paths draw one ``_randbelow(len(seq))``."""
+        return seq[self.below(len(seq))]
+
+    def shuffle(self, items: list[Any]) -> None:
+        """Fisher-Yates from the end, as ``random.shuffle``."""
+        for i in reversed(range(1, len(items))):
+            j = self.below(i + 1)
+            items[i], items[j] = items[j], items[i]
+
+
 @dataclass(frozen=True)
 class PaperWorld:
     """The generated recipe world with the public generator's own lists (their order drives later draws)."""
@@ -141,7 +185,7 @@ class PaperWorld:
 
 
 def _pick_recipe(
-    rng: random.Random,
+    rng: Draws,
     tier: int,
     domain_tiers: dict[int, list[str]],
 ) -> tuple[dict[str, int], int] | None:
@@ -190,7 +234,7 @@ def paper_world(seed: int = PAPER_SEED, items_per_domain_tier: int = ITEMS_PER_D
     >>> len(w.book), len(w.base_items), w.book.recipe("m2_i1_12")
     (1452, 50, Recipe(ingredients={'m9_ore': 1}, result_count=2))
     """
-    rng = random.Random(seed)  # the public code seeds the global generator: the same stream
+    rng = Draws(seed)  # the public code seeds the global generator: the same stream
     tiers: dict[str, int] = {}
     domains: dict[str, str] = {}
     recipes: dict[str, Recipe] = {}
@@ -274,22 +318,48 @@ def _per_one(world: PaperWorld, item: str) -> dict[str, int]:
     return cache[item]
 
 
-def _tree_totals(world: PaperWorld, item: str, count: int) -> dict[str, int]:
-    """Phase 1 of the public solver for one call: ``count`` of ``item`` plus, per ingredient, its
-    executions x per-craft count, recursively (each call rounds up on its own). Keys in depth-first
-    first-visit order; memoised per (item, count) on the world, so shared subtrees cost nothing."""
-    cache = world.cache.setdefault("tree", {})
-    key = (item, count)
-    if key not in cache:
-        out = {item: count}
-        rec = world.book.recipes.get(item)
-        if rec is not None:
-            execs = -(-count // rec.result_count)
-            for ing, k in rec.ingredients.items():
-                for name, n in _tree_totals(world, ing, execs * k).items():
-                    out[name] = out.get(name, 0) + n
-        cache[key] = out
-    return cache[key]
+def _requirements(world: PaperWorld, targets: dict[str, int]) -> dict[str, int]:
+    """Phase 1 of the public solver: the recipe TREE of every target, each node asking for ``count`` of
+    its item and ``ceil(count / result_count) x k`` of each ingredient (rounding per node, never
+    pooled), summed per item; keys in depth-first first-visit order.
+
+    The tree can have millions of nodes at tier 12, but only a few hundred distinct (item, count)
+    nodes: we walk that DAG once and weight each node by the number of tree paths that reach it.
+    """
+    book = world.book
+    kids_of = world.cache.setdefault("kids", {})
+
+    def kids(node: tuple[str, int]) -> list[tuple[str, int]]:
+        if node not in kids_of:
+            rec = book.recipes.get(node[0])
+            execs = 0 if rec is None else -(-node[1] // rec.result_count)
+            kids_of[node] = [] if rec is None else [(ing, execs * k) for ing, k in rec.ingredients.items()]
+        return kids_of[node]
+
+    first: dict[str, None] = {}
+    post: list[tuple[str, int]] = []
+    seen: set[tuple[str, int]] = set()
+
+    def walk(node: tuple[str, int]) -> None:
+        first.setdefault(node[0])
+        if node in seen:  # its subtree's items were all visited the first time
+            return
+        seen.add(node)
+        for child in kids(node):
+            walk(child)
+        post.append(node)
+
+    paths: dict[tuple[str, int], int] = {}
+    for item, count in targets.items():
+        walk((item, count))
+        paths[(item, count)] = paths.get((item, count), 0) + 1
+    totals: dict[str, int] = {}
+    for node in reversed(post):  # parents before children
+        n_paths = paths.get(node, 0)
+        totals[node[0]] = totals.get(node[0], 0) + node[1] * n_paths
+        for child in kids(node):
+            paths[child] = paths.get(child, 0) + n_paths
+    return {item: totals[item] for item in first}
 
 
 def gold_trajectory(
@@ -305,12 +375,10 @@ def gold_trajectory(
     ['m2_i2_12', 1]
     """
     book = world.book
-    need: dict[str, int] = {}
-    for item, count in targets.items():
-        if not book.knows(item) or (book.recipes.get(item) is None and not book.is_base(item)):
+    for item in targets:
+        if not book.knows(item):
             return None
-        for name, n in _tree_totals(world, item, count).items():
-            need[name] = need.get(name, 0) + n
+    need = _requirements(world, targets)
     inv = dict(inventory)
     steps: list[dict[str, Any]] = []
     crafted = sorted((i for i in need if book.recipes.get(i) is not None), key=world.depth)
@@ -340,7 +408,7 @@ def gold_trajectory(
 
 
 # --- the public task generator ---------------------------------------------------------------------------
-def _split_items(world: PaperWorld, rng: random.Random) -> dict[str, dict[int, list[str]]]:
+def _split_items(world: PaperWorld, rng: Draws) -> dict[str, dict[int, list[str]]]:
     """Per tier 1..12: shuffle the tier's items, the first 80% are train-only targets, the rest val-only."""
     out: dict[str, dict[int, list[str]]] = {"train": {}, "val": {}}
     for tier in range(1, 13):
@@ -355,20 +423,20 @@ def _split_items(world: PaperWorld, rng: random.Random) -> dict[str, dict[int, l
 
 def _draw_task(
     world: PaperWorld,
-    rng: random.Random,
+    rng: Draws,
     candidates: list[str],
     difficulty: str,
     seen: set[str],
+    with_gold: bool = True,
 ) -> dict[str, Any] | None:
     """One public ``create_task_from_pool`` attempt over ``candidates`` (the split's items of the
     difficulty's tiers, in tier order): a task row without id, or None (duplicate or unsolvable)."""
     max_count = PAPER_DIFFICULTIES[difficulty][2]
     if not candidates:
         return None
-    n_targets = rng.randint(1, 1)  # max_targets is 1 for every difficulty (the draw still happens)
-    targets = {
-        item: rng.randint(1, max_count) for item in rng.sample(candidates, min(n_targets, len(candidates)))
-    }
+    rng.randint(1, 1)  # the number of targets: max_targets is 1 everywhere, but the draw happens
+    item = rng.sample_one(candidates)
+    targets = {item: rng.randint(1, max_count)}
     key = str(sorted(targets.items()))
     if key in seen:
         return None
@@ -380,7 +448,9 @@ def _draw_task(
         extra = rng.choice(world.base_items)
         if extra not in inventory:
             inventory[extra] = rng.randint(1, 5)
-    gold = gold_trajectory(world, targets, inventory)
+    # The public solver never rejects here (the inventory covers base_needs, which bounds its phase-1
+    # totals), so skipping it changes no draw; with_gold=True still runs and checks it.
+    gold = gold_trajectory(world, targets, inventory) if with_gold else []
     if gold is None:
         return None
     seen.add(key)
@@ -408,10 +478,16 @@ def world_ref(world: PaperWorld, items_per_domain_tier: int = ITEMS_PER_DOMAIN_T
     }
 
 
-@functools.lru_cache(maxsize=2)
-def _splits(seed: int, items_per_domain_tier: int) -> dict[str, tuple[str, ...]]:
+@functools.lru_cache(maxsize=4)
+def _splits(
+    seed: int, items_per_domain_tier: int, base_order: tuple[str, ...] | None, with_gold: bool = True
+) -> dict[str, tuple[str, ...]]:
     world = paper_world(seed, items_per_domain_tier)
-    rng = random.Random(seed)
+    if base_order is not None:
+        if sorted(base_order) != sorted(world.base_items):
+            raise ValueError("base_order must list every base item of the world exactly once")
+        world = dataclasses.replace(world, base_items=tuple(base_order), cache=world.cache)
+    rng = Draws(seed)
     pools = _split_items(world, rng)
     ref = world_ref(world, items_per_domain_tier)
     out: dict[str, list[dict[str, Any]]] = {}
@@ -427,14 +503,14 @@ def _splits(seed: int, items_per_domain_tier: int) -> dict[str, tuple[str, ...]]
             made = attempts = 0
             while made < n_want and attempts < n_want * ATTEMPTS_PER_TASK:
                 attempts += 1
-                row = _draw_task(world, rng, candidates, diff, seen)
+                row = _draw_task(world, rng, candidates, diff, seen, with_gold)
                 if row is not None:
                     row["misc"]["split"] = split
                     row["misc"]["recipe_book"] = ref
                     rows.append(row)
                     made += 1
         out[split] = rows
-    shuffler = random.Random(seed + 1)  # train first, then val, from one generator
+    shuffler = Draws(seed + 1)  # train first, then val, from one generator
     for split in ("train", "val"):
         shuffler.shuffle(out[split])
     # Stored as JSON text so callers always get fresh, independent copies.
@@ -451,8 +527,14 @@ def paper_tasks(
     *,
     seed: int = PAPER_SEED,
     items_per_domain_tier: int = ITEMS_PER_DOMAIN_TIER,
+    base_order: tuple[str, ...] | None = None,
+    gold: bool = True,
 ) -> list[dict[str, Any]]:
     """The paper's tasks of ``split`` in the public order (fresh dicts; the generation is cached).
+
+    ``base_order`` replaces :data:`BASE_ORDER` (e.g. the set order of one ``PYTHONHASHSEED``, to replay
+    what the public code printed in such a process); it must list the 50 base items. ``gold=False``
+    leaves ``gold_trajectory`` empty (and ``num_craft_steps`` 0): same tasks, three times faster.
 
     >>> val = paper_tasks("val")
     >>> len(val), val[0]["id"], val[0]["misc"]["difficulty"]
@@ -460,7 +542,8 @@ def paper_tasks(
     """
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    return [json.loads(s) for s in _splits(seed, items_per_domain_tier)[split]]
+    key = None if base_order is None else tuple(base_order)
+    return [json.loads(s) for s in _splits(seed, items_per_domain_tier, key, gold)[split]]
 
 
 def main() -> None:

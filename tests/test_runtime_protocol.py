@@ -362,3 +362,21 @@ def test_fork_cap_refuses_launches_past_it():
     assert len(forked) == 6  # never more clones than the cap
     refused = [s for n in tree.nodes.values() for s in n.steps if s.refused_launches]
     assert refused and all(FORK_BUDGET_MESSAGE in s.observation for s in refused)
+
+
+def test_small_cap_cuts_the_trajectory_never_the_frozen_rubric():
+    def fn(req: GenerationRequest) -> str:
+        if req.role != "act":
+            return secret_script(req)
+        if req.meta["depth"] == 0:
+            return ["DELEGATE", "FINISH"][min(req.meta["step"], 1)]
+        return ("LOOK " + "z" * 3000) if req.meta["step"] < 5 else "FINISH"
+
+    policy = Recorder(fn)
+    cfg = RuntimeConfig(max_prompt_tokens=1500, max_steps=6)
+    asyncio.run(run_root({"goal": "g"}, SecretEnv(), policy, cfg))
+    score = next(r for r in policy.requests if r.role == "score")
+    assert estimate_tokens(score.messages) <= 1500
+    user = score.messages[1]["content"]
+    assert '"frozen_rubric": {"failure_conditions"' in user and '"delegated_task": "increment' in user
+    assert '"omitted_steps"' in user  # the middle of the child's trajectory gave way

@@ -95,6 +95,20 @@ FIELD_CHARS = 6_000
 TRAJECTORY_CHARS = 24_000
 """Limit of the serialised trajectory in the score payload (middle steps are replaced by a count)."""
 
+
+def score_budget(max_prompt_tokens: int) -> tuple[int, int]:
+    """``(trajectory chars, field chars)`` for a scoring prompt under ``max_prompt_tokens``: the paper's
+    caps give the full :data:`TRAJECTORY_CHARS` / :data:`FIELD_CHARS`; small laptop caps shrink both, so
+    the prompt cap cuts the trajectory, never the rubric at the payload's head (~3 characters a token
+    for JSON, 4,000 characters kept for the rubric, the goal and the instructions).
+
+    >>> score_budget(9_728), score_budget(2_048)
+    ((24000, 6000), (2144, 1072))
+    """
+    traj = max(1_000, min(TRAJECTORY_CHARS, 3 * max_prompt_tokens - 4_000))
+    return traj, min(FIELD_CHARS, traj // 2)
+
+
 RUBRIC_TEMPLATES: dict[str, frozenset[str]] = {
     "rubric_system": frozenset(),
     "rubric_user": frozenset({"context", "min_items"}),
@@ -326,12 +340,14 @@ def serialise_trajectory(node: Node, max_chars: int = 16_000) -> str:
     return body + "\n\n--- End of trajectory ---\n" + "\n".join(status)
 
 
-def trajectory_payload(node: Node, max_chars: int = TRAJECTORY_CHARS) -> dict[str, Any]:
+def trajectory_payload(
+    node: Node, max_chars: int = TRAJECTORY_CHARS, field_chars: int = FIELD_CHARS
+) -> dict[str, Any]:
     """The child's trajectory as the score payload holds it (public ``serialize_trajectory`` shape):
     ``{task_goal, steps: [{step, raw_response, observation, error}], finish_message, error_message}``.
 
     No environment verdict (success, reward) is included: the scorer judges from the trajectory and the
-    final state. Strings are cut to :data:`FIELD_CHARS`; when the whole exceeds ``max_chars`` the middle
+    final state. Strings are cut to ``field_chars``; when the whole exceeds ``max_chars`` the middle
     steps are replaced by one ``{"omitted_steps": n}`` entry (the first step and the last ones are kept).
     """
     steps = []
@@ -355,7 +371,8 @@ def trajectory_payload(node: Node, max_chars: int = TRAJECTORY_CHARS) -> dict[st
             "steps": steps,
             "finish_message": node.finish_message,
             "error_message": node.error,
-        }
+        },
+        field_chars,
     )
     steps = payload["steps"]
     omitted = 0
@@ -410,18 +427,19 @@ def build_score_messages(
     trajectory: dict[str, Any],
     final_state: Any,
     prompts_dir: str | Path | None = None,
+    field_chars: int = FIELD_CHARS,
 ) -> list[dict[str, str]]:
     """A fresh chat asking the policy to score a finished child against its frozen rubric.
 
     ``trajectory`` is :func:`trajectory_payload`'s output; ``final_state`` is the environment as the
-    child saw it when it ended (JSON-able)."""
+    child saw it when it ended (JSON-able; its strings are cut to ``field_chars``)."""
     t = load_templates(SCORE_TEMPLATES, prompts_dir)
     payload = stable_json(
         {
             "frozen_rubric": rubric.to_dict(),
             "delegated_task": delegated_goal,
             "trajectory": trajectory,
-            "final_environment_state": _clip_strings(final_state),
+            "final_environment_state": _clip_strings(final_state, field_chars),
         }
     )
     user = render(t["score_user"], payload=payload)

@@ -63,6 +63,7 @@ from common.agent.rubric import (
     build_score_messages,
     parse_rubric,
     parse_score,
+    score_budget,
     trajectory_payload,
 )
 from common.agent.tree import CallRecord, Node, Step, Tree
@@ -404,8 +405,14 @@ class _Rollout:
         node = child.node
         if rubric is None:
             return
+        traj_chars, field_chars = score_budget(self.cfg.max_prompt_tokens)
         messages = build_score_messages(
-            rubric, request.goal, trajectory_payload(node), self.visible_state(child), self.cfg.prompts_dir
+            rubric,
+            request.goal,
+            trajectory_payload(node, traj_chars, field_chars),
+            self.visible_state(child),
+            self.cfg.prompts_dir,
+            field_chars,
         )
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
         call = await self.call(

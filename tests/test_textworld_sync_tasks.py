@@ -228,10 +228,14 @@ def test_generated_rows_respect_family_and_tier(family, tier):
             for d in r["dishes"]:
                 assert band["ingredients_per_dish"][0] <= len(d["recipe"]) <= band["ingredients_per_dish"][1]
                 prepared = sum(i["requires_preparation"] for i in d["recipe"])
-                assert prepared == min(
-                    r["generation"]["v7_sampled_parameters"]["min_prepared_ingredients_per_dish"],
-                    len(d["recipe"]),
+                sampled = r["generation"]["v7_sampled_parameters"]
+                lo_p, hi_p = (
+                    sampled["min_prepared_ingredients_per_dish"],
+                    sampled["max_prepared_ingredients_per_dish"],
                 )
+                assert lo_p <= prepared <= hi_p  # public sample_recipe bounds
+                if hi_p < len(d["recipe"]):  # bounded: the others are raw+uncut
+                    assert prepared == lo_p
                 for i in d["recipe"]:
                     assert tuple(i["preparation"]) in foods[i["name"]].preparations
             assert par["estimated_sequential_actions"] + 2 <= par["shared_environment_max_steps"]
@@ -295,4 +299,6 @@ def test_task_texts_follow_the_public_generator_format():
 
     for row in load_tasks(SAMPLE):
         cap = row["generation"]["v7_sampled_parameters"]["inventory_capacity"]
-        assert describe_dishes(row["dishes"], row["task_family"], cap) == row["task_descriptions"], row["task_id"]
+        assert describe_dishes(row["dishes"], row["task_family"], cap) == row["task_descriptions"], row[
+            "task_id"
+        ]

@@ -241,18 +241,13 @@ def _work(prep: tuple[str, str]) -> int:
     return 1 + (prep[0] != "raw") + (prep[1] != "uncut")
 
 
-def _choose_prep(
-    options: list[tuple[str, str]], rng: random.Random, complexity: str, family: str
-) -> tuple[str, str]:
-    if family == "conflict":  # prefer the contended tools: the knife and the stove
-        contended = [p for p in options if p[0] in ("raw", "fried") and (p[1] != "uncut" or p[0] == "fried")]
-        options = contended or options
-    ranked = sorted(options, key=lambda p: (_work(p), p))
+def _choose_prep(options: list[tuple[str, str]], rng: random.Random, complexity: str) -> tuple[str, str]:
+    """Public ``choose_preparation``: low = the least work, high = the most (ties by name), else random."""
     if complexity == "low":
-        return ranked[0]
+        return min(options, key=lambda p: (_work(p), p))
     if complexity == "high":
-        return ranked[-1]
-    return rng.choice(ranked)
+        return max(options, key=lambda p: (_work(p), p))
+    return rng.choice(options)
 
 
 def _sample_recipe(
@@ -260,34 +255,45 @@ def _sample_recipe(
     foods: dict[str, Food],
     used: set[str],
     n_ingredients: int,
-    n_prepared: int,
+    min_prepared: int,
+    max_prepared: int,
     complexity: str,
-    family: str,
 ) -> list[dict[str, Any]]:
-    names = sorted(set(foods) - used)
+    """One dish's recipe, by the public ``sample_recipe`` algorithm: ``min_prepared`` foods that need a
+    preparation; when ``max_prepared < n_ingredients`` the others are raw+uncut (raw-only foods first),
+    else they are any foods with any of their preparations; redrawn until the prepared count lies in
+    ``[min_prepared, max_prepared]``. Foods are disjoint across dishes (``used``)."""
     trivial = ("raw", "uncut")
+    names = sorted(set(foods) - used)
+    if len(names) < n_ingredients:
+        raise ValueError("not enough disjoint foods in this split")
     prepable = [n for n in names if any(p != trivial for p in foods[n].preparations)]
-    rawable = [n for n in names if trivial in foods[n].preparations]
-    n_prepared = min(n_prepared, n_ingredients)
-    for _ in range(64):
-        prepared = rng.sample(prepable, n_prepared)
-        pool = [n for n in rawable if n not in prepared]
-        k = n_ingredients - n_prepared
-        if len(pool) < k:
-            continue
-        raw_only = [n for n in pool if foods[n].preparations == (trivial,)]
-        simple = rng.sample(raw_only, min(k, len(raw_only)))
-        simple += rng.sample([n for n in pool if n not in simple], k - len(simple))
-        chosen = prepared + simple
+    if len(prepable) < min_prepared:
+        raise ValueError("not enough foods with a non-trivial preparation")
+    bounded = max_prepared < n_ingredients
+    for _ in range(256):
+        required = rng.sample(prepable, min_prepared)
+        rest = [n for n in names if n not in required]
+        k = n_ingredients - min_prepared
+        if bounded:
+            rawable = [n for n in rest if trivial in foods[n].preparations]
+            if len(rawable) < k:
+                continue
+            raw_only = [n for n in rawable if foods[n].preparations == (trivial,)]
+            simple = rng.sample(raw_only, min(len(raw_only), k))
+            simple += rng.sample([n for n in rawable if n not in simple], k - len(simple))
+        else:
+            simple = rng.sample(rest, k)
+        chosen = required + simple
         rng.shuffle(chosen)
         recipe = []
         for name in chosen:
-            if name in prepared:
-                prep = _choose_prep(
-                    [p for p in foods[name].preparations if p != trivial], rng, complexity, family
-                )
-            else:
-                prep = trivial
+            options = list(foods[name].preparations)
+            if name in required:
+                options = [p for p in options if p != trivial]
+            elif bounded:
+                options = [p for p in options if p == trivial]
+            prep = _choose_prep(options, rng, complexity)
             recipe.append(
                 {
                     "branch_work": _work(prep),
@@ -297,9 +303,10 @@ def _sample_recipe(
                     "requires_preparation": prep != trivial,
                 }
             )
-        used.update(chosen)
-        return recipe
-    raise ValueError("not enough foods in this split for the requested recipe")
+        if min_prepared <= sum(r["requires_preparation"] for r in recipe) <= max_prepared:
+            used.update(chosen)
+            return recipe
+    raise ValueError("could not sample a recipe within the preparation bounds")
 
 
 FAMILY_CONTEXT: dict[str, tuple[str, ...]] = {
@@ -390,8 +397,8 @@ def _build(
             used,
             profile["ingredients_per_dish"],
             profile["min_prepared_ingredients_per_dish"],
+            profile["max_prepared_ingredients_per_dish"],
             complexity[d],
-            family,
         )
         dishes.append(
             {

@@ -73,6 +73,7 @@ def _varlen_kernel_kwargs() -> dict[str, Any]:
     else:
         raise RuntimeError("torch.nn.attention.varlen.varlen_attn has neither is_causal nor window_size")
     kw["_gqa"] = "enable_gqa" in params
+    kw["_scale"] = "scale" in params
     return kw
 
 
@@ -100,12 +101,16 @@ def varlen_attention(
 
         kw = _varlen_kernel_kwargs()
         gqa = kw.pop("_gqa")
+        if kw.pop("_scale"):
+            kw["scale"] = scaling
+        elif scaling is not None and abs(scaling - q.shape[-1] ** -0.5) > 1e-6:
+            raise RuntimeError("this torch's varlen_attn has no scale argument and the model needs one")
         if groups > 1 and not gqa:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # [N, Hq, D]
         elif groups > 1:
             kw["enable_gqa"] = True
         max_len = int(kwargs.get("max_length_q") or int((cu[1:] - cu[:-1]).max()))
-        out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, **kw)  # [N, Hq, D]
+        out = varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)  # [N, Hq, D]
     else:  # CPU reference: causal sdpa per datum
         if groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)

@@ -150,9 +150,11 @@ class VLLMEngine(Engine):
             top_p=float(sp.top_p) if sp.temperature > 0 else 1.0,
             seed=None if sp.seed is None else int(sp.seed),
             stop=list(sp.stop) or None,
-            stop_token_ids=list(self.eos_ids),
+            stop_token_ids=None if sp.ignore_eos else list(self.eos_ids),
+            ignore_eos=bool(sp.ignore_eos),
             include_stop_str_in_output=True,
             logprobs=0,
+            detokenize=bool(sp.stop),  # vLLM's text is needed only to find stop strings; ours is re-decoded
             skip_special_tokens=True,
         )
 
@@ -193,7 +195,8 @@ class VLLMEngine(Engine):
         output_ids = [int(t) for t in o.token_ids]
         logprobs = [float(step[tok].logprob) for step, tok in zip(o.logprobs, output_ids, strict=True)]
         text, stopped = completion_text(self.tokenizer, output_ids, tuple(req.sampling.stop))
-        finish = "stop" if (stopped or (output_ids and output_ids[-1] in self.eos_ids)) else "length"
+        eos = bool(output_ids) and output_ids[-1] in self.eos_ids and not req.sampling.ignore_eos
+        finish = "stop" if (stopped or eos) else "length"
         self.stats["generated_tokens"] += len(output_ids)
         return Completion(
             text=text,

@@ -5,7 +5,8 @@ A policy turns a chat (a list of ``{"role", "content"}`` messages) into a :class
 those output tokens (token-in, token-out: training never re-tokenises text, SPEC.md §1).
 
 Backends (``common/policy``): ``hf`` (a local transformers model), ``openai`` (any OpenAI-compatible
-server), and scripted ones (``oracle``, ``random``, ``replay``) that produce text without a model. Scripted
+server), level 1's in-process vLLM engine (``engine.Engine`` is the interface of the trainable ones:
+weight updates, policy version, sleep/wake), and scripted ones (``oracle``, ``random``, ``replay``) that produce text without a model. Scripted
 backends return empty token lists; the trainer refuses to train on them.
 
 Every request names its *role*: ``act`` (an agent step), ``rubric`` (writing a rubric) or ``score``
@@ -37,6 +38,8 @@ class SamplingParams:
     """Stop strings; generation ends after the first one (the stop string is kept in the output)."""
     seed: int | None = None
     """Per-request seed where the backend supports it."""
+    ignore_eos: bool = False
+    """Generate exactly ``max_new_tokens`` (EOS does not stop; stop strings still do). Benchmarks only."""
 
 
 @dataclass
@@ -60,7 +63,9 @@ class Completion:
     prompt_ids: list[int] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    """Behaviour log-probs of ``output_ids`` under the sampler (same length), empty for scripted policies."""
+    """Behaviour log-probs of ``output_ids`` (same length): the raw model's ``log_softmax(logits)`` of each
+    sampled token (T = 1, no top-p; the distribution the trainer scores, see ``engine.py``); empty for
+    scripted policies."""
     finish_reason: str = "stop"
     """``stop`` (EOS or stop string), ``length`` (hit max_new_tokens) or ``scripted``."""
     prompt_truncated: bool = False

@@ -184,7 +184,7 @@ class HFPolicy(Engine):
 
     def _check_done(self, row: _Row) -> bool:
         sp = row.request.sampling
-        if row.output_ids[-1] in self.eos_ids:
+        if row.output_ids[-1] in self.eos_ids and not sp.ignore_eos:
             row.finish_reason = "stop"
             return True
         if sp.stop:

@@ -17,10 +17,12 @@ just below (so an item's crafting depth equals its tier). Each ingredient is nee
 recipe yields ``result_count`` items per execution (tier 1: 2-4, tier 2: 2-3, tiers 3-5: 1-2, >= 6: 1).
 Seed 0 gives 1,466 items.
 
-What it simplifies: one recipe per item (the public TextCraft has tag recipes and alternatives); the
-generator follows the public TextCraft-Synth *format* (names, tiers, counts) but is our own, so a seed here
-does not reproduce the public files. Worlds made elsewhere are run by loading their table with
-:meth:`RecipeBook.from_json`.
+What it simplifies: one recipe per item (the public TextCraft has tag recipes and alternatives). The
+generator here follows the public TextCraft-Synth *format* (names, tiers, counts) but is our own
+(``generator="sera"`` in task rows): no seed of it reproduces the paper's world. The paper's world, its
+generator reproduced draw for draw, is ``paper.paper_world()`` (a :class:`RecipeBook` too), and it is the
+default world of task rows (``tasks.book_for_task``). Worlds made elsewhere are run by loading their table
+with :meth:`RecipeBook.from_json`.
 
 JSON table (``RecipeBook.to_json()``, format ``sera-textcraft-recipes/v1``)::
 

@@ -513,13 +513,14 @@ def _splits(
     shuffler = Draws(seed + 1)  # train first, then val, from one generator
     for split in ("train", "val"):
         shuffler.shuffle(out[split])
-    # Stored as JSON text so callers always get fresh, independent copies.
-    return {
-        split: tuple(
-            json.dumps({"id": f"textcraft_synth.{split}.{i}", **row}) for i, row in enumerate(out[split])
+    # Stored as JSON text so callers always get fresh, independent copies; difficulties on the side.
+    stored: dict[str, tuple[str, ...]] = {}
+    for split, rows in out.items():
+        stored[split] = tuple(
+            json.dumps({"id": f"textcraft_synth.{split}.{i}", **r}) for i, r in enumerate(rows)
         )
-        for split in out
-    }
+        stored[f"{split}:difficulty"] = tuple(r["misc"]["difficulty"] for r in rows)
+    return stored
 
 
 def paper_tasks(
@@ -544,6 +545,17 @@ def paper_tasks(
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     key = None if base_order is None else tuple(base_order)
     return [json.loads(s) for s in _splits(seed, items_per_domain_tier, key, gold)[split]]
+
+
+def paper_difficulties(split: Literal["train", "val"]) -> list[str]:
+    """The difficulty of every task of the paper's ``split``, in order (cheap: no row is decoded)."""
+    return list(_splits(PAPER_SEED, ITEMS_PER_DOMAIN_TIER, None, True)[f"{split}:difficulty"])
+
+
+def paper_rows(split: Literal["train", "val"], indices: list[int]) -> list[dict[str, Any]]:
+    """Rows ``indices`` of the paper's ``split`` (fresh dicts), decoding only those."""
+    rows = _splits(PAPER_SEED, ITEMS_PER_DOMAIN_TIER, None, True)[split]
+    return [json.loads(rows[i]) for i in indices]
 
 
 def main() -> None:

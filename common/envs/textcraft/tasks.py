@@ -290,20 +290,18 @@ def generate_tasks(
     if generator != "paper":
         raise ValueError(f"generator must be one of {GENERATORS}, got {generator!r}")
     _check_request(split, n, difficulty)
-    from .paper import paper_tasks
+    from .paper import paper_difficulties, paper_rows
 
-    rows = paper_tasks(split)  # type: ignore[arg-type]
-    if difficulty is not None:
-        rows = [r for r in rows if r["misc"]["difficulty"] == difficulty]
-    if n > len(rows):
+    picks = [i for i, d in enumerate(paper_difficulties(split)) if difficulty in (None, d)]  # type: ignore[arg-type]
+    if n > len(picks):
         what = f"{difficulty} tasks" if difficulty else "tasks"
         raise ValueError(
-            f"the paper's {split} split has {len(rows)} {what}, {n} were asked for: ask for at most "
-            f"{len(rows)}, or use generator='sera' (our generator, any number of tasks)"
+            f"the paper's {split} split has {len(picks)} {what}, {n} were asked for: ask for at most "
+            f"{len(picks)}, or use generator='sera' (our generator, any number of tasks)"
         )
     if seed != 0:
-        random.Random(f"paper-order:{split}:{seed}").shuffle(rows)
-    return rows[:n]
+        random.Random(f"paper-order:{split}:{seed}").shuffle(picks)
+    return paper_rows(split, picks[:n])  # type: ignore[arg-type]
 
 
 def generate_sera_tasks(

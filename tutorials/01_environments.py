@@ -12,13 +12,12 @@
 # Run it as a script (`python tutorials/01_environments.py`) or open it as a notebook with jupytext.
 
 # %%
-from common.envs.textcraft.recipes import generate_recipe_book
-from common.envs.textcraft.tasks import generate_tasks, solve
+from common.envs.textcraft.tasks import book_for_task, generate_tasks, solve
 from common.envs.textcraft.world import TextCraftWorld
 
-book = generate_recipe_book(seed=0)
+task = generate_tasks(split="train", n=1, seed=0, difficulty="easy")[0]  # the paper's first easy train task
+book = book_for_task(task)  # the recipe world the task names: the paper's (seed 42)
 print(len(book.items), "items; stable hash", book.stable_hash()[:12])
-task = generate_tasks(split="train", n=1, seed=0, difficulty="easy")[0]
 print(task["goal"], "| initial inventory:", task["misc"]["initial_inventory"])
 
 # %% [markdown]
@@ -33,8 +32,8 @@ print(world.get_info([target])[0])
 print(world.craft({"nothing": 1}, (target, 1)))            # an explicit error string
 gold = solve(book, world.view_inventory(), {target: count})
 for s in gold:                                              # replay the solver's gold craft sequence
-    item, n_exec = s["target"]
-    print(world.craft(s["ingredients"], (item, n_exec * s["result_count"])))
+    item, n_exec = s["target"]                             # result_count is the step's total
+    print(world.craft(s["ingredients"], (item, s["result_count"])))
 
 # %% [markdown]
 # `fork()` is an isolated copy (used for counterfactual branches and best-of-n); `commit(branch)` makes a

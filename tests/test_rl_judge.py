@@ -99,7 +99,7 @@ def test_rao_runtime_stores_judge_verdicts_and_the_batch_uses_them(verdict):
     async def judge(request, node, session, world):
         return verdict
 
-    task = generate_tasks("train", 1, seed=4, difficulty="medium")[0]
+    task = generate_tasks("train", 1, seed=4, difficulty="easy")[0]
     cfg = RuntimeConfig(use_rubrics=False, max_depth=1, counterfactual_k=1)  # RAO: one child per launch
     tree = asyncio.run(run_root(task, make_env("textcraft"), _Oracle(), cfg, judge=judge))
     children = [n for n in tree.committed_nodes() if n.parent_id is not None]

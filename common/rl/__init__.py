@@ -3,10 +3,10 @@
 | module      | what                                                                              |
 |-------------|-----------------------------------------------------------------------------------|
 | spans.py    | launch-statement char spans (ast / ``<delegate>``) -> output-token masks            |
-| rewards.py  | LOO baselines; execution, leaf-credit delegation and ranking rubric rewards        |
+| rewards.py  | LOO baselines; execution, leaf-credit delegation and ranking rubric rewards; the zero-variance rule |
 | weights.py  | depth weights ``w_d = Z / T_d`` with mean 1 over the batch                          |
 | loss.py     | CISPO loss and token log-probs (the only torch module)                             |
-| schedule.py | the ``execution:16,delegation:2,rubric:2`` stage cycle and the method presets       |
+| schedule.py | the ``execution:16,delegation:2,rubric:2`` stage cycle and the method presets (rao_d 12:4) |
 | datums.py   | ``CallRecord`` -> ``Datum`` builders for the three stages (scoring is never trained) |
 
 Nothing here imports torch.distributed, Ray or SGLang; only ``loss.py`` imports torch (and importing
@@ -29,6 +29,7 @@ from common.rl.rewards import (
     execution_advantages,
     execution_group,
     is_mixed_group,
+    is_zero_variance,
     launch_rewards,
     leaf_credit,
     leaves_under_events,
@@ -70,6 +71,7 @@ __all__ = [
     "execution_group",
     "get_preset",
     "is_mixed_group",
+    "is_zero_variance",
     "launch_rewards",
     "launch_statement_char_spans",
     "leaf_credit",

@@ -56,7 +56,7 @@ def test_oracle_with_parallel_delegation(tasks):
 
 
 def test_recursive_delegation_and_depth_limit(tasks):
-    subset = [t for t in tasks if t["misc"]["difficulty"] in ("hard", "extreme")][:12]
+    subset = [t for t in tasks if t["misc"]["difficulty"] in ("hard", "extreme")][:6]
 
     def deep(s):
         return oracle_reply(s, delegate=True, max_delegation_depth=3)

@@ -25,6 +25,7 @@ import collections
 import hashlib
 import json
 import random
+import sys
 
 import pytest
 
@@ -33,6 +34,7 @@ from common.envs.textcraft.paper import (
     BASE_ORDER,
     Draws,
     base_needs,
+    base_order_for_hash_seed,
     gold_trajectory,
     paper_tasks,
     paper_world,
@@ -199,6 +201,13 @@ def test_published_rows_replay_under_their_hash_orders():
         "ingredients": {"raw_a1": 8},
         "result_count": 12,
     }
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="CPython < 3.11 hashes strings with SipHash-2-4")
+def test_base_order_for_hash_seed_is_the_set_order():
+    assert base_order_for_hash_seed(30) == HASHSEED_30
+    assert base_order_for_hash_seed(32) == HASHSEED_32
+    assert sorted(base_order_for_hash_seed(0)) == sorted(BASE_ORDER)
 
 
 def test_oracle_plan_and_gold_solve_every_val_task(val):

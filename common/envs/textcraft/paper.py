@@ -47,7 +47,10 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import random
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -164,6 +167,30 @@ class Draws:
         for i in reversed(range(1, len(items))):
             j = self.below(i + 1)
             items[i], items[j] = items[j], items[i]
+
+
+def base_order_for_hash_seed(
+    hash_seed: int, items_per_domain_tier: int = ITEMS_PER_DOMAIN_TIER
+) -> tuple[str, ...]:
+    """``list(recipe_db.base_items)`` as the public code sees it in a process started with
+    ``PYTHONHASHSEED=hash_seed``: the set is rebuilt in the public insertion order in a child interpreter
+    (this one's string hash is already fixed). The order depends on the CPython version too (3.11
+    changed the string hash); the published rows replay with 3.11/3.12 (tests/test_textcraft_paper.py).
+    """
+    if not 0 <= hash_seed <= 4_294_967_295:
+        raise ValueError(f"PYTHONHASHSEED must be in [0, 4294967295], got {hash_seed}")
+    names = [_base_name(d, f"{d}{i % 10}") for d in DOMAINS for i in range(items_per_domain_tier)]
+    code = "import json, sys\nitems = set()\nfor n in json.load(sys.stdin):\n    items.add(n)\nprint(json.dumps(list(items)))"
+    env = {**os.environ, "PYTHONHASHSEED": str(hash_seed)}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(names),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return tuple(json.loads(out.stdout))
 
 
 @dataclass(frozen=True)
@@ -562,8 +589,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="Write the paper's TextCraft-Synth tasks (JSONL).")
     ap.add_argument("--split", choices=("train", "val"), default="val")
     ap.add_argument("--out", default="", help="write the rows here (default: print a summary)")
+    ap.add_argument(
+        "--hash-seed",
+        type=int,
+        default=None,
+        help="replay the public code as run under PYTHONHASHSEED=N (default: our fixed base-item order)",
+    )
     a = ap.parse_args()
-    rows = paper_tasks(a.split)
+    order = None if a.hash_seed is None else base_order_for_hash_seed(a.hash_seed)
+    rows = paper_tasks(a.split, base_order=order)
     if a.out:
         from common.data import write_jsonl
 

@@ -118,6 +118,8 @@ class CellResult:
     """True when the cell's process died or was killed (CodeAct worker only): its namespace is gone."""
     unawaited_launches: int = 0
     """Launch coroutines the cell created but never awaited (closed unrun; CodeAct worker only)."""
+    syntax_error: tuple[str, str] | None = None
+    """``(source line, message)`` when the cell did not compile (CodeAct worker only)."""
 
 
 class SandboxViolation(Exception):

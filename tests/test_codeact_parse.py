@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from common.envs.textcraft import codeact
 from common.envs.textcraft.codeact import ParsedReply, format_cell_observation, parse_codeact_reply
+from common.envs.textcraft.prompts import load_prompts
 from common.sandbox import CellResult
 
 CODE = "inv = view_inventory()\nprint(craft({'log': 1}, ('stick', 4)))"
@@ -112,25 +113,18 @@ def test_parse_never_raises_on_tag_soup(parts: list[str]):
     _check_consistent(text, parse_codeact_reply(text))
 
 
-def test_cell_observation_layout():
+def test_cell_observation_layout_is_the_public_one():
+    nxt = load_prompts().texts["next_action"]
     ok = format_cell_observation(3, CellResult(stdout="Successfully crafted 4 stick(s)\n", error=None))
-    assert ok.splitlines() == [
-        "[Cell 3 Output]",
-        "Successfully crafted 4 stick(s)",
-        codeact.NEXT_ACTION,
-    ]
+    assert ok.split("\n") == ["[Cell 3 Output]", "Successfully crafted 4 stick(s)", "", nxt]
     err = format_cell_observation(4, CellResult(stdout="", error="NameError: name 'x' is not defined"))
-    assert err.splitlines() == [
-        "[Cell 4 Output]",
-        "(no output)",
-        "[Error]",
-        "NameError: name 'x' is not defined",
-        codeact.NEXT_ACTION,
-    ]
+    assert err.split("\n") == ["[Cell 4 Output]", "Error: NameError: name 'x' is not defined", "", nxt]
     both = format_cell_observation(
         5, CellResult(stdout="partial\n", error="TimeoutError: ...", timed_out=True)
     )
-    assert "partial\n[Error]\nTimeoutError: ..." in both
+    assert both.startswith("[Cell 5 Output]\npartial\nError: TimeoutError: ...\n\n")
+    empty = format_cell_observation(0, CellResult(stdout="  \n", error=None))
+    assert empty.split("\n")[:2] == ["[Cell 0 Output]", "(No output)"]
 
 
 def test_docstring_examples():

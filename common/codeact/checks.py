@@ -52,6 +52,9 @@ class _Unawaited(ast.NodeVisitor):
         self.in_await = False
         self.in_gather = False
 
+    def visit_Constant(self, node: ast.Constant) -> None:
+        """Nothing to check (and skips NodeVisitor's slow legacy dispatch)."""
+
     def visit_Await(self, node: ast.Await) -> None:
         old, self.in_await = self.in_await, True
         self.generic_visit(node)
@@ -76,6 +79,9 @@ class _Introspection(ast.NodeVisitor):
     def __init__(self) -> None:
         self.found: list[str] = []
 
+    def visit_Constant(self, node: ast.Constant) -> None:
+        """Nothing to check."""
+
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         name = None
@@ -92,8 +98,9 @@ class _Introspection(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def check_cell(code: str, async_tools: Sequence[str] = ASYNC_TOOLS) -> StaticCheck:
-    """Decide whether ``code`` may run.
+def check_cell(code: str, async_tools: Sequence[str] = ASYNC_TOOLS, parse: bool = True) -> StaticCheck:
+    """Decide whether ``code`` may run. With ``parse=False`` a cell that names none of the checked
+    functions is not parsed here (the worker compiles it anyway and reports a syntax error itself).
 
     >>> check_cell("x = launch_subagent({'a': 1})").kind
     'unawaited'
@@ -103,14 +110,16 @@ def check_cell(code: str, async_tools: Sequence[str] = ASYNC_TOOLS) -> StaticChe
     'syntax'
     """
     code = code.strip()
+    if not code:
+        return StaticCheck("empty")
+    if not parse and not any(name in code for name in (*async_tools, *_INTROSPECTION)):
+        return StaticCheck(None)
     try:
         tree = ast.parse(code)
     except SyntaxError as e:
         return StaticCheck("syntax", line=(e.text or "").rstrip(), message=str(e.msg))
     except (ValueError, RecursionError, MemoryError) as e:  # null bytes, absurd nesting
         return StaticCheck("syntax", message=f"{type(e).__name__}: {e}")
-    if not code:
-        return StaticCheck("empty")
     intro = _Introspection()
     intro.visit(tree)
     if intro.found:

@@ -27,6 +27,7 @@ Run: ``pytest tests/test_codeact_worker.py -q``; ``python bench/bench_codeact.py
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import signal
@@ -74,14 +75,20 @@ class WorkerLimits:
 
 # --- the zygote (one per trainer process) -----------------------------------------------------------------
 class _Zygote:
-    """A warm Python that forks workers on request (``python -I -S worker.py zygote FD``)."""
+    """A warm Python that forks workers on request (``python -I -S worker.py zygote FD N_SPARES``).
+
+    Requests go out without waiting; replies come back in order and are read when one is needed (or
+    drained on the way), so starting or stopping a worker never blocks the trainer's event loop."""
+
+    SPARES = 4
+    """Workers the zygote keeps isolated and ready in advance."""
 
     def __init__(self) -> None:
         self.owner = os.getpid()
         self.lock = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(WORKER_FILE), "zygote", str(theirs.fileno())],
+            [sys.executable, "-I", "-S", str(WORKER_FILE), "zygote", str(theirs.fileno()), str(self.SPARES)],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -90,33 +97,66 @@ class _Zygote:
             cwd="/",
         )
         theirs.close()
-        ours.settimeout(30.0)
+        ours.setblocking(True)  # blocking reads only when a reply is needed; MSG_DONTWAIT otherwise
         self.sock = ours
         self.buf = b""
+        self.sent = self.received = 0
+        self.replies: dict[int, dict[str, Any]] = {}
+        self.discard: set[int] = set()
 
     def alive(self) -> bool:
         return self.owner == os.getpid() and self.proc.poll() is None
 
-    def _request(self, req: dict[str, Any], fds: list[int] | None = None) -> dict[str, Any]:
-        with self.lock:
-            if fds:
-                socket.send_fds(self.sock, [dumps(req)], fds)
-            else:
-                self.sock.sendall(dumps(req))
-            while b"\n" not in self.buf:
-                chunk = self.sock.recv(1 << 16)
-                if not chunk:
-                    raise ConnectionError("the CodeAct zygote exited")
-                self.buf += chunk
-            line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
+    def _take(self, block: bool) -> bool:
+        """Read replies that have arrived (``block``: wait for at least one line); False at EOF."""
+        while True:
+            while (i := self.buf.find(b"\n")) >= 0:
+                line, self.buf = self.buf[:i], self.buf[i + 1 :]
+                seq = self.received
+                self.received += 1
+                if seq in self.discard:
+                    self.discard.discard(seq)
+                else:
+                    self.replies[seq] = json.loads(line)
+                block = False
+            try:
+                chunk = self.sock.recv(1 << 16, 0 if block else socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return True
+            if not chunk:
+                return False
+            self.buf += chunk
+
+    def _send(self, req: dict[str, Any], fds: list[int] | None = None, want_reply: bool = True) -> int:
+        self._take(block=False)  # keep the zygote's replies from piling up in the socket
+        if fds:
+            socket.send_fds(self.sock, [dumps(req)], fds)
+        else:
+            self.sock.sendall(dumps(req))
+        seq = self.sent
+        self.sent += 1
+        if not want_reply:
+            self.discard.add(seq)
+        return seq
+
+    def _request(self, req: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            with self.lock:
+                seq = self._send(req)
+                while seq not in self.replies:
+                    if not self._take(block=True):
+                        return None
+                return self.replies.pop(seq)
+        except (OSError, ValueError):
+            return None
 
     def spawn(self, config: dict[str, Any]) -> tuple[int, int, int]:
-        """Fork a worker; returns ``(pid, fd to write to it, fd to read from it)``."""
+        """Ask for a worker without waiting; returns ``(ticket, fd to write to it, fd to read from it)``."""
         to_r, to_w = os.pipe()
         from_r, from_w = os.pipe()
         try:
-            reply = self._request({"op": "spawn", "config": config}, [to_r, from_w])
+            with self.lock:
+                ticket = self._send({"op": "spawn", "config": config}, [to_r, from_w], want_reply=False)
         except BaseException:
             for fd in (to_w, from_r):
                 os.close(fd)
@@ -124,30 +164,24 @@ class _Zygote:
         finally:
             os.close(to_r)
             os.close(from_w)
-        return int(reply["pid"]), to_w, from_r
+        return ticket, to_w, from_r
 
-    def poll(self, pid: int) -> int | None:
+    def poll(self, ticket: int) -> int | None:
         """The wait status of a worker that has ended by itself (None while it runs)."""
-        try:
-            return self._request({"op": "poll", "pid": pid}).get("status")
-        except (OSError, ValueError, ConnectionError):
-            return None
+        reply = self._request({"op": "poll", "ticket": ticket})
+        return reply.get("status") if reply else None
 
-    def stop(self, pid: int) -> int | None:
-        """Kill a worker if it still runs (only the zygote signals: its unreaped children cannot be
-        replaced by another process with the same pid), wait for it; returns how it ended."""
+    def stop(self, ticket: int, wait: bool = True) -> int | None:
+        """Kill a worker if it still runs and reap it; with ``wait``, returns how it ended."""
+        if wait:
+            reply = self._request({"op": "stop", "ticket": ticket})
+            return reply.get("status") if reply else None
         try:
-            return self._request({"op": "stop", "pid": pid}).get("status")
-        except (OSError, ValueError, ConnectionError):
-            return None
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
+            with self.lock:
+                self._send({"op": "stop", "ticket": ticket}, want_reply=False)
+        except OSError:
             pass
+        return None
 
 
 _ZYGOTE: _Zygote | None = None
@@ -180,17 +214,65 @@ def _describe(status: int | None) -> str:
 LOST = "It has been restarted: variables, functions and imports from earlier cells are gone."
 
 
+# --- turns: one running cell segment per world --------------------------------------------------------------
+_TURNS: weakref.WeakKeyDictionary[Any, dict[asyncio.AbstractEventLoop, asyncio.Lock]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _turn_lock(key: Any, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
+    """The lock that makes the cells of agents sharing ``key`` (their world) take turns."""
+    per_loop = _TURNS.setdefault(key, {})
+    lock = per_loop.get(loop)
+    if lock is None:
+        for old in [lp for lp in per_loop if lp.is_closed()]:
+            del per_loop[old]
+        lock = per_loop[loop] = asyncio.Lock()
+    return lock
+
+
 # --- one worker -------------------------------------------------------------------------------------------
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
 class _Run:
     """Book-keeping of one cell on the trainer side."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.events: collections.deque[tuple[str, Any]] = collections.deque()
+        self.waiter: asyncio.Future[None] | None = None
         self.inflight: set[asyncio.Future[Any]] = set()
         self.used = 0.0  # seconds the worker ran on its own (no call of it in flight)
         self.t0 = loop.time()
         self.done = False
+        self.turn: asyncio.Lock = asyncio.Lock()
+        self.holding = False
+
+    def put(self, kind: str, value: Any = None) -> None:
+        """An event for :meth:`get` (called from the pipe reader and from finished tool calls)."""
+        self.events.append((kind, value))
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def get(self, timeout: float | None) -> tuple[str, Any] | None:
+        """The next event, or None after ``timeout`` seconds (cheaper than ``asyncio.wait_for``)."""
+        if not self.events:
+            self.waiter = self.loop.create_future()
+            timer = None
+            if timeout is not None:
+                timer = self.loop.call_later(timeout, _wake, self.waiter)
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if not self.events:
+                return None
+        return self.events.popleft()
 
     def pause(self) -> None:
         self.used += self.loop.time() - self.t0
@@ -217,14 +299,20 @@ class CodeActWorker:
         tools: Mapping[str, Callable[..., Any]],
         async_tools: Mapping[str, Callable[..., Awaitable[Any]]] | None = None,
         limits: WorkerLimits | None = None,
+        turn_key: Any = None,
     ):
         self.tools = dict(tools)
+        self.turn_key = turn_key
+        """Workers with the same key (the world they act on) run their cells' code one segment at a
+        time, switching only where a cell waits (an ``await`` that blocks), as the paper's cells do on
+        its single event loop; None: a private key."""
         self.async_tools = dict(async_tools or {})
         for name in [*self.tools, *self.async_tools]:
             if not name.isidentifier() or name.startswith("_"):
                 raise ValueError(f"tool name {name!r} must be an identifier not starting with '_'")
         self.limits = limits or WorkerLimits()
-        self.pid: int | None = None
+        self._zygote: _Zygote | None = None
+        self._ticket: int | None = None
         self.isolation: str | None = None
         """What isolation the running worker achieved (from its ready message)."""
         self.cells = 0
@@ -251,37 +339,40 @@ class CodeActWorker:
         }
 
     def _start(self) -> None:
-        pid, wfd, rfd = _zygote().spawn(self._config())
+        zygote = _zygote()
+        ticket, wfd, rfd = zygote.spawn(self._config())
         os.set_blocking(wfd, False)
         os.set_blocking(rfd, False)
-        self.pid, self._wfd, self._rfd = pid, wfd, rfd
+        self._zygote, self._ticket = zygote, ticket
+        self._wfd, self._rfd = wfd, rfd
         self._rbuf = self._wbuf = b""
         self._ready = False
-        self._finalizer = weakref.finalize(self, _stop_worker, pid, wfd, rfd)
+        self._finalizer = weakref.finalize(self, _stop_worker, zygote, ticket, wfd, rfd)
 
-    def _stop(self) -> int | None:
-        """Kill the worker (if it still runs) and close its pipes; returns how it ended."""
-        if self.pid is None:
+    def _stop(self, wait: bool = True) -> int | None:
+        """Kill the worker (if it still runs) and close its pipes; with ``wait``, returns how it ended."""
+        if self._ticket is None:
             return None
-        status = _stop_worker(self.pid, self._wfd, self._rfd)
         if self._finalizer is not None:
             self._finalizer.detach()
-        self.pid, self._wfd, self._rfd = None, -1, -1
+        status = _stop_worker(self._zygote, self._ticket, self._wfd, self._rfd, wait)
+        self._ticket = None
+        self._wfd = self._rfd = -1
         return status
 
     async def _stop_after_exit(self) -> int | None:
         """The worker closed its pipe: give it a moment to exit by itself (so the report says how it
         ended), then stop it."""
-        if self.pid is not None:
+        if self._ticket is not None and self._zygote is not None:
             for _ in range(50):
-                if _zygote().poll(self.pid) is not None:
+                if self._zygote.poll(self._ticket) is not None:
                     break
                 await asyncio.sleep(0.01)
         return self._stop()
 
     def close(self) -> None:
-        """Stop the worker (idempotent). A later ``run`` starts a new one."""
-        self._stop()
+        """Stop the worker without waiting for it (idempotent). A later ``run`` starts a new one."""
+        self._stop(wait=False)
 
     # --- pipes ----------------------------------------------------------------------------------------
     def _on_readable(self) -> None:
@@ -297,7 +388,7 @@ class CodeActWorker:
                 chunk = b""
             if not chunk:
                 run.loop.remove_reader(self._rfd)
-                run.queue.put_nowait(("eof", None))
+                run.put("eof")
                 return
             self._rbuf += chunk
             while (i := self._rbuf.find(b"\n")) >= 0:
@@ -307,11 +398,17 @@ class CodeActWorker:
                 except (ValueError, RecursionError):
                     msg = None
                 if not isinstance(msg, dict):
-                    run.queue.put_nowait(("bad", "a malformed message"))
+                    run.put("bad", "a malformed message")
                     return
-                run.queue.put_nowait(("msg", msg))
+                if msg.get("type") == "call" and msg.get("name") in self.tools and run.holding:
+                    # Fast path: a plain tool call is answered right here, without waking _serve.
+                    t = run.loop.time()
+                    self._send(self._sync_call(msg))
+                    run.t0 += run.loop.time() - t  # the tool's own time is the trainer's, not the cell's
+                    continue
+                run.put("msg", msg)
             if len(self._rbuf) > self.limits.max_message_bytes:
-                run.queue.put_nowait(("bad", "a message larger than max_message_bytes"))
+                run.put("bad", "a message larger than max_message_bytes")
                 run.loop.remove_reader(self._rfd)
                 return
 
@@ -383,7 +480,7 @@ class CodeActWorker:
             reply = self._reply(cid, error=ValueError(f"malformed tool call ({e})"))
         except Exception as e:
             reply = self._reply(cid, error=e)
-        if not run.done and self.pid is not None:
+        if not run.done and self._ticket is not None:
             self._send(reply)
 
     # --- cells ----------------------------------------------------------------------------------------
@@ -392,11 +489,12 @@ class CodeActWorker:
         and then the worker is killed)."""
         if self._run is not None:
             return CellResult("", "WorkerError: another cell is still running in this worker")
-        if self.pid is None:
-            self.restarts += 1
+        if self._ticket is None:
+            self.restarts += int(self.cells > 0)
             self._start()
         loop = asyncio.get_running_loop()
         run = self._run = _Run(loop)
+        run.turn = _turn_lock(self.turn_key if self.turn_key is not None else self, loop)
         loop.add_reader(self._rfd, self._on_readable)
         try:
             return await self._serve(run, code)
@@ -404,6 +502,9 @@ class CodeActWorker:
             self._stop()
             raise
         finally:
+            if run.holding:
+                run.turn.release()
+                run.holding = False
             run.done = True
             for task in run.inflight:
                 task.cancel()
@@ -417,16 +518,16 @@ class CodeActWorker:
     async def _serve(self, run: _Run, code: str) -> CellResult:
         lim = self.limits
         if not self._ready:
-            try:
-                kind, msg = await asyncio.wait_for(run.queue.get(), lim.start_timeout_s)
-            except asyncio.TimeoutError:
-                kind, msg = "bad", "no ready message"
+            event = await run.get(lim.start_timeout_s)
+            kind, msg = event if event is not None else ("bad", "no ready message")
             if kind != "msg" or msg.get("type") != "ready":
                 how = _describe(self._stop())
                 return CellResult("", f"WorkerError: the Python worker could not start (it {how}).")
             self._ready = True
             self.isolation = str(msg.get("isolation"))
         self.cells += 1
+        await run.turn.acquire()
+        run.holding = True
         self._send(
             {
                 "type": "run",
@@ -450,10 +551,10 @@ class CodeActWorker:
                     timed_out=True,
                     restarted=True,
                 )
-            try:
-                kind, msg = await asyncio.wait_for(run.queue.get(), timeout)
-            except asyncio.TimeoutError:
+            event = await run.get(timeout)
+            if event is None:
                 continue
+            kind, msg = event
             if kind == "eof":
                 how = _describe(await self._stop_after_exit())
                 return CellResult(
@@ -467,7 +568,20 @@ class CodeActWorker:
             if kind == "wake":
                 continue
             typ = msg.get("type")
-            if typ == "call":
+            if typ == "idle":  # the cell waits: other agents on this world may run
+                if run.holding:
+                    run.turn.release()
+                    run.holding = False
+            elif typ == "resume":  # the cell wants to go on: wait for the turn (not the cell's time)
+                if not run.holding:
+                    if not run.inflight:
+                        run.pause()
+                    await run.turn.acquire()
+                    run.holding = True
+                    if not run.inflight:
+                        run.resume()
+                self._send({"type": "go"})
+            elif typ == "call":
                 if msg.get("name") in self.async_tools:
                     if not run.inflight:
                         run.pause()
@@ -488,7 +602,7 @@ class CodeActWorker:
         run.inflight.discard(task)
         if not run.inflight:
             run.resume()
-        run.queue.put_nowait(("wake", None))
+        run.put("wake")
 
     @staticmethod
     def _result(msg: dict[str, Any]) -> CellResult:
@@ -502,15 +616,19 @@ class CodeActWorker:
         if notes:
             stdout += "".join(n + "\n" for n in notes)
         unawaited = msg.get("unawaited")
+        syntax = msg.get("syntax")
+        if not (isinstance(syntax, list) and len(syntax) == 2 and all(isinstance(x, str) for x in syntax)):
+            syntax = None
         return CellResult(
             stdout=stdout,
             error=error,
             timed_out=bool(msg.get("timed_out")),
             unawaited_launches=unawaited if isinstance(unawaited, int) else 0,
+            syntax_error=(syntax[0], syntax[1]) if syntax else None,
         )
 
 
-def _stop_worker(pid: int, wfd: int, rfd: int) -> int | None:
+def _stop_worker(zygote: _Zygote | None, ticket: int, wfd: int, rfd: int, wait: bool = False) -> int | None:
     """Stop a worker through the zygote and close its pipes (also the finalizer of a forgotten
     :class:`CodeActWorker`)."""
     for fd in (wfd, rfd):
@@ -518,10 +636,9 @@ def _stop_worker(pid: int, wfd: int, rfd: int) -> int | None:
             os.close(fd)
         except OSError:
             pass
-    zygote = _ZYGOTE
     if zygote is None or not zygote.alive():
         return None  # the zygote is gone: the worker sees EOF on its pipe and exits
-    return zygote.stop(pid)
+    return zygote.stop(ticket, wait=wait)
 
 
 def worker_limits_dict(limits: WorkerLimits) -> dict[str, Any]:

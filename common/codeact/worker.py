@@ -58,6 +58,8 @@ import linecache
 import os
 import pprint
 import resource
+import select
+import selectors
 import signal
 import socket
 import sys
@@ -182,7 +184,7 @@ class Worker:
         self.in_cell = False
         self.created: list = []  # launch coroutines created by the current cell
         self.extra_loops: list = []  # loops other than ours that a cell ran (asyncio.run) and we read on
-        self.loop = asyncio.new_event_loop()
+        self.loop = self._new_loop()
         self.pid = os.getpid()
         self.namespace: dict = {"__name__": "__main__", "__builtins__": builtins, "asyncio": asyncio}
         for name in config.get("tools", []):
@@ -196,8 +198,16 @@ class Worker:
         while data:
             data = data[os.write(self.wfd, data) :]
 
-    def _read_some(self) -> None:
-        chunk = os.read(self.rfd, 1 << 16)
+    def _read_some(self, block: bool = True) -> None:
+        """Append what the pipe holds (the fd is non-blocking; ``block`` waits for data first)."""
+        while True:
+            try:
+                chunk = os.read(self.rfd, 1 << 16)
+                break
+            except BlockingIOError:
+                if not block:
+                    return
+                select.select([self.rfd], [], [])
         if not chunk:  # the trainer is gone
             os._exit(0)
         self.buf += chunk
@@ -227,9 +237,30 @@ class Worker:
             self.replies[cid] = msg
 
     def _on_readable(self) -> None:
-        self._read_some()
+        self._read_some(block=False)
         while (msg := self._pop_line()) is not None:
             self._dispatch(msg)
+
+    # --- turns: the trainer runs one cell segment at a time per world (the paper's single event loop) ----
+    def _new_loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.SelectorEventLoop(_TurnSelector(self))
+
+    def before_block(self) -> None:
+        """The cell's event loop is about to wait (for the trainer or a timer): give the turn away."""
+        self.send({"type": "idle"})
+
+    def after_block(self) -> None:
+        """The loop woke up: take the turn back before running any more cell code."""
+        self._wait_begin()  # waiting for other agents is not this cell's time
+        try:
+            self.send({"type": "resume"})
+            while True:
+                msg = self.read_message()
+                if msg.get("type") == "go":
+                    break
+                self._dispatch(msg)
+        finally:
+            self._wait_end()
 
     # --- the wall clock pauses while the trainer works for the cell ------------------------------------
     def _wait_begin(self) -> None:
@@ -324,7 +355,7 @@ class Worker:
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         out = _Capped(int(req.get("max_output_chars", 8000)))
         sys.stdout = sys.stderr = out
-        error, timed_out, notes = None, False, []
+        error, timed_out, notes, syntax = None, False, [], None
         tasks_before = asyncio.all_tasks(self.loop)
         wall, cpu = float(req.get("wall_time_s", 10.0)), float(req.get("cpu_time_s", 10.0))
         self.created = []
@@ -356,6 +387,7 @@ class Worker:
             error, timed_out = self._format_error(e), True
         except SyntaxError as e:
             error = "".join(traceback.format_exception_only(type(e), e)).rstrip()
+            syntax = [(e.text or "").rstrip(), str(e.msg)]
         except BaseException as e:  # noqa: BLE001 -- everything the cell raises is reported, not fatal
             error = self._format_error(e)
         finally:
@@ -389,11 +421,11 @@ class Worker:
         self.created = []
         self.futures.clear()
         return {"type": "done", "stdout": out.text(), "error": error, "timed_out": timed_out,
-                "notes": notes, "unawaited": unawaited}  # fmt: skip
+                "notes": notes, "unawaited": unawaited, "syntax": syntax}  # fmt: skip
 
     def _replace_loop(self) -> None:
         old = self.loop
-        self.loop = asyncio.new_event_loop()
+        self.loop = self._new_loop()
         try:
             old.close()
         except BaseException:  # noqa: BLE001
@@ -444,7 +476,7 @@ class Worker:
                 msg = self.read_message()
                 if msg.get("type") == "run":
                     self.send(self.run_cell(msg))
-                elif msg.get("type") == "reply":
+                elif msg.get("type") in ("reply", "go"):
                     pass  # a late answer for a cell that has ended
                 elif msg.get("type") == "exit":
                     os._exit(0)
@@ -452,6 +484,25 @@ class Worker:
                 continue  # a timer that fired between cells
             except (OSError, ValueError):
                 os._exit(3)
+
+
+class _TurnSelector(selectors.DefaultSelector):
+    """The worker loop's selector: announces a blocking wait during a cell (``idle``) and asks for the
+    turn back (``resume``/``go``) before the loop runs cell code again."""
+
+    def __init__(self, worker: Worker):
+        super().__init__()
+        self.worker = worker
+
+    def select(self, timeout=None):
+        w = self.worker
+        if not w.in_cell or (timeout is not None and timeout <= 0):
+            return super().select(timeout)
+        w.before_block()
+        try:
+            return super().select(timeout)
+        finally:
+            w.after_block()
 
 
 def _ends_with_semicolon(code: str) -> bool:
@@ -483,7 +534,7 @@ def _apply_rlimits(cfg: dict) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
-def _enter_namespaces(rfd: int, wfd: int, use: bool) -> str:
+def _enter_namespaces(close_in_intermediate: list[int], use: bool) -> str:
     """unshare(user, net, pid) and fork once; returns the isolation achieved (in the worker only)."""
     if not use or not sys.platform.startswith("linux"):
         return "rlimits+audit"
@@ -497,8 +548,8 @@ def _enter_namespaces(rfd: int, wfd: int, use: bool) -> str:
         return "rlimits+audit (user namespaces unavailable)"
     pid = os.fork()
     if pid:  # the intermediate: wait for the worker and exit the same way
-        os.close(rfd)
-        os.close(wfd)
+        for fd in close_in_intermediate:
+            os.close(fd)
         signal.signal(signal.SIGTERM, lambda *a: os.kill(pid, signal.SIGKILL))
         while True:
             try:
@@ -515,7 +566,11 @@ def _enter_namespaces(rfd: int, wfd: int, use: bool) -> str:
     return "rlimits+audit+userns+netns+pidns"
 
 
-def _install_audit_hook() -> None:
+_READ_ROOTS: tuple[str, ...] = ()
+"""Directories a cell may read (the standard library); computed once in the zygote."""
+
+
+def _read_roots() -> tuple[str, ...]:
     import sysconfig
 
     roots = set()
@@ -524,7 +579,11 @@ def _install_audit_hook() -> None:
         if p:
             roots.add(os.path.realpath(p))
     roots.update(os.path.realpath(p) for p in sys.path if p)
-    roots = tuple(sorted(r.rstrip("/") + "/" for r in roots))
+    return tuple(sorted(r.rstrip("/") + "/" for r in roots))
+
+
+def _install_audit_hook() -> None:
+    roots = _READ_ROOTS or _read_roots()
     devices = frozenset({"/dev/null", "/dev/urandom", "/dev/random"})
     me = os.getpid()
 
@@ -619,8 +678,7 @@ def _timer(signum, frame):
     raise CellTimeout(f"TimeoutError: the cell exceeded its {kind} time limit")
 
 
-def worker_main(rfd: int, wfd: int, config: dict) -> None:
-    """Set up limits and isolation, then serve cells until the trainer closes the pipe."""
+def _detach() -> None:
     try:
         os.setsid()  # its own process group: the trainer kills the worker (and anything it made) at once
     except OSError:
@@ -630,21 +688,63 @@ def worker_main(rfd: int, wfd: int, config: dict) -> None:
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _serve_assigned(rfd: int, wfd: int, config: dict) -> None:
+    """Apply the session's limits (lowering limits needs no privilege), install the audit hook, serve."""
+    os.set_blocking(rfd, False)
     _apply_rlimits(config)
-    config["isolation"] = _enter_namespaces(rfd, wfd, bool(config.get("namespaces", True)))
     signal.signal(signal.SIGALRM, _timer)
     signal.signal(signal.SIGPROF, _timer)
     signal.signal(signal.SIGXCPU, _timer)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker = Worker(rfd, wfd, config)
+
+    class _Policy(asyncio.DefaultEventLoopPolicy):
+        def new_event_loop(self):  # asyncio.run(...) in a cell gets a turn-taking loop too
+            return worker._new_loop()
+
+    asyncio.set_event_loop_policy(_Policy())
     _install_audit_hook()
     sys.argv = [""]
     worker.serve()
 
 
+def worker_main(rfd: int, wfd: int, config: dict) -> None:
+    """A worker forked for one request: isolate, then serve cells until the trainer closes the pipe."""
+    _detach()
+    config["isolation"] = _enter_namespaces([rfd, wfd], bool(config.get("namespaces", True)))
+    _serve_assigned(rfd, wfd, config)
+
+
+def spare_main(chan: socket.socket) -> None:
+    """A worker made ahead of time: isolated already, it waits for its pipes and its session's config."""
+    _detach()
+    isolation = _enter_namespaces([chan.fileno()], True)
+    try:
+        msg, fds, _flags, _addr = socket.recv_fds(chan, 1 << 16, 4)
+    except OSError:
+        os._exit(0)
+    if not msg or len(fds) != 2:
+        os._exit(0)  # the zygote is gone
+    chan.close()
+    config = json.loads(msg)
+    config["isolation"] = isolation
+    _serve_assigned(fds[0], fds[1], config)
+
+
 # --- the zygote ------------------------------------------------------------------------------------------
-def zygote_main(sock_fd: int) -> None:
-    """Fork one worker per request. Request: JSON line + 2 fds (read end, write end). Reply: {"pid": n}."""
+def zygote_main(sock_fd: int, n_spares: int) -> None:
+    """Serve the trainer's requests, in order, one JSON reply line each:
+
+    * ``spawn`` (+ 2 fds: the worker's read and write ends) -> ``{"pid": n}``: hand the pipes to a spare
+      worker (isolated in advance; refilled after the reply, off the trainer's critical path), or fork one;
+    * ``poll`` ``{"ticket": t}`` -> ``{"status": wait status or None}``: how a worker ended, if it has;
+    * ``stop`` ``{"ticket": t}`` -> ``{"status": ...}``: kill it if it runs, reap it, forget it.
+
+    A ticket is the index of the ``spawn`` request in the stream (both sides count), so the trainer never
+    waits for a spawn reply. Only the zygote signals workers: an unreaped child's pid cannot be reused.
+    """
     import array  # noqa: F401  (used by socket.recv_fds)
     import sysconfig  # noqa: F401
 
@@ -652,11 +752,17 @@ def zygote_main(sock_fd: int) -> None:
         import ctypes  # noqa: F401  (warm: workers use it to unshare, then lose it)
     except ImportError:
         pass
+    global _READ_ROOTS
+    _READ_ROOTS = _read_roots()
     sock = socket.socket(fileno=sock_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    live: set[int] = set()  # forked and not yet reaped: only these pids may be signalled (no reuse)
+    live: set[int] = set()  # forked and not yet reaped
     statuses: dict[int, int] = {}
+    tickets: dict[int, int] = {}  # spawn request index -> pid
+    spares: list[tuple[int, socket.socket]] = []
     pending = b""
+    fd_queue: list[int] = []  # fds arrive with the first bytes of their spawn line, maybe with other lines
+    n_requests = 0
 
     def reap(pid: int = -1, block: bool = False) -> None:
         while live:
@@ -673,6 +779,47 @@ def zygote_main(sock_fd: int) -> None:
             if pid != -1:
                 return
 
+    def make_spare() -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        child = os.fork()
+        if child == 0:
+            try:
+                sock.close()
+                ours.close()
+                for _, other in spares:
+                    other.close()
+                spare_main(theirs)
+            finally:
+                os._exit(4)
+        theirs.close()
+        live.add(child)
+        spares.append((child, ours))
+
+    def spawn(rfd: int, wfd: int, config: dict) -> int:
+        if not config.get("namespaces", True):
+            child = os.fork()
+            if child == 0:
+                try:
+                    sock.close()
+                    for _, other in spares:
+                        other.close()
+                    worker_main(rfd, wfd, config)
+                finally:
+                    os._exit(4)
+            live.add(child)
+            return child
+        while True:
+            if not spares:
+                make_spare()
+            child, chan = spares.pop(0)
+            try:
+                socket.send_fds(chan, [json.dumps(config).encode()], [rfd, wfd])
+                return child
+            except OSError:  # that spare died: take another
+                continue
+            finally:
+                chan.close()
+
     while True:
         try:
             msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 4)
@@ -681,29 +828,24 @@ def zygote_main(sock_fd: int) -> None:
         if not msg:
             os._exit(0)
         pending += msg
+        fd_queue.extend(fds)
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             req = json.loads(line)
             reply: dict = {}
             reap()
-            op, pid = req.get("op"), int(req.get("pid", -1))
-            if op == "spawn" and len(fds) == 2:
-                rfd, wfd = fds
-                fds = []
-                child = os.fork()
-                if child == 0:
-                    try:
-                        sock.close()
-                        worker_main(rfd, wfd, req.get("config", {}))
-                    finally:
-                        os._exit(4)
-                live.add(child)
+            op = req.get("op")
+            pid = tickets.get(int(req.get("ticket", -1)), -1)
+            if op == "spawn" and len(fd_queue) >= 2:
+                rfd, wfd = fd_queue.pop(0), fd_queue.pop(0)
+                child = spawn(rfd, wfd, req.get("config", {}))
                 os.close(rfd)
                 os.close(wfd)
+                tickets[n_requests] = child
                 reply = {"pid": child}
             elif op == "poll":
                 reply = {"status": statuses.get(pid)}
-            elif op == "stop":  # kill (if still running), wait, forget
+            elif op == "stop":
                 if pid in live:
                     for kill in (os.killpg, os.kill):
                         try:
@@ -713,14 +855,16 @@ def zygote_main(sock_fd: int) -> None:
                             continue
                     reap(pid, block=True)
                 reply = {"status": statuses.pop(pid, None)}
-            for fd in fds:
-                os.close(fd)
-            fds = []
+                tickets.pop(int(req.get("ticket", -1)), None)
+            n_requests += 1
             sock.sendall(dumps(reply))
+            if op == "spawn":
+                while len(spares) < n_spares:
+                    make_spare()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "zygote":
-        zygote_main(int(sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[1] == "zygote":
+        zygote_main(int(sys.argv[2]), int(sys.argv[3]))
     else:
-        sys.exit("usage: python -I -S worker.py zygote FD  (started by common.codeact.executor)")
+        sys.exit("usage: python -I -S worker.py zygote FD N_SPARES  (started by common.codeact.executor)")

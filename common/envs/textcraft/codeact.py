@@ -11,9 +11,9 @@ commonly produce:
 
 Only the first ``<python>`` block is run; a bare Markdown fence without the tags is NOT run (the
 error says so), so the reply format stays the one the system prompt teaches.
-:func:`format_cell_observation` turns a :class:`~common.sandbox.CellResult` into the next observation:
-``[Cell i Output]`` + output (or ``(no output)``), ``[Error]`` + the error when there is one, and a short
-request for the next action.
+:func:`format_cell_observation` turns a :class:`~common.sandbox.CellResult` into the next observation
+with the template ``templates/observation.txt`` (the paper's layout: ``[Cell i Output]``, the output,
+``Error: ...`` or ``(No output)``, then the next-action line).
 
 Run the tests with ``python -m pytest tests/test_codeact_parse.py -q``.
 """
@@ -25,6 +25,7 @@ import textwrap
 from dataclasses import dataclass
 
 from ...sandbox import CellResult
+from .prompts import TextCraftPrompts, load_prompts
 
 _THOUGHT_OPEN = re.compile(r"<thought\s*>", re.IGNORECASE)
 _THOUGHT_CLOSE = re.compile(r"</thought\s*>", re.IGNORECASE)
@@ -35,7 +36,6 @@ _FENCE_CLOSE = re.compile(r"^\s*```\s*$")
 _BARE_FENCE = re.compile(r"```(?:python|py)\b", re.IGNORECASE)
 
 FORMAT_HINT = "Reply with <thought>your reasoning</thought> followed by <python>the code to run</python>."
-NEXT_ACTION = "Continue with your next <thought>...</thought><python>...</python>."
 
 
 @dataclass
@@ -111,19 +111,14 @@ def parse_codeact_reply(text: str) -> ParsedReply:
     return ParsedReply(thought, code, None, (start, end))
 
 
-def format_cell_observation(cell_index: int, result: CellResult) -> str:
-    """The observation after a cell: its output, its error (if any) and a request for the next action.
+def format_cell_observation(index: int, result: CellResult, prompts: TextCraftPrompts | None = None) -> str:
+    """The observation after a cell (``observation.txt``): ``[Cell index Output]``, the output, the error
+    as ``Error: ...`` (or ``(No output)``), then the next-action line. ``index`` is the step's index from 0.
 
     >>> print(format_cell_observation(2, CellResult(stdout="", error="NameError: name 'x' is not defined")))
     [Cell 2 Output]
-    (no output)
-    [Error]
-    NameError: name 'x' is not defined
-    Continue with your next <thought>...</thought><python>...</python>.
+    Error: NameError: name 'x' is not defined
+    <BLANKLINE>
+    Give your next step: a brief <thought> </thought>, then the code to run in <python> </python>.
     """
-    out = result.stdout.rstrip("\n") if result.stdout and result.stdout.strip() else "(no output)"
-    parts = [f"[Cell {cell_index} Output]", out]
-    if result.error:
-        parts += ["[Error]", result.error]
-    parts.append(NEXT_ACTION)
-    return "\n".join(parts)
+    return (prompts or load_prompts()).observation(index, result.stdout, result.error)

@@ -1,28 +1,36 @@
 """TextCraft-Synth as a SERA environment: :class:`TextCraftEnv` makes worlds and CodeAct agent sessions.
 
-One session = one agent (root or child) with its own persistent Python namespace (``common.sandbox``)
-whose tools are bound to the SHARED world (or to the fork the runtime gave the child):
+One session = one agent (root or child) with its own persistent Python: by default a
+:class:`~common.codeact.CodeActWorker` process (real Python, standard-library imports, full asyncio,
+last-expression echo, isolated; see ``common/codeact``). Its tools run HERE, on the SHARED world (or on
+the fork the runtime gave the child), when the cell calls them:
 
 * ``craft`` / ``get_info`` / ``view_inventory`` -- :class:`TextCraftWorld` methods;
 * ``finish(message)`` -- ends the agent after the current cell;
 * ``await launch_subagent(targets, context="")`` -- validates the arguments (clear ``Error: ...``
   strings), builds a :class:`LaunchRequest` (``goal="Craft the following items: ..."``), awaits the
-  runtime's ``launch`` hook and returns the :class:`ChildResult` as text: the child's finish message (or
-  why it did not finish) and ``Budget used by subagent: u/20 steps.``. Several launches in one cell may be
-  gathered (``asyncio`` is in the namespace). A launch that is never awaited is reported back.
+  runtime's ``launch`` hook and returns the child's report (its finish message and
+  ``Budget used by subagent: u/N steps.``). Several launches may be gathered.
 
-``step(reply)`` = one model call: parse ``<thought>...</thought><python>...</python>``; a malformed reply
-gets an explanatory observation (the step still counts); otherwise the cell runs and its output is the
-observation (``[Cell i Output]`` ...). The agent halts when it calls finish or runs out of steps.
+``step(reply)`` = one model call, as the paper's CodeAct environment: parse
+``<thought>...</thought><python>...</python>``; check the cell before it runs (syntax, empty,
+``asyncio.all_tasks``/``current_task``, a ``launch_subagent(...)`` that is not awaited: the cell is
+rejected with an error and has no effect); run it; the observation is ``[Cell i Output]`` + output +
+``Error: ...`` (templates in ``templates/``). A malformed reply is the empty cell. The agent halts when
+it calls finish or runs out of steps. The **loop detector** (the paper's agent): when the last cells
+repeat a pattern of period <= 3 four times, the agent is finished with "Stuck in a loop, terminating
+early." on its next step (which the session takes at once, without a model call).
 
 Success: the root succeeds iff ``world.root_success()`` (finish with a non-empty message and every target
 crafted on top of the initial inventory); a child succeeds iff it called finish with a non-empty message
 and each of its targets rose by the required count since the child started (same rule, child's targets).
 
+``observable_state()`` is what the rubric writer and scorer may see of the world: ``{"inventory": ...}``.
 ``echo_launch_hook`` is a test double for the injection point: it "runs" nothing and echoes the goal.
 
 Simplifies: the step budget per agent comes from the environment (20, SPEC §5), not from the record's
-``max_steps`` (public records say 75); pass ``max_steps=None`` to use the record's value.
+``max_steps`` (public records say 75); pass ``max_steps=None`` to use the record's value. The prompt states
+the budget the session enforces.
 Run: ``pytest tests/test_textcraft_env.py -q``.
 """
 
@@ -36,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...codeact import CodeActWorker, WorkerLimits, check_cell, stuck_in_loop
 from ...sandbox import Sandbox, SandboxLimits
 from ..base import (
     AgentSession,
@@ -46,8 +55,8 @@ from ..base import (
     StepResult,
     World,
 )
-from . import prompts
-from .codeact import format_cell_observation, parse_codeact_reply
+from .codeact import parse_codeact_reply
+from .prompts import TextCraftPrompts, load_prompts
 from .tasks import DEFAULT_MAX_STEPS, book_for_task, goal_text, parse_goal_targets
 from .world import TextCraftWorld
 
@@ -86,7 +95,10 @@ class TextCraftSession(AgentSession):
         child_max_steps: int = DEFAULT_MAX_STEPS,
         context: str = "",
         is_root: bool = False,
+        executor: str = "worker",
+        worker_limits: WorkerLimits | None = None,
         sandbox_limits: SandboxLimits | None = None,
+        prompts: TextCraftPrompts | None = None,
     ):
         self.world = world
         self.goal = goal
@@ -98,24 +110,35 @@ class TextCraftSession(AgentSession):
         self.child_max_steps = child_max_steps
         self.context = context
         self.is_root = is_root
+        self.prompts = prompts or load_prompts()
         self.steps_used = 0
         self.finished = False
         self.finish_message: str | None = None
         self.start_inventory: dict[str, int] = world.initial_inventory if is_root else dict(world.inventory)
         """Counts at this agent's start; its targets are net gains over these."""
         self.halted = False
-        """True once a step returned done (finish, budget, or a runtime error)."""
+        """True once a step returned done (finish, budget, loop, or a runtime error)."""
         self.success_at_halt: bool | None = None
         """:meth:`success` judged at the moment the agent halted."""
         self.cell_index = 0
+        """Cells that actually ran (rejected and malformed replies do not count)."""
+        self.codes: list[str] = []
+        """Every step's code, stripped ("" for a malformed reply): the loop detector's input."""
         self.launches: list[LaunchRecord] = []
         self.tool_calls: Counter[str] = Counter()
         self._created_launches: list[Coroutine[Any, Any, str]] = []
         self._hook_error: str | None = None
-        self.sandbox = Sandbox(tools=self._tools(), limits=sandbox_limits)
+        if executor == "worker":
+            self.executor: CodeActWorker | Sandbox = CodeActWorker(
+                self._sync_tools(), {"launch_subagent": self._launch}, worker_limits, turn_key=world
+            )
+        elif executor == "inprocess":
+            self.executor = Sandbox(tools=self._inprocess_tools(), limits=sandbox_limits)
+        else:
+            raise ValueError(f"executor must be 'worker' or 'inprocess', got {executor!r}")
 
-    # --- tools bound into the namespace ----------------------------------------------------------------
-    def _tools(self) -> dict[str, Any]:
+    # --- tools (run here, in the trainer, on the shared world) ------------------------------------------
+    def _sync_tools(self) -> dict[str, Any]:
         world, calls = self.world, self.tool_calls
 
         def craft(ingredients: Any = None, target: Any = None) -> str:
@@ -130,31 +153,29 @@ class TextCraftSession(AgentSession):
             calls["view_inventory"] += 1
             return world.view_inventory()
 
-        def finish(message: Any) -> str:
+        def finish(message: Any = None) -> str:
             calls["finish"] += 1
             msg = "" if message is None else message if isinstance(message, str) else str(message)
-            if not self.finished:
-                self.finished = True
-                self.finish_message = msg
-                if self.is_root:
-                    world.root_finish_message = msg
-            return prompts.FINISH_RECORDED.format(message=msg)
+            self._record_finish(msg)
+            return self.prompts.finish_recorded(msg)
 
+        return {"craft": craft, "get_info": get_info, "view_inventory": view_inventory, "finish": finish}
+
+    def _inprocess_tools(self) -> dict[str, Any]:
         def launch_subagent(targets: Any = None, context: Any = "") -> Coroutine[Any, Any, str]:
             # A plain function returning the coroutine, so a call that is never awaited can be noticed.
-            calls["launch_subagent"] += 1
             coro = self._launch(targets, context)
             self._created_launches.append(coro)
             return coro
 
-        return {
-            "craft": craft,
-            "get_info": get_info,
-            "view_inventory": view_inventory,
-            "finish": finish,
-            "launch_subagent": launch_subagent,
-            "asyncio": asyncio,
-        }
+        return {**self._sync_tools(), "launch_subagent": launch_subagent, "asyncio": asyncio}
+
+    def _record_finish(self, msg: str) -> None:
+        if not self.finished:
+            self.finished = True
+            self.finish_message = msg
+            if self.is_root:
+                self.world.root_finish_message = msg
 
     def _validate_targets(self, targets: Any, context: Any) -> str | None:
         if not isinstance(targets, dict) or not targets:
@@ -176,7 +197,8 @@ class TextCraftSession(AgentSession):
             return f"Error: context must be a string, got {type(context).__name__}"
         return None
 
-    async def _launch(self, targets: Any, context: Any) -> str:
+    async def _launch(self, targets: Any = None, context: Any = "") -> str:
+        self.tool_calls["launch_subagent"] += 1
         error = self._validate_targets(targets, context)
         if error is not None:
             self.launches.append(LaunchRecord(step=self.steps_used, request=None, error=error))
@@ -197,30 +219,63 @@ class TextCraftSession(AgentSession):
         record.result = result
         if result.refused:
             return result.error or "Launch refused."
-        text = result.message if result.returned else prompts.child_did_not_finish(result.error)
+        text = result.message if result.returned else self.prompts.child_did_not_finish(result.error)
         budget = result.request.max_steps if result.request is not None else request.max_steps
-        return prompts.launch_report(text, result.steps_used, budget)
+        return self.prompts.launch_report(text, result.steps_used, budget)
 
-    def _close_unawaited_launches(self) -> bool:
-        """Close launch coroutines the cell created but never awaited; True if there were any."""
-        found = False
+    def _close_unawaited_launches(self) -> int:
+        """In-process executor: close launch coroutines the cell created but never awaited."""
+        found = 0
         for coro in self._created_launches:
             if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
                 coro.close()
-                found = True
+                found += 1
         self._created_launches.clear()
         return found
 
     # --- AgentSession -------------------------------------------------------------------------------
     def system_prompt(self) -> str:
-        return prompts.system_prompt(self.max_steps)
+        return self.prompts.system(self.max_steps)
 
     def first_user_message(self) -> str:
-        return prompts.first_user_message(self.goal, self.world.inventory, self.max_steps, self.context)
+        return self.prompts.first_user_message(self.goal, self.max_steps, self.context)
+
+    def observable_state(self) -> dict[str, Any]:
+        """What a rubric writer or scorer may see of the world now (the public payload)."""
+        return {"inventory": dict(sorted(self.world.view_inventory().items()))}
 
     @property
     def steps_left(self) -> int:
         return self.max_steps - self.steps_used
+
+    async def _run_cell(self, index: int, code: str, info: dict[str, Any]) -> str:
+        """Check, run and describe one cell (the observation text)."""
+        check = check_cell(code, parse=not isinstance(self.executor, CodeActWorker))
+        if check.kind is not None:
+            info["rejected"] = check.kind
+            error = {
+                "syntax": lambda: self.prompts.syntax_error(check.line, check.message),
+                "empty": self.prompts.empty_cell,
+                "introspection": lambda: self.prompts.introspection(check.names),
+                "unawaited": lambda: self.prompts.unawaited(check.names),
+            }[check.kind]()
+            return self.prompts.observation(index, "", error)
+        self.cell_index += 1
+        info["cell_index"] = self.cell_index
+        result = await self.executor.run(code)
+        info["timed_out"] = result.timed_out
+        info["cell_error"] = result.error
+        info["worker_restarted"] = result.restarted
+        if result.syntax_error is not None:  # rejected by the worker's compiler: the paper's message
+            info["rejected"] = "syntax"
+            return self.prompts.observation(index, "", self.prompts.syntax_error(*result.syntax_error))
+        stdout = result.stdout
+        unawaited = result.unawaited_launches + (
+            self._close_unawaited_launches() if isinstance(self.executor, Sandbox) else 0
+        )
+        if unawaited:
+            stdout += self.prompts.unawaited_runtime(unawaited) + "\n"
+        return self.prompts.observation(index, stdout, result.error)
 
     async def step(self, reply: str) -> StepResult:
         if self.halted or self.finished or self.steps_used >= self.max_steps:
@@ -230,21 +285,14 @@ class TextCraftSession(AgentSession):
                 error="step() called after the agent halted",
             )
         self.steps_used += 1
+        index = self.steps_used - 1  # the paper numbers cells by step, from 0
         parsed = parse_codeact_reply(reply)
+        code = parsed.code or ""
+        self.codes.append(code.strip())
         info: dict[str, Any] = {"step": self.steps_used, "parse_error": parsed.error, "cell_index": None}
         n_launch = len(self.launches)
         calls_before = sum(self.tool_calls.values())
-        if parsed.code is None or not parsed.code.strip():
-            observation = prompts.parse_error_observation(parsed.error or "no <python> code block found")
-        else:
-            self.cell_index += 1
-            info["cell_index"] = self.cell_index
-            result = await self.sandbox.run(parsed.code)
-            info["timed_out"] = result.timed_out
-            info["cell_error"] = result.error
-            observation = format_cell_observation(self.cell_index, result)
-            if self._close_unawaited_launches():
-                observation += prompts.UNAWAITED_LAUNCH
+        observation = await self._run_cell(index, code, info)
         info["tool_calls"] = sum(self.tool_calls.values()) - calls_before
         info["launches"] = [
             {
@@ -263,10 +311,20 @@ class TextCraftSession(AgentSession):
                 StepResult(observation=observation, done=True, finish_message=self.finish_message, info=info)
             )
         if self.steps_used >= self.max_steps:
+            return self._halt(StepResult(observation=observation, done=True, info=info))
+        if stuck_in_loop(self.codes):
+            # The paper's agent answers its next turn with finish('Stuck in a loop, ...') instead of
+            # calling the model; that step counts. Taken here at once (no model call is wasted).
+            message = self.prompts.loop_finish_message
+            self.steps_used += 1
+            self.codes.append(f"finish({message!r})")
+            self.tool_calls["finish"] += 1
+            self._record_finish(message)
+            info["loop_detected"] = True
             return self._halt(
-                StepResult(observation=observation + prompts.BUDGET_EXHAUSTED, done=True, info=info)
+                StepResult(observation=observation, done=True, finish_message=message, info=info)
             )
-        return StepResult(observation=observation + prompts.steps_left_note(self.steps_left), info=info)
+        return StepResult(observation=observation, info=info)
 
     def success(self) -> bool:
         """Judged when the agent halts (later agents may consume a child's products: that does not undo
@@ -287,26 +345,55 @@ class TextCraftSession(AgentSession):
         self.halted = True
         self.success_at_halt = self._judge()
         result.info["success"] = self.success_at_halt
+        self.close()
         return result
+
+    def close(self) -> None:
+        """Stop this agent's worker process (done when it halts; idempotent)."""
+        if isinstance(self.executor, CodeActWorker):
+            self.executor.close()
 
 
 class TextCraftEnv(Environment):
     """Factory of TextCraft-Synth worlds and sessions."""
 
     name = "textcraft"
-    tools_description = prompts.TOOLS_DESCRIPTION
 
     def __init__(
         self,
         max_steps: int | None = DEFAULT_MAX_STEPS,
         sandbox_limits: SandboxLimits | None = None,
         task_dir: str | Path | None = None,
+        executor: str = "worker",
+        worker_limits: WorkerLimits | None = None,
+        prompts_dir: str | Path | None = None,
     ):
         """``max_steps``: every agent's step budget (None: the record's ``max_steps``); ``task_dir``: base
-        for relative ``misc.recipes_path`` (records from :func:`load_tasks` are already absolute)."""
+        for relative ``misc.recipes_path`` (records from :func:`load_tasks` are already absolute);
+        ``executor``: ``"worker"`` (default: an isolated process per agent) or ``"inprocess"`` (the
+        restricted in-process interpreter, ``sandbox_limits``; faster, no isolation, restricted Python);
+        ``prompts_dir``: templates that replace the packaged ones (``--prompts DIR``)."""
+        if executor not in ("worker", "inprocess"):
+            raise ValueError(f"executor must be 'worker' or 'inprocess', got {executor!r}")
         self.max_steps = max_steps
         self.sandbox_limits = sandbox_limits
         self.task_dir = task_dir
+        self.executor = executor
+        self.worker_limits = worker_limits
+        self.prompts = load_prompts(prompts_dir)
+
+    @property
+    def tools_description(self) -> str:  # type: ignore[override]
+        """Shown to the rubric writer as the child's tools (``tools_description.txt``)."""
+        return self.prompts.tools_description
+
+    def _session_options(self) -> dict[str, Any]:
+        return {
+            "executor": self.executor,
+            "worker_limits": self.worker_limits,
+            "sandbox_limits": self.sandbox_limits,
+            "prompts": self.prompts,
+        }
 
     def make_world(self, task: dict[str, Any]) -> TextCraftWorld:
         misc = task["misc"]
@@ -332,7 +419,7 @@ class TextCraftEnv(Environment):
             max_steps=budget,
             child_max_steps=self.max_steps or DEFAULT_MAX_STEPS,
             is_root=True,
-            sandbox_limits=self.sandbox_limits,
+            **self._session_options(),
         )
 
     def child_session(
@@ -359,5 +446,5 @@ class TextCraftEnv(Environment):
             child_max_steps=self.max_steps or DEFAULT_MAX_STEPS,
             context=request.context,
             is_root=False,
-            sandbox_limits=self.sandbox_limits,
+            **self._session_options(),
         )

@@ -1,148 +1,216 @@
-"""Every piece of text the TextCraft-Synth agent reads that is not a tool result: the system prompt, the
-first user message, and the notes the session adds to observations (SPEC.md §2.1).
+"""Every text a TextCraft-Synth agent reads that is not a tool result, as template files in one place.
 
-All prompt text lives in this one module so it can be read, diffed and changed in one place. The wording is
-our own. The system prompt explains: the reply format ``<thought>...</thought><python>...</python>``; the
-five tools with one example each; that targets count ON TOP of what is already held; that independent
-intermediates may be delegated to sub-agents (recursively, in parallel when independent); that launches
-must be awaited; the step budget.
+The templates live in ``templates/*.txt`` beside this module (shipped as package data). Their structure
+follows the paper's CodeAct agent (public platoon/SERA code): the conversation grows turn by turn
+("sequence extension"):
 
-Simplifies: one prompt for every depth; the runtime refuses launches past the maximum depth, and the
-refusal text tells the model so.
-Run: ``python -m common.envs.textcraft.prompts`` prints the system prompt and a sample first message.
+* **system** (``system.txt``): the crafting role, "craft on top of what you hold", ``<thought>`` then
+  ``<python>``, the notebook-style execution, the recommendation to delegate;
+* **first user message** (``user_initial.txt``): ``# Task`` (``task.txt``: ``Your Goal: ...`` and
+  ``Budget: You have a total budget of N steps ...`` with the budget the session enforces),
+  ``# Action Space`` (``action_space.txt``: the five functions, signatures and examples) and the
+  next-action line (``next_action.txt``). A child's goal carries its parent's context
+  (``child_goal.txt``: ``Context provided from parent agent: ...``);
+* **each observation** (``observation.txt``): ``[Cell i Output]`` (``i`` counts steps from 0), the
+  output, ``Error: ...`` (``error.txt``) or ``(No output)``, then the next-action line;
+* **errors of a cell that never ran**: syntax error, empty cell, unawaited ``launch_subagent``, task
+  introspection (``syntax_error.txt``, ``empty_cell.txt``, ``unawaited.txt``, ``introspection.txt``);
+* **what a parent reads back** from a child (``launch_report.txt``: the child's finish message, then
+  ``Budget used by subagent: u/N steps.``) and the loop detector's finish message (``loop_finish.txt``).
+
+``load_prompts(prompts_dir)`` reads them; a file of the same name in ``prompts_dir`` (the CLI's
+``--prompts DIR``) replaces the packaged one, so a user holding the original texts can evaluate the
+released checkpoints with them. Rules (``string.Template``): ``$name`` / ``${name}`` are placeholders,
+``$$`` is a literal dollar; the file's final newline is dropped; a placeholder a template may not use is
+an error naming ``file:line``.
+
+Simplifies: one system prompt for every depth (the runtime refuses launches past the maximum depth and
+says so); no Jinja conditionals.
+Run: ``python -m common.envs.textcraft.prompts`` prints a root agent's first two messages.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+from typing import Any
 
-SYSTEM_PROMPT = """\
-You are a crafting agent in TextCraft, a world of procedurally generated items. Base items (names like \
-m3_ore, c7_ore, raw_o1) cannot be crafted; every other item (a1_i5, m0_i7_7, x10_mc, ...) has exactly one \
-recipe. Item names carry no meaning: look recipes up with get_info.
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+"""The packaged templates (``pyproject`` package data must include ``*.txt``)."""
 
-You act by writing Python. Each reply has exactly this form:
-<thought>your reasoning about what to do next</thought>
-<python>
-# code to run
-</python>
-The code runs in a persistent namespace (variables and functions you define stay available in later \
-replies); top-level `await` works. Everything you print, plus any error, is shown to you as the next \
-observation. Each reply costs one step of your budget of {max_steps} steps, so do a lot in each step: \
-loops and helper functions are encouraged.
-
-Tools (already defined in the namespace):
-
-1. craft(ingredients: dict, target: tuple[str, int]) -> str
-   Consumes `ingredients` from the inventory and adds target[1] items of target[0]. target[1] must be a \
-multiple of the recipe's result_count; `ingredients` must be the recipe's ingredients each multiplied by \
-target[1] // result_count, exactly (nothing missing, nothing extra). Returns "Successfully crafted ..." or \
-an "Error: ..." string that says what was wrong.
-   Example (recipe {{"m3_ore": 2}} with result_count 3; 2 executions):
-   print(craft({{"m3_ore": 4}}, ("m3_i1", 6)))
-
-2. get_info(items: list) -> list[dict]
-   For each item: {{"item", "can_craft", "is_base", "in_inventory", "crafting_depth", "recipes"}}; \
-"recipes" is a list of {{"ingredients": {{name: count per execution}}, "result_count": int}}; \
-crafting_depth is 0 for base items and the longest chain of crafts below the item otherwise.
-   Example: info = get_info(["a1_i5", "raw_a1"]); print(info[0]["recipes"])
-
-3. view_inventory() -> dict
-   The current inventory {{item: count}}.
-   Example: print(view_inventory())
-
-4. finish(message: str)
-   Ends your work; call it once your targets are crafted, with a short non-empty summary. Calling \
-finish is required: work that is never finished counts as failed.
-   Example: finish("Crafted 3x a1_i5.")
-
-5. async launch_subagent(targets: dict, context: str = "") -> str
-   Starts a sub-agent that crafts `targets` ({{item: count}}) in the same shared inventory and returns \
-its report (its finish message and the steps it used). A sub-agent has its own budget of steps, which \
-does not use yours. It must be awaited: a launch that is not awaited never runs. Independent \
-sub-targets can run in parallel with asyncio.gather; a sub-agent may itself delegate further.
-   Example: print(await launch_subagent({{"a1_i4": 2}}, context="ingredient for 3x a1_i5"))
-   Parallel example:
-   reports = await asyncio.gather(launch_subagent({{"a1_i4": 2}}), launch_subagent({{"a2_i3": 1}}))
-
-Rules and advice:
-- Targets count ON TOP of what is already in the inventory: "Craft 3x a1_i5" with 1 a1_i5 held means \
-you must end with 4. Items that were there before you started never count.
-- Plan from the recipes: find every intermediate item you need, how many, and craft bottom-up (lower \
-crafting_depth first), rounding up to whole recipe executions.
-- The inventory is shared with other agents working on the same task: check it before relying on it.
-- Delegate when a task is deep: intermediates that do not depend on each other can be handed to \
-sub-agents (in parallel), then you craft what remains. Small tasks are faster to do yourself.
-"""
-
-TOOLS_DESCRIPTION = (
-    "A TextCraft sub-agent writes Python in a persistent namespace with these tools: "
-    "craft(ingredients: dict, target: (item, count)) crafts from the SHARED inventory (the count must be a "
-    "multiple of the recipe's result_count and the ingredients must match the recipe exactly, scaled); "
-    "get_info(items) returns recipes, crafting depths and held counts; view_inventory() returns the shared "
-    "inventory; finish(message) ends the sub-agent with a report; await launch_subagent(targets, context) "
-    "delegates further. Its targets count on top of what the inventory held when it started; it succeeds "
-    "when it calls finish after crafting them."
-)
-"""Shown to the rubric writer as the child's tools (``Environment.tools_description``)."""
-
-CHILD_CONTEXT_HEADER = "Context from the agent that launched you:"
+SPEC: dict[str, frozenset[str]] = {
+    "system": frozenset({"max_steps"}),
+    "task": frozenset({"goal", "max_steps"}),
+    "child_goal": frozenset({"goal", "context"}),
+    "user_initial": frozenset({"task", "action_space", "next_action", "max_steps"}),
+    "action_space": frozenset(),
+    "next_action": frozenset(),
+    "observation": frozenset({"index", "body", "next_action"}),
+    "no_output": frozenset(),
+    "error": frozenset({"error"}),
+    "syntax_error": frozenset({"line", "message"}),
+    "empty_cell": frozenset(),
+    "unawaited": frozenset({"name"}),
+    "introspection": frozenset({"name"}),
+    "unawaited_runtime": frozenset({"count"}),
+    "launch_report": frozenset({"message", "used", "budget"}),
+    "child_not_finished": frozenset({"reason"}),
+    "child_no_reason": frozenset(),
+    "finish_recorded": frozenset({"message"}),
+    "loop_finish": frozenset(),
+    "tools_description": frozenset(),
+}
+"""Template name -> the placeholders it may use."""
 
 
+class PromptTemplateError(ValueError):
+    """A template is unreadable or uses a placeholder its text may not use."""
+
+
+def _read(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptTemplateError(f"{path}: cannot read prompt template ({exc})") from None
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _check(path: Path, text: str, allowed: frozenset[str]) -> None:
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        tmpl = Template(line)
+        if not tmpl.is_valid():
+            raise PromptTemplateError(f"{path}:{lineno}: malformed placeholder (write $$ for a literal $)")
+        for name in tmpl.get_identifiers():
+            if name not in allowed:
+                names = ", ".join(f"${a}" for a in sorted(allowed)) or "no placeholders"
+                raise PromptTemplateError(
+                    f"{path}:{lineno}: unknown placeholder ${name}; this template may use {names}"
+                )
+
+
+@dataclass(frozen=True)
+class TextCraftPrompts:
+    """The loaded templates and the functions that fill them."""
+
+    texts: dict[str, str]
+    """Template name -> text."""
+    sources: dict[str, str]
+    """Template name -> the file it was read from."""
+
+    def _fill(self, template: str, /, **values: Any) -> str:
+        return Template(self.texts[template]).substitute({k: str(v) for k, v in values.items()})
+
+    # --- the conversation -----------------------------------------------------------------------------
+    def system(self, max_steps: int) -> str:
+        return self._fill("system", max_steps=max_steps)
+
+    def goal(self, goal: str, context: str = "") -> str:
+        """The goal as the agent reads it (a child's carries the parent's context)."""
+        return self._fill("child_goal", goal=goal, context=context) if context else goal
+
+    def first_user_message(self, goal: str, max_steps: int, context: str = "") -> str:
+        task = self._fill("task", goal=self.goal(goal, context), max_steps=max_steps)
+        return self._fill(
+            "user_initial",
+            task=task,
+            action_space=self.texts["action_space"],
+            next_action=self.texts["next_action"],
+            max_steps=max_steps,
+        )
+
+    def observation(self, index: int, output: str, error: str | None) -> str:
+        """``[Cell index Output]``, the output, ``Error: ...`` or ``(No output)``, the next-action line."""
+        parts = []
+        if output and output.strip():
+            parts.append(output.rstrip("\n"))
+        if error:
+            parts.append(self._fill("error", error=error.rstrip("\n")))
+        body = "\n".join(parts) if parts else self.texts["no_output"]
+        return self._fill("observation", index=index, body=body, next_action=self.texts["next_action"])
+
+    # --- errors of cells that never ran -----------------------------------------------------------------
+    def syntax_error(self, line: str, message: str) -> str:
+        return self._fill("syntax_error", line=line, message=message)
+
+    def empty_cell(self) -> str:
+        return self.texts["empty_cell"]
+
+    def unawaited(self, names: tuple[str, ...]) -> str:
+        return "\n".join(self._fill("unawaited", name=n) for n in names)
+
+    def introspection(self, names: tuple[str, ...]) -> str:
+        return "\n".join(self._fill("introspection", name=n) for n in names)
+
+    def unawaited_runtime(self, count: int) -> str:
+        return self._fill("unawaited_runtime", count=count)
+
+    # --- delegation and finishing -----------------------------------------------------------------------
+    def launch_report(self, message: str, steps_used: int, max_steps: int) -> str:
+        return self._fill("launch_report", message=message, used=steps_used, budget=max_steps)
+
+    def child_did_not_finish(self, reason: str | None) -> str:
+        return self._fill("child_not_finished", reason=reason or self.texts["child_no_reason"])
+
+    def finish_recorded(self, message: str) -> str:
+        return self._fill("finish_recorded", message=message)
+
+    @property
+    def loop_finish_message(self) -> str:
+        return self.texts["loop_finish"]
+
+    @property
+    def tools_description(self) -> str:
+        return self.texts["tools_description"]
+
+
+@functools.lru_cache(maxsize=16)
+def _load(prompts_dir: str | None) -> TextCraftPrompts:
+    user_dir = Path(prompts_dir).expanduser() if prompts_dir else None
+    if user_dir is not None and not user_dir.is_dir():
+        raise PromptTemplateError(f"{user_dir}: prompts directory does not exist")
+    texts, sources = {}, {}
+    for name, allowed in SPEC.items():
+        path = TEMPLATE_DIR / f"{name}.txt"
+        if user_dir is not None and (user_dir / f"{name}.txt").is_file():
+            path = user_dir / f"{name}.txt"
+        text = _read(path)
+        _check(path, text, allowed)
+        texts[name], sources[name] = text, str(path)
+    return TextCraftPrompts(texts, sources)
+
+
+def load_prompts(prompts_dir: str | Path | None = None) -> TextCraftPrompts:
+    """The TextCraft templates; files in ``prompts_dir`` replace the packaged ones of the same name.
+
+    >>> p = load_prompts()
+    >>> print(p.first_user_message("Craft the following items: 2x m1_i3", 25).split("\\n")[2:4])
+    ['Your Goal: Craft the following items: 2x m1_i3', 'Budget: You have a total budget of 25 steps to complete this task.']
+    >>> print(p.observation(0, "", "NameError: name 'x' is not defined"))
+    [Cell 0 Output]
+    Error: NameError: name 'x' is not defined
+    <BLANKLINE>
+    Give your next step: a brief <thought> </thought>, then the code to run in <python> </python>.
+    """
+    return _load(str(prompts_dir) if prompts_dir is not None else None)
+
+
+# --- module-level helpers with the packaged templates (kept for callers that do not pass a directory) ---
 def system_prompt(max_steps: int = 20) -> str:
-    """The system message (identical for every depth)."""
-    return SYSTEM_PROMPT.format(max_steps=max_steps)
+    return load_prompts().system(max_steps)
 
 
-def format_inventory(inventory: Mapping[str, int]) -> str:
-    if not inventory:
-        return "(empty)"
-    return ", ".join(f"{k}: {v}" for k, v in sorted(inventory.items()))
-
-
-def first_user_message(goal: str, inventory: Mapping[str, int], max_steps: int, context: str = "") -> str:
-    """Goal (+ the parent's context for children), the current inventory, the budget, what to do next."""
-    parts = [f"Your goal: {goal}"]
-    if context:
-        parts.append(f"{CHILD_CONTEXT_HEADER}\n{context}")
-    parts.append(f"Current inventory: {format_inventory(inventory)}")
-    parts.append(
-        f"You have {max_steps} steps. Reply with <thought>...</thought><python>...</python>; "
-        "call finish(message) when the targets are crafted."
-    )
-    return "\n\n".join(parts)
-
-
-def parse_error_observation(error: str) -> str:
-    """Observation for a reply that could not be parsed (the step still counts; the parser's error
-    already says which format is expected)."""
-    return f"Your reply could not be run: {error}"
-
-
-def steps_left_note(steps_left: int) -> str:
-    """Appended to every observation so the agent can pace itself."""
-    if steps_left == 1:
-        return "\n[1 step left: finish in your next reply.]"
-    return f"\n[{steps_left} steps left.]"
-
-
-BUDGET_EXHAUSTED = "\n[Step budget exhausted: you have been stopped without finishing.]"
-UNAWAITED_LAUNCH = (
-    "\nNote: launch_subagent(...) was called without `await`, so that sub-agent never ran. "
-    "Write `await launch_subagent(...)`, or `await asyncio.gather(launch_subagent(...), ...)`."
-)
-FINISH_RECORDED = "Finished: {message}"
+def first_user_message(goal: str, max_steps: int, context: str = "") -> str:
+    return load_prompts().first_user_message(goal, max_steps, context)
 
 
 def launch_report(message: str, steps_used: int, max_steps: int) -> str:
-    """What a parent reads back from a sub-agent (the budget line as in SPEC §1)."""
-    return f"{message}\n\nBudget used by subagent: {steps_used}/{max_steps} steps."
+    return load_prompts().launch_report(message, steps_used, max_steps)
 
 
 def child_did_not_finish(reason: str | None) -> str:
-    if reason:
-        return f"The sub-agent did not finish: {reason}"
-    return "The sub-agent did not finish (it ran out of steps without calling finish)."
+    return load_prompts().child_did_not_finish(reason)
 
 
 def child_context(parent_goal: str) -> str:
@@ -150,7 +218,14 @@ def child_context(parent_goal: str) -> str:
     return f"This is an ingredient for my own goal: {parent_goal}"
 
 
+def __getattr__(name: str) -> str:
+    if name == "TOOLS_DESCRIPTION":
+        return load_prompts().tools_description
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 if __name__ == "__main__":
-    print(system_prompt(20))
+    p = load_prompts()
+    print(p.system(25))
     print("-" * 80)
-    print(first_user_message("Craft the following items: 3x a1_i5", {"raw_a1": 12, "raw_a4": 3}, 20))
+    print(p.first_user_message("Craft the following items: 3x m2_i5", 25))

@@ -8,16 +8,18 @@ which it draws Python ``random`` numbers, so that the same seeds give the same w
 * :func:`paper_world` -- ``SynthRecipeDatabase.generate_all_recipes(seed=42, items_per_domain_tier=25)``
   with generic names: 5 domains x (10 base items + tiers 1..12 with ``25 - tier // 3`` items) + 12
   cross-domain items = 1,452 items. One recipe per item.
-* :func:`paper_splits` / :func:`paper_tasks` -- ``create_synth_datasets(seed=42, num_samples_train=10000,
+* :func:`paper_tasks` -- ``create_synth_datasets(seed=42, num_samples_train=10000,
   num_samples_val=1000)``: items of each tier 1..12 shuffled and split 80/20 into train-only and val-only
   targets; tasks drawn per difficulty (easy 2-3, medium 4-6, hard 7-9, extreme 10-12) until the target
   count or ``30 x target`` attempts; duplicates (same item and count) rejected; the pools run out at
   2,522 train tasks (588/852/544/538) and 632 val tasks (147/213/136/136); both lists are shuffled with
   ``Random(seed + 1)`` and renumbered ``textcraft_synth.{split}.{i}``.
 
-Every draw the public code makes is made here, in the same order, with the same ``random`` method
-(``randint``, ``sample``, ``choice``, ``shuffle``, ``random``), because a single extra or missing draw
-shifts every later task. One input of the public generator is NOT fixed by its seed: the distractor
+Every draw the public code makes is made here, in the same order and by the same algorithm
+(:class:`Draws` restates CPython's ``randint``/``sample``/``choice``/``shuffle`` on the raw generator),
+because a single extra or missing draw shifts every later task. The gold trajectory is the two-phase
+solver of platoon's copy, the one that made the shipped rows (SERA's vendored copy has a different
+solver; the choice changes no task, see the ledger). One input of the public generator is NOT fixed by its seed: the distractor
 base item is ``rng.choice(list(recipe_db.base_items))`` over a Python ``set`` of strings, whose order
 follows the per-process string hash (``PYTHONHASHSEED``). Which base item is picked decides whether a
 ``randint(1, 5)`` follows, so the public code yields different task orders and inventories from run to
@@ -27,7 +29,7 @@ index -- does not depend on it and matches the public generator exactly.
 
 Rows are in the SERA/platoon format plus ``misc.split`` and ``misc.recipe_book`` (the world's name)::
 
-    {"id": "textcraft_synth.val.0", "goal": "Craft the following items: 2x a3_i3_13", "max_steps": 75,
+    {"id": "textcraft_synth.val.0", "goal": "Craft the following items: 2x t2_i3_12", "max_steps": 75,
      "misc": {"target_items": {...}, "initial_inventory": {...}, "gold_trajectory": [...],
               "difficulty": "easy", "max_depth": 3, "num_craft_steps": 3, "split": "val",
               "recipe_book": {"generator": "paper", "seed": 42, "items_per_domain_tier": 25,
@@ -37,8 +39,9 @@ A gold step is the public solver's certificate: ``target = [item, executions]``,
 ``result_count`` are totals for the step (replay: ``craft(step["ingredients"], (item,
 step["result_count"]))``).
 
-Cost: the world takes ~10 ms, both splits ~2 s (330k draw attempts, most of them rejected duplicates);
-both are cached per process. Run: ``python -m common.envs.textcraft.paper --split val [--out FILE]``.
+Cost: the world takes ~30 ms, both splits ~3 s on one core (330k draw attempts, most of them rejected
+duplicates, and 200k gold craft steps); both are cached per process.
+Run: ``python -m common.envs.textcraft.paper --split val [--out FILE] [--hash-seed N]``.
 """
 
 from __future__ import annotations
@@ -307,7 +310,7 @@ def paper_world(seed: int = PAPER_SEED, items_per_domain_tier: int = ITEMS_PER_D
         domains={n: domains[n] for n in ordered},
         seed=seed,
     )
-    base = tuple(b for b in BASE_ORDER if b in tiers) if items_per_domain_tier >= 10 else tuple(by_tier[0])
+    base = tuple(dict.fromkeys(by_tier[0]))  # distinct, in insertion order: BASE_ORDER for 25 per tier
     return PaperWorld(book=book, items_by_tier=by_tier, base_items=base)
 
 

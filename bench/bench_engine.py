@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             ],
         ),
     ):
+        engine.llm.reset_prefix_cache()  # no prefill from the previous row's cache: same work as the engine did
         sync()
         t = time.perf_counter()
         outs = engine.llm.generate(prompts, params, use_tqdm=False)

@@ -6,9 +6,11 @@ activation checkpointing, fused AdamW — ``common.run.optim.make_optimizer``):
 
 * **naive**: one sequence per row as a ``[rows, row_tokens]`` batch, sdpa attention, the full
   ``[rows, row_tokens, V]`` logits upcast to float32 for the log-probs (the DEVICE.md anchor: 29% MFU);
-* **efficient**: ``--datums-per-row`` datums packed per row (prompt half / output half), ``sera_varlen``
-  attention (FlashAttention varlen, no mask), log-probs only at output positions through the chunked
-  head (``efficiency.fast_packed_logprobs``).
+* **efficient**: ``--datums-per-row`` datums of each row (prompt half / output half), all rows packed
+  into ONE micro-batch of ``rows x row_tokens`` tokens, ``sera_varlen`` attention (FlashAttention varlen,
+  no mask), log-probs only at output positions through the chunked head
+  (``efficiency.fast_packed_logprobs``); ``efficient-nockpt`` is the same without activation
+  checkpointing.
 
 MFU = model FLOPs / (seconds x ``--peak-tflops``), model FLOPs = 6 x (non-embedding params) x tokens
 + 6 x V x H x (positions whose logits are computed) + 6 x layers x q_dim x sum(L_i^2) (causal attention,
@@ -110,7 +112,7 @@ def naive_step(model, opt, batch: torch.Tensor, out_from: int) -> None:
 
 
 def efficient_step(model, opt, rows: list[list[Datum]], total_out: int) -> None:
-    for ds in rows:  # one packed row per micro-batch
+    for ds in [[d for r in rows for d in r]]:  # every datum in ONE packed micro-batch (rows x row_tokens)
         logp = fast_packed_logprobs(model, ds)  # [D, T_max]
         mask = torch.ones_like(logp)
         loss, _ = cispo_loss(
@@ -142,7 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--datums-per-row", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per variant (after one warm-up)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H100/H200: 989)")
-    ap.add_argument("--variants", nargs="+", default=["naive", "efficient"])
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=["naive", "efficient"],
+        choices=["naive", "efficient", "efficient-nockpt"],
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -160,14 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{args.shape} | {res['device']} | {args.rows} x {args.row_tokens} tokens | {args.datums_per_row} datums/row"
     )
-    print("| variant | s/step | tokens/s | MFU | MFU (6N) | peak GiB |")
-    print("|---|---|---|---|---|---|")
+    print("| variant | s/step | (optimizer s) | tokens/s | MFU | MFU (6N) | peak GiB |")
+    print("|---|---|---|---|---|---|---|")
     for k, v in res["variants"].items():
         if "error" in v:
             print(f"| {k} | error: {v['error']} |")
             continue
         print(
-            f"| {k} | {v['seconds_per_step']} | {v['tokens_per_s']} | {v['mfu']:.1%} | {v['mfu_6N']:.1%} | {v['peak_GiB']} |"
+            f"| {k} | {v['seconds_per_step']} | {v['optimizer_seconds']} | {v['tokens_per_s']} | {v['mfu']:.1%} | {v['mfu_6N']:.1%} | {v['peak_GiB']} |"
         )
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2))
@@ -178,8 +185,8 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
     """One variant: build, warm up, time ``args.steps`` optimizer steps."""
     cuda = device == "cuda"
     model = build(args.shape, device, dtype)
-    if variant == "efficient":
-        apply_efficiency(model)
+    if variant.startswith("efficient"):
+        apply_efficiency(model, checkpointing=variant != "efficient-nockpt")
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -197,7 +204,7 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
         head = total_out
         step = functools.partial(efficient_step, model, opt, rows, total_out)
 
-    times = []
+    times, opt_times = [], []
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     for i in range(args.steps + 1):
@@ -206,15 +213,20 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
         t = time.perf_counter()
         opt.zero_grad()
         step()
+        if cuda:
+            torch.cuda.synchronize()
+        t_opt = time.perf_counter()
         opt.clip_and_step(1.0)
         if cuda:
             torch.cuda.synchronize()
         if i > 0:
             times.append(time.perf_counter() - t)
+            opt_times.append(time.perf_counter() - t_opt)
     sec = sorted(times)[len(times) // 2]
     model_flops, flops_6n = flops(model, seqs, head, tokens)
     return {
         "seconds_per_step": round(sec, 3),
+        "optimizer_seconds": round(sorted(opt_times)[len(opt_times) // 2], 3),
         "tokens_per_s": round(tokens / sec, 1),
         "mfu": round(model_flops / sec / (args.peak_tflops * 1e12), 4),
         "mfu_6N": round(flops_6n / sec / (args.peak_tflops * 1e12), 4),

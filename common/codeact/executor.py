@@ -220,9 +220,15 @@ _TURNS: weakref.WeakKeyDictionary[Any, dict[asyncio.AbstractEventLoop, asyncio.L
 )
 
 
+_TURNS_BY_ID: dict[int, dict[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
+
+
 def _turn_lock(key: Any, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
     """The lock that makes the cells of agents sharing ``key`` (their world) take turns."""
-    per_loop = _TURNS.setdefault(key, {})
+    try:
+        per_loop = _TURNS.setdefault(key, {})
+    except TypeError:  # a key without weak references: one lock per key object id (kept)
+        per_loop = _TURNS_BY_ID.setdefault(id(key), {})
     lock = per_loop.get(loop)
     if lock is None:
         for old in [lp for lp in per_loop if lp.is_closed()]:

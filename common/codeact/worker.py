@@ -277,8 +277,11 @@ class Worker:
     def _call_message(self, name, args, kwargs):
         self.next_id += 1
         payload = {"type": "call", "id": self.next_id, "name": name}
-        payload["args"] = encode(list(args))
-        payload["kwargs"] = encode(kwargs)
+        try:
+            payload["args"] = encode(list(args))
+            payload["kwargs"] = encode(kwargs)
+        except EncodeError as e:
+            raise TypeError(f"{name}(): {e}") from None
         return self.next_id, payload
 
     @staticmethod

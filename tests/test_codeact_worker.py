@@ -1,0 +1,325 @@
+"""The CodeAct worker process (``common/codeact``): real Python semantics, and containment of hostile cells.
+
+* Semantics the paper's models rely on: last-expression echo, standard-library imports, full asyncio,
+  persistent namespace, tracebacks with cell line numbers, tool errors as exceptions in the cell.
+* Tools run in the trainer: ``await launch_subagent`` / ``asyncio.gather`` of two run concurrently while
+  the worker waits (and that time is not the cell's); cells of agents on one world take turns.
+* Static checks before a cell runs (unawaited launch, task introspection) and the loop detector.
+* Hostile cells: every case of ``tests/test_sandbox.py`` plus process-level attacks (segfault, os._exit,
+  fork, C-level busy loops, 10 GB allocations, 100 MB prints, sockets, /etc/passwd, closing fds, signals
+  to the trainer, threads, protocol floods) end within the time limit + grace, the trainer process is
+  untouched, and the next cell works (in a new worker when the old one died).
+
+Run: ``python -m pytest tests/test_codeact_worker.py -q`` (about 30 s on 2 cores; Linux only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+import pytest
+from test_sandbox import HOSTILE
+
+from common.codeact import CodeActWorker, WorkerLimits, check_cell, stuck_in_loop
+from common.codeact.worker import decode, encode
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the worker needs Linux")
+
+FAST = WorkerLimits(wall_time_s=0.3, cpu_time_s=1.0, grace_s=0.7, memory_mb=512)
+
+
+def craft(ingredients, target):
+    if not isinstance(ingredients, dict):
+        raise TypeError(f"ingredients must be a dict, got {type(ingredients).__name__}")
+    return f"Successfully crafted {target[1]} {target[0]}(s)"
+
+
+async def slow(seconds, tag="done"):
+    await asyncio.sleep(seconds)
+    return tag
+
+
+def worker(limits: WorkerLimits = FAST, **tools) -> CodeActWorker:
+    return CodeActWorker({"craft": craft, **tools}, {"launch_subagent": slow}, limits)
+
+
+def run(w: CodeActWorker, *codes: str):
+    async def go():
+        return [await w.run(c) for c in codes]
+
+    out = asyncio.run(go())
+    return out[0] if len(codes) == 1 else out
+
+
+# ---- semantics ------------------------------------------------------------------------------------
+def test_last_expression_echo_and_persistence():
+    w = worker()
+    r = run(w, "x = 20", "x + 1", "print('a')\nx * 2", "x;", "None", "{'b': 1, 'a': [1, 2]}", "_")
+    assert [c.stdout for c in r] == [
+        "",
+        "21\n",
+        "a\n40\n",
+        "",
+        "",
+        "{'b': 1, 'a': [1, 2]}\n",
+        "{'b': 1, 'a': [1, 2]}\n",
+    ]
+    assert all(c.error is None for c in r)
+    long = run(w, "{f'item_{i}': i for i in range(30)}").stdout
+    assert long.startswith("{'item_0': 0,\n 'item_1': 1,") and long.count("\n") == 30  # pprint layout
+    w.close()
+
+
+def test_standard_library_and_full_asyncio():
+    w = worker(WorkerLimits(wall_time_s=5))
+    code = """
+import json, re, math, itertools, functools, collections, heapq, fractions, statistics, datetime, random, dataclasses
+import asyncio
+async def job(i):
+    await asyncio.sleep(0.01)
+    return i * i
+t = asyncio.create_task(job(3))
+q = asyncio.Queue(); await q.put(1)
+ev = asyncio.Event(); ev.set(); await ev.wait()
+try:
+    async with asyncio.timeout(0.01):
+        await asyncio.sleep(1)
+except TimeoutError:
+    timed_out = True
+done = [await f for f in asyncio.as_completed([job(1), job(2)])]
+print(json.dumps({"t": await t, "q": await q.get(), "timed_out": timed_out, "done": sorted(done)}))
+math.comb(5, 2), str(fractions.Fraction(1, 3)), collections.Counter("aab").most_common(1)
+"""
+    r = run(w, code)
+    assert r.error is None, r.error
+    assert r.stdout == '{"t": 9, "q": 1, "timed_out": true, "done": [1, 4]}\n' + "(10, '1/3', [('a', 2)])\n"
+    w.close()
+
+
+def test_tracebacks_show_cell_lines_and_tool_errors_are_catchable():
+    w = worker()
+    r = run(w, "a = 1\n\nprint(b)")
+    assert r.error.splitlines() == [
+        "Traceback (most recent call last):",
+        '  File "<cell-1>", line 3, in <module>',
+        "    print(b)",
+        "NameError: name 'b' is not defined",
+    ]
+    r = run(w, "try:\n    craft(1, ('b', 1))\nexcept TypeError as e:\n    print('caught', e)")
+    assert r.error is None and r.stdout == "caught ingredients must be a dict, got int\n"
+    r = run(w, "craft({'a': object()}, ('b', 1))")  # not plain data: refused in the worker, never sent
+    assert "TypeError: craft(): only plain data" in r.error
+    assert run(w, "print(craft({'a': 1}, ('b', 2)))").stdout == "Successfully crafted 2 b(s)\n"
+    w.close()
+
+
+def test_gather_of_two_launches_runs_both_while_the_worker_waits():
+    w = worker()  # wall limit 0.3 s; each launch takes 0.5 s of the trainer's time
+    t0 = time.perf_counter()
+    r = run(w, "a, b = await asyncio.gather(launch_subagent(0.5, 'A'), launch_subagent(0.5, 'B'))\n[a, b]")
+    elapsed = time.perf_counter() - t0
+    assert r.error is None and r.stdout == "['A', 'B']\n" and not r.timed_out
+    assert elapsed < 0.9, f"the two launches must run concurrently ({elapsed:.2f} s)"
+    r = run(w, "print(await launch_subagent(0.5, 'C'))")
+    assert r.stdout == "C\n" and r.error is None
+    w.close()
+
+
+def test_unawaited_launch_is_rejected_before_the_cell_and_aliases_are_closed_unrun():
+    for code in (
+        "launch_subagent({'a': 1})",
+        "x = [launch_subagent(t) for t in ts]",
+        "def f():\n    return launch_subagent(1)",
+    ):
+        assert check_cell(code).kind == "unawaited", code
+    for code in (
+        "await launch_subagent({'a': 1})",
+        "r = await asyncio.gather(launch_subagent(1), launch_subagent(2))",
+        "t = asyncio.create_task(launch_subagent(1))",
+        "async def f():\n    return await launch_subagent(1)",
+    ):
+        assert check_cell(code).kind is None, code
+    assert check_cell("await asyncio.gather(*asyncio.all_tasks())").kind == "introspection"
+    assert check_cell("print(1").kind == "syntax" and check_cell("  \n").kind == "empty"
+    calls = []
+
+    async def launch(*args):
+        calls.append(args)
+        return "ran"
+
+    w = CodeActWorker({}, {"launch_subagent": launch}, FAST)
+    r = run(w, "f = launch_subagent\nc = f(1)\nprint('end')")
+    assert r.stdout == "end\n" and r.unawaited_launches == 1 and not calls
+    w.close()
+
+
+def test_loop_detector_is_the_public_rule():
+    assert not stuck_in_loop(["a", "a", "a"])
+    assert stuck_in_loop(["a", "a", "a", "a"])
+    assert stuck_in_loop(["x", "a", "b", "a", "b", "a", "b", "a", "b"])
+    assert stuck_in_loop(["a", "b", "c"] * 4) and not stuck_in_loop(["a", "b", "c", "d"] * 4)
+    assert stuck_in_loop(["", "", "", ""])  # four malformed replies in a row
+    assert not stuck_in_loop(["a", "a", "a", "b"])
+
+
+def test_cells_of_agents_on_one_world_take_turns():
+    log: list[str] = []
+
+    def note(tag: str) -> None:
+        log.append(tag)
+
+    async def nap() -> None:
+        await asyncio.sleep(0.05)
+
+    class World:
+        pass
+
+    world = World()
+    a = CodeActWorker({"note": note}, {"nap": nap}, FAST, turn_key=world)
+    b = CodeActWorker({"note": note}, {"nap": nap}, FAST, turn_key=world)
+
+    async def go(code_a: str, code_b: str) -> None:
+        await asyncio.gather(a.run(code_a), b.run(code_b))
+
+    asyncio.run(go("for _ in range(20): note('A')", "for _ in range(20): note('B')"))
+    assert "".join(log) in ("A" * 20 + "B" * 20, "B" * 20 + "A" * 20)  # no interleaving inside a cell
+    log.clear()
+    asyncio.run(go("note('A')\nawait nap()\nnote('A')", "note('B')"))
+    assert "".join(log) in ("ABA", "BAA")  # an await that blocks hands the turn over
+    a.close()
+    b.close()
+
+
+def test_plain_data_encoding_round_trip_and_refusals():
+    value = {"a": (1, [2.5, None, True]), 3: {"k": ("x",)}}
+    assert decode(encode(value)) == value
+    with pytest.raises(TypeError):
+        encode({1, 2})
+    for bad in ({"t": 1}, {"x": []}, {"d": [[[], 1]]}, {"d": [1]}):
+        with pytest.raises(ValueError):
+            decode(bad)
+
+
+def test_a_cancelled_caller_kills_the_worker_and_the_next_cell_restarts_it():
+    w = worker(WorkerLimits(wall_time_s=5))
+
+    async def go():
+        task = asyncio.ensure_future(w.run("import time\ntime.sleep(3)"))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await w.run("print('fresh')")
+
+    r = asyncio.run(go())
+    assert r.stdout == "fresh\n" and w.restarts == 1
+    w.close()
+
+
+# ---- hostile cells --------------------------------------------------------------------------------
+PROCESS_LEVEL = [
+    # (code, what the error must contain, whether the worker must have been replaced)
+    ("import os\nos._exit(3)", "exited with status 3", True),
+    ("import os\nos.closerange(0, 1000)", "WorkerError", True),
+    ("import hashlib\nhashlib.pbkdf2_hmac('sha256', b'p', b's', 10**9)", "TimeoutError", True),  # C: killed
+    ("try:\n    while True: pass\nexcept BaseException:\n    while True: pass", "TimeoutError", False),
+    ("import time\ntime.sleep(100)", "TimeoutError", False),
+    ("b = bytearray(10 * 1024**3)", "MemoryError", False),
+    ("x = [0] * (10**10)", "MemoryError", False),
+    ("import os\nwhile True:\n    os.fork()", "PermissionError: starting processes", False),
+    (
+        "import subprocess\nsubprocess.run(['sh', '-c', 'echo hi'])",
+        "PermissionError: starting processes",
+        False,
+    ),
+    ("import multiprocessing\nmultiprocessing.Process(target=print).start()", "PermissionError", False),
+    (
+        "import socket\nsocket.socket(socket.AF_INET).connect(('1.1.1.1', 80))",
+        "PermissionError: network",
+        False,
+    ),
+    ("import urllib.request\nurllib.request.urlopen('http://example.com')", "Error", False),
+    ("open('/etc/passwd').read()", "PermissionError: reading '/etc/passwd'", False),
+    ("open('/tmp/x', 'w').write('x')", "PermissionError: writing files", False),
+    ("import os\nos.listdir('/')", "PermissionError: listing '/'", False),
+    ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", "PermissionError: sending signals", False),
+    ("import os, signal\nos.killpg(0, signal.SIGKILL)", "PermissionError: sending signals", False),
+    ("import os\nos.pidfd_open(1)", "AttributeError", False),
+    ("import threading\nthreading.Thread(target=print).start()", "PermissionError: starting threads", False),
+    ("import ctypes", "ImportError", False),
+    ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))", "PermissionError", False),
+    ("import gc\ngc.get_objects()", "PermissionError", False),
+    ("import sys\nsys.exit(0)", "SystemExit", False),
+    (
+        "import os\nfor fd in range(3, 30):\n    try:\n        os.write(fd, b'x' * 5_000_000)\n    except OSError:\n        pass",
+        "WorkerError",
+        True,
+    ),  # fmt: skip
+]
+
+
+def _contained(w: CodeActWorker, code: str, limit: float) -> object:
+    parent_pid, trace = os.getpid(), sys.gettrace()
+    t0 = time.perf_counter()
+    r = run(w, code)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < limit, f"took {elapsed:.2f} s"
+    assert os.getpid() == parent_pid and sys.gettrace() is trace
+    follow = run(w, "print('alive', craft({'a': 1}, ('b', 1)))")
+    assert follow.error is None and follow.stdout == "alive Successfully crafted 1 b(s)\n", follow
+    return r
+
+
+@pytest.mark.parametrize("code,expected,restarted", PROCESS_LEVEL, ids=[c for c, _, _ in PROCESS_LEVEL])
+def test_process_level_attacks_are_contained(code: str, expected: str, restarted: bool):
+    w = worker()
+    run(w, "pass")  # started (the start-up time is not the cell's)
+    r = _contained(w, code, FAST.wall_time_s + FAST.grace_s + 1.5)
+    assert r.error is not None and expected in r.error, (code, r)
+    assert r.restarted == restarted and w.restarts == int(restarted), (code, r)
+    w.close()
+
+
+def test_a_segfault_is_reported_and_the_trainer_survives():
+    w = worker(WorkerLimits(wall_time_s=8, memory_mb=1024))
+    run(w, "pass")
+    code = "import sys\nsys.setrecursionlimit(10**7)\na = []\nfor _ in range(300000):\n    a = [a]\nrepr(a)"
+    r = _contained(w, code, 12)
+    assert r.restarted and "SIGSEGV" in r.error, r
+    w.close()
+
+
+def test_huge_output_is_capped():
+    w = worker(WorkerLimits(wall_time_s=5, max_output_chars=1000))
+    r = run(w, "print('x' * 100_000_000)")
+    assert r.error is None and len(r.stdout) < 1200 and "100000001 more characters" not in r.stdout
+    assert r.stdout.startswith("x" * 1000) and "output truncated" in r.stdout
+    w.close()
+
+
+def test_a_timed_out_cell_keeps_its_namespace():
+    w = worker()
+    r = run(w, "x = 41", "while True:\n    x += 0", "x + 1")
+    assert r[1].timed_out and not r[1].restarted and "TimeoutError" in r[1].error
+    assert r[2].stdout == "42\n"
+    w.close()
+
+
+@pytest.mark.parametrize("code,expected", HOSTILE, ids=[c for c, _ in HOSTILE])
+def test_every_in_process_hostile_case_is_contained_by_the_worker(code: str, expected: str):
+    # In real Python many of these are legal (imports, eval, open of a stdlib path would be); what the
+    # worker must guarantee is: bounded time, a healthy trainer, and a working next cell.
+    w = worker()
+    run(w, "pass")
+    _contained(w, code, FAST.wall_time_s + FAST.grace_s + 1.5)
+    w.close()
+
+
+def test_isolation_is_reported():
+    w = worker()
+    run(w, "pass")
+    assert w.isolation is not None and w.isolation.startswith("rlimits+audit")
+    w.close()

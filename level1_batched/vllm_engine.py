@@ -40,6 +40,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from common.policy import register_engine
 from common.policy.base import Completion, GenerationRequest, SamplingParams
 from common.policy.engine import Engine, completion_text, prompt_for
 
@@ -245,6 +246,16 @@ class VLLMEngine(Engine):
                 use_tqdm=False,
             )[0]
         return [float(d[t].logprob) for d, t in zip(out.prompt_logprobs[1:], token_ids[1:], strict=True)]
+
+
+def make_vllm_policy(model: str, **kw: Any) -> VLLMEngine:
+    """``make_policy("vllm:MODEL", **kw)``: ``HFPolicy``-style keywords that vLLM does not take are
+    dropped (``device``: vLLM picks its own; ``max_batch_size`` and ``max_wait_ms`` are the queue's)."""
+    kw.pop("device", None)
+    return VLLMEngine(model, **kw)
+
+
+register_engine("vllm", make_vllm_policy)
 
 
 def _refresh_cpu_head_kernels(model) -> int:

@@ -43,6 +43,13 @@ def tiny_server():
         server.close()
 
 
+def test_openai_policy_cannot_push_weights():
+    policy = OpenAIPolicy("http://127.0.0.1:1", "m")
+    assert policy.version == 0
+    with pytest.raises(NotImplementedError, match="server-side"):
+        policy.update_weights({})
+
+
 def test_normalise_base_url():
     assert normalise_base_url("http://h:1") == "http://h:1/v1"
     assert normalise_base_url("http://h:1/v1/") == "http://h:1/v1"
@@ -156,13 +163,13 @@ def vllm_server(tmp_path_factory):
     model_dir = ensure_smollm2()
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
+    # no --logprobs-mode: vLLM's default raw_logprobs is the trainer's T = 1 distribution (engine.py)
     cmd = [
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", "smollm2",
         "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-model-len", "2048",
         "--kv-cache-memory-bytes", str(512 * 2**20), "--enforce-eager",
-        "--logprobs-mode", "processed_logprobs",
     ]  # fmt: skip
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
@@ -197,6 +204,7 @@ def test_openai_policy_against_vllm_matches_hf(vllm_server):
     reqs.append(
         GenerationRequest(messages=MSGS, sampling=SamplingParams(32, temperature=0.0, stop=("Blue",)))
     )
+    reqs.append(_req("Count to 9.", n=12, temperature=0.6, seed=9))  # recorded at T = 1 all the same
 
     async def run():
         client = OpenAIPolicy(vllm_server)
@@ -218,6 +226,9 @@ def test_openai_policy_against_vllm_matches_hf(vllm_server):
     stopped = comps[5]
     assert stopped.finish_reason == "stop" and stopped.text.endswith("Blue")
     assert "Blue" in hf.tokenizer.decode(stopped.output_ids)
+    cold = comps[6]  # sampled at T = 0.6: behaviour log-probs are still the untempered (trainer's) ones
+    forced = hf.score_logprobs(cold.prompt_ids, cold.output_ids)
+    assert max(abs(a - b) for a, b in zip(cold.logprobs, forced, strict=True)) < 1e-3
 
 
 def test_server_without_token_ids_gives_untrainable_completions():

@@ -11,7 +11,10 @@ Specs:
 * ``hf:MODEL``: a local transformers model (MODEL = ``smollm2``, ``tiny``, a path or an HF id); keyword
   arguments go to ``HFPolicy`` (``dtype``, ``device``, ``max_batch_size``, ``max_wait_ms``, ...);
 * ``openai:URL#MODEL``: an OpenAI-compatible server (``#MODEL`` optional: the first served model);
-  keyword arguments go to ``OpenAIPolicy``.
+  keyword arguments go to ``OpenAIPolicy``;
+* ``vllm:MODEL`` (or any kind a tier registers with :func:`register_engine`): an engine that lives in a
+  tier, e.g. level 1's in-process vLLM (``level1_batched/vllm_engine.py`` registers ``vllm`` when it is
+  imported; ``common/`` never imports vLLM or a tier itself).
 
 Only the base types are imported eagerly, so scripted policies never import torch.
 Example: ``make_policy("hf:tiny", dtype="float32")``, ``make_policy("oracle", env="textcraft")``.
@@ -23,6 +26,7 @@ import functools
 import importlib
 import inspect
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from common.policy.base import Completion, GenerationRequest, Policy, Role, SamplingParams
@@ -38,8 +42,19 @@ ORACLE_MODULES = {
 
 SPEC_HELP = (
     "policy specs: 'oracle' (with env=textcraft|textworld|textworld-cooking, or 'oracle:ENV'), 'random', "
-    "'replay:FILE.json', 'hf:MODEL' (smollm2 | tiny | path | HF id), 'openai:URL#MODEL'"
+    "'replay:FILE.json', 'hf:MODEL' (smollm2 | tiny | path | HF id), 'openai:URL#MODEL', 'vllm:MODEL' (level 1)"
 )
+
+ENGINE_FACTORIES: dict[str, Callable[..., Policy]] = {}
+"""Policy kinds provided by tiers: ``kind -> factory(arg, **kw)`` (filled by :func:`register_engine`)."""
+
+TIER_ENGINES = {"vllm": "level1_batched.vllm_engine"}
+"""Where the known tier engines live (for the error message only: common/ never imports a tier)."""
+
+
+def register_engine(kind: str, factory: Callable[..., Policy]) -> None:
+    """Make ``make_policy("KIND:ARG", **kw)`` call ``factory(ARG, **kw)`` (a tier registers its engines)."""
+    ENGINE_FACTORIES[kind.lower()] = factory
 
 
 def oracle_reply_fn(env: str, **kw: Any) -> Any:
@@ -101,6 +116,16 @@ def make_policy(spec: str, **kw: Any) -> Policy:
 
         kw.pop("env", None)
         return OpenAIPolicy(url, model or None, **kw)
+    if kind in ENGINE_FACTORIES:
+        if not arg:
+            raise ValueError(f"'{kind}' needs a model: '{kind}:smollm2' or '{kind}:PATH'; {SPEC_HELP}")
+        kw.pop("env", None)
+        return ENGINE_FACTORIES[kind](arg, **kw)
+    if kind in TIER_ENGINES:
+        raise ValueError(
+            f"policy kind {kind!r} is provided by {TIER_ENGINES[kind]}: import it first (sera train/eval "
+            f"--engine {kind} do), or use 'hf:MODEL'"
+        )
     raise ValueError(f"unknown policy spec {spec!r}; {SPEC_HELP}")
 
 
@@ -112,4 +137,5 @@ __all__ = [
     "SamplingParams",
     "make_policy",
     "oracle_reply_fn",
+    "register_engine",
 ]

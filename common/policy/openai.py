@@ -16,9 +16,17 @@ False. If the server rejects the extras (HTTP 400/422 naming them, e.g. the real
 dropped for the rest of the session. At most ``max_concurrency`` requests are in flight (a semaphore);
 transport errors and 5xx answers are retried ``max_retries`` times with backoff.
 
-Caveats: vLLM's log-probs are by default those of the raw model distribution; start it with
-``--logprobs-mode processed_logprobs`` to get the temperature-scaled sampler distribution (identical at
-temperature 1.0, which is what training samples at). With a local ``tokenizer`` the messages are first
+Behaviour log-probs: every engine records the raw model's ``log_softmax(logits)`` of the sampled token
+(temperature 1, no top-p: the distribution the trainer scores; ``engine.py`` says why). That is vLLM's
+default (``--logprobs-mode raw_logprobs``); do NOT start it with ``processed_logprobs``, which records the
+temperature-scaled distribution and biases CISPO's ratio whenever the sampling temperature is not 1.
+SGLang returns raw log-probs too unless told otherwise.
+
+As an engine (the ``engine.Engine`` surface): ``version`` is the policy version the caller says the
+server holds; ``update_weights`` raises, because a server's weights are moved server-side (level 2
+pushes them with the server's own update endpoint and then sets ``version``); no sleep/wake here.
+
+With a local ``tokenizer`` the messages are first
 shortened to ``max_context_tokens - max_new_tokens`` by ``context.fit_messages``; without one the server
 must fit the prompt itself. No streaming.
 
@@ -139,11 +147,20 @@ class OpenAIPolicy(Policy):
         self.max_context_tokens = max_context_tokens
         self.trainable = True
         """Turns False as soon as one answer lacks token ids or log-probs."""
+        self.version = 0
+        """Policy version of the weights the server holds (set by whoever updates the server)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: Any = None
         self._sem: asyncio.Semaphore | None = None
 
     # ------------------------------------------------------------------ plumbing
+    def update_weights(self, weights: Any, version: int | None = None) -> float:
+        """Not possible from the client: see the module docstring (level 2 updates the server itself)."""
+        raise NotImplementedError(
+            "an OpenAI-compatible server's weights are updated server-side (level 2); after the server "
+            "reloads, set policy.version"
+        )
+
     def _headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json"}
         if self.api_key:

@@ -439,7 +439,20 @@ def run_one(m: Mutant, base: Path, timeout: float) -> tuple[str, float, str]:
         else:
             target.write_text(text.replace(m.old, m.new))
         env = {**os.environ, "PYTHONPATH": str(tmp), "PYTHONDONTWRITEBYTECODE": "1"}
-        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", "--no-header", *m.tests]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-o",
+            "addopts=",
+            "-x",
+            "-q",
+            "-rfE",
+            "-p",
+            "no:cacheprovider",
+            "--no-header",
+            *m.tests,
+        ]
         t0 = time.perf_counter()
         try:
             p = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
@@ -449,7 +462,8 @@ def run_one(m: Mutant, base: Path, timeout: float) -> tuple[str, float, str]:
         if p.returncode == 0:
             return "SURVIVED", dt, ""
         failed = [ln for ln in p.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
-        return "KILLED", dt, (failed[0] if failed else p.stdout.strip().splitlines()[-1:] or [""])[0][:150]
+        last = p.stdout.strip().splitlines()[-1:] or [""]
+        return "KILLED", dt, (failed or last)[0][:150]
 
 
 def main() -> None:

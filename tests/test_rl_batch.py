@@ -342,3 +342,15 @@ def test_tree_metrics_names_and_values():
     assert m["rubric/parse_fail_rate"] == 0.5
     assert m["tree/nodes_mean"] == 2 and m["tree/depth_mean"] == 1
     assert m["reward/exec_mean"] == pytest.approx((1.0 + 0.8 + 0.0) / 3)
+
+
+def test_execution_trains_committed_nodes_only():
+    # a counterfactual branch ran on an uncommitted fork: it is not part of the tree and gives no datum,
+    # even though it has steps and a score (it only serves the Rubric stage)
+    trees = [_tree(True, 0.8), _tree(False, 0.3)]
+    branch = Node("0.1~b1", "0", 1, 0, "sub", 20, branch_group="g1", branch_index=1, committed=False)
+    branch.steps = [Step(0, _call("act", "<python>craft({}, ('a', 1))</python>"), "obs")]
+    branch.rubric, branch.score = {"rubric_items": []}, 0.1
+    trees[0].nodes[branch.node_id] = branch
+    b = build_stage_batch("execution", [trees], execution_reward="rubric")
+    assert {d.trajectory_id for d in b.datums} == {"0/0/0", "0/0/0.1", "0/1/0", "0/1/0.1"}

@@ -248,6 +248,49 @@ class VLLMEngine(Engine):
         return [float(d[t].logprob) for d, t in zip(out.prompt_logprobs[1:], token_ids[1:], strict=True)]
 
 
+def make_rollout_engine(
+    engine: str,
+    model: Any,
+    tokenizer: Any,
+    *,
+    seed: int = 0,
+    max_batch_size: int = 64,
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float = 0.3,
+) -> Engine:
+    """Level 1's rollout engine for a trainer holding ``model``: ``hf`` = ``HFPolicy`` on that very model
+    (shared weights, strictly on-policy); ``vllm`` = a ``VLLMEngine`` started from the trainer's current
+    weights (written to a temp directory once) in the trainer's dtype, kept in sync by :func:`sync_weights`."""
+    import torch
+
+    from common.policy.hf import HFPolicy
+
+    if engine == "hf":
+        return HFPolicy(model, tokenizer, max_batch_size=max_batch_size, seed=seed)
+    if engine != "vllm":
+        raise ValueError(f"unknown engine {engine!r}: use hf or vllm")
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    limit = max_model_len or min(int(getattr(model.config, "max_position_embeddings", 8192) or 8192), 16384)
+    cuda = torch.cuda.is_available()
+    return VLLMEngine(
+        save_model(model, tokenizer),
+        dtype=dtype,
+        max_model_len=limit,
+        gpu_memory_utilization=gpu_memory_utilization,
+        kv_cache_memory_bytes=None if cuda else 512 * 2**20,
+        enforce_eager=not cuda,
+        max_batch_size=max_batch_size,
+        seed=seed,
+    )
+
+
+def sync_weights(engine: Engine, model: Any, version: int) -> float:
+    """After optimizer step ``version``: an engine that shares ``model`` only records the version; any
+    other gets the trainer's tensors. Returns the seconds the copy took."""
+    shared = getattr(engine, "model", None) is model
+    return engine.update_weights(None if shared else model.named_parameters(), version=version)
+
+
 def make_vllm_policy(model: str, **kw: Any) -> VLLMEngine:
     """``make_policy("vllm:MODEL", **kw)``: ``HFPolicy``-style keywords that vLLM does not take are
     dropped (``device``: vLLM picks its own; ``max_batch_size`` and ``max_wait_ms`` are the queue's)."""

@@ -292,9 +292,12 @@ def sync_weights(engine: Engine, model: Any, version: int) -> float:
 
 
 def make_vllm_policy(model: str, **kw: Any) -> VLLMEngine:
-    """``make_policy("vllm:MODEL", **kw)``: ``HFPolicy``-style keywords that vLLM does not take are
-    dropped (``device``: vLLM picks its own; ``max_batch_size`` and ``max_wait_ms`` are the queue's)."""
+    """``make_policy("vllm:MODEL", **kw)``: ``HFPolicy``-style keywords are translated (``device`` dropped:
+    vLLM picks its own; ``max_context_tokens`` -> ``max_model_len``; ``max_batch_size`` and
+    ``max_wait_ms`` are the queue's)."""
     kw.pop("device", None)
+    if "max_context_tokens" in kw:  # HFPolicy's name for the context window
+        kw["max_model_len"] = kw.pop("max_context_tokens") or 4096
     return VLLMEngine(model, **kw)
 
 

@@ -1,4 +1,11 @@
-"""A restricted, in-process Python interpreter for model-written CodeAct cells.
+"""A restricted, in-process Python interpreter for model-written CodeAct cells: the opt-in fast path.
+
+The default CodeAct executor is the isolated worker process (``common/codeact``: real Python, any
+standard-library import, full asyncio, last-expression echo, rlimits and namespaces). This interpreter is
+kept as ``TextCraftEnv(executor="inprocess")``: it is about 2x faster per one-call step and 5-7x per
+tool-heavy cell (no pipe round trips; ``bench/bench_codeact.py``), needs no ``fork``, and serves scripted
+policies and platforms without worker processes. It is NOT the paper's Python (no imports but a safe
+asyncio subset, no echo) and not an isolation boundary (see below and ``docs/fidelity/codeact.md``).
 
 The TextCraft agent answers with Python (``<python>...</python>``); every agent has one :class:`Sandbox`
 whose namespace persists across its cells. ``await Sandbox.run(code)`` executes one cell and returns a

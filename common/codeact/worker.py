@@ -3,11 +3,12 @@ the trainer. Standard library only (it runs as ``python -I -S worker.py``, witho
 
 Two roles live in this one file:
 
-* the **zygote** (``python -I -S worker.py zygote FD``): started once per trainer process by
+* the **zygote** (``python -I -S worker.py zygote FD N_SPARES``): started once per trainer process by
   :mod:`common.codeact.executor`. It imports everything a worker needs, then waits on a Unix socket for
-  "spawn" requests that carry two pipe ends (``SCM_RIGHTS``) and forks one worker per request. Forking a
-  warm, single-threaded zygote costs about a millisecond; starting a fresh Python costs 100+ ms.
-* a **worker** (one per agent session, forked by the zygote): applies its limits and isolation, then
+  "spawn" requests that carry two pipe ends (``SCM_RIGHTS``). It keeps a few **spare** workers forked
+  and isolated in advance and hands the pipes to one of them (refilling after its reply), so the trainer
+  never waits for a fork; starting a fresh Python instead would cost 100+ ms per agent.
+* a **worker** (one per agent session): applies its session's limits, installs the audit hook, then
   serves ``run`` requests, one cell at a time, in one persistent namespace.
 
 Isolation, applied in the worker before any cell runs:

@@ -1,9 +1,16 @@
 """Typed dataclass configs -> CLI options, with each field's docstring as its help text.
 
 Configs in this project are dataclasses whose fields carry a docstring on the line below (the torchtitan
-style). :func:`field_docs` reads those docstrings from the source, and :func:`dataclass_command` turns a
-dataclass into a typer command whose options are the fields (``--max-new-tokens 96``), so a value lives
-in exactly one place: the dataclass.
+style). A config may *compose* others: a field whose type is itself a dataclass (``TrainConfig.rollout:
+RuntimeConfig``) is a group, and its fields become options of the same command. So every value lives in
+exactly one field of one dataclass, and the CLI, the tests and the tiers all read it from there.
+
+* :func:`field_docs` reads the docstrings from the source.
+* :func:`flat_fields` lists the leaf fields of a (nested) config: ``{option name: (path, field, type)}``.
+* :func:`build_config` makes a nested config from flat keyword arguments (``max_steps=3`` goes to
+  ``cfg.rollout.max_steps``): one mapping for the CLI and for Python callers.
+* :func:`dataclass_command` turns a config class into a typer command; it also reports which options the
+  user typed (:class:`Given`), so a profile such as ``--paper`` can fill defaults *before* the user's flags.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import inspect
 import textwrap
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import typer
@@ -49,7 +56,7 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def _cli_type(tp: Any) -> Any:
-    """``str | None`` -> ``str`` (typer needs a concrete type; None stays the default)."""
+    """``str | None`` -> ``str`` (typer needs a concrete type; None stays the default). Literals stay."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -57,36 +64,142 @@ def _cli_type(tp: Any) -> Any:
     return tp
 
 
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+def flat_fields(
+    cls: type, groups: dict[str, Iterable[str]] | None = None, _prefix: tuple[str, ...] = ()
+) -> dict[str, tuple[tuple[str, ...], Any, Any, str]]:
+    """``{name: (path, default, type, help)}`` for every leaf field of a config, nested groups flattened.
+
+    ``groups`` limits which fields of a nested dataclass are options (``{"rollout": ("max_steps", ...)}``);
+    a nested group not named there contributes all its fields. Default: the class attribute
+    ``OPTION_GROUPS``, if it has one. Names must be unique across groups.
+
+    >>> @dataclasses.dataclass
+    ... class Inner:
+    ...     k: int = 4
+    ...     '''Branches.'''
+    >>> @dataclasses.dataclass
+    ... class Outer:
+    ...     steps: int = 2
+    ...     '''Steps.'''
+    ...     inner: Inner = dataclasses.field(default_factory=lambda: Inner(k=8))
+    ...     '''A group.'''
+    >>> {k: v[:2] for k, v in flat_fields(Outer).items()}
+    {'steps': (('steps',), 2), 'k': (('inner', 'k'), 8)}
+    """
+    docs, hints, out = field_docs(cls), typing.get_type_hints(cls), {}
+    groups = groups if groups is not None else getattr(cls, "OPTION_GROUPS", None)
+
+    def add(name: str, entry: tuple) -> None:
+        if name in out:
+            raise TypeError(f"option name {name!r} appears twice in {cls.__name__}")
+        out[name] = entry
+
+    for f in dataclasses.fields(cls):
+        tp, default = hints[f.name], _default(f)
+        if dataclasses.is_dataclass(tp):
+            allowed = set((groups or {}).get(f.name, [g.name for g in dataclasses.fields(tp)]))
+            inner_docs, inner_hints = field_docs(tp), typing.get_type_hints(tp)
+            for g in dataclasses.fields(tp):
+                if g.name in allowed:
+                    entry = ((*_prefix, f.name, g.name), getattr(default, g.name), inner_hints[g.name])
+                    add(g.name, (*entry, inner_docs.get(g.name, "")))
+            continue
+        add(f.name, ((*_prefix, f.name), default, tp, docs.get(f.name, "")))
+    return out
+
+
+def build_config(cls: type, base: Any = None, **flat: Any) -> Any:
+    """A (nested) config from flat keyword arguments, on top of ``base`` (default: the class defaults).
+
+    Unknown names raise ``TypeError`` (a typo never silently does nothing).
+
+    >>> @dataclasses.dataclass
+    ... class Inner:
+    ...     k: int = 4
+    >>> @dataclasses.dataclass
+    ... class Outer:
+    ...     steps: int = 2
+    ...     inner: Inner = dataclasses.field(default_factory=Inner)
+    >>> build_config(Outer, steps=5, k=8)
+    Outer(steps=5, inner=Inner(k=8))
+    """
+    fields = flat_fields(cls)
+    unknown = sorted(set(flat) - set(fields))
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no setting(s) {', '.join(unknown)}")
+    nested: dict[str, dict[str, Any]] = {}
+    top: dict[str, Any] = {}
+    for name, value in flat.items():
+        path = fields[name][0]
+        if len(path) == 1:
+            top[name] = value
+        else:
+            nested.setdefault(path[0], {})[path[1]] = value
+    defaults = {f.name: f for f in dataclasses.fields(cls)}
+    for group, values in nested.items():
+        inner = getattr(base, group) if base is not None else _default(defaults[group])
+        top[group] = dataclasses.replace(inner, **values)
+    return dataclasses.replace(base, **top) if base is not None else cls(**top)
+
+
+def flatten(cfg: Any) -> dict[str, Any]:
+    """The inverse of :func:`build_config`: ``{option name: value}`` of every leaf field."""
+    return {name: _get(cfg, path) for name, (path, *_rest) in flat_fields(type(cfg)).items()}
+
+
+def _get(cfg: Any, path: tuple[str, ...]) -> Any:
+    for p in path:
+        cfg = getattr(cfg, p)
+    return cfg
+
+
+class Given(set):
+    """The option names the user typed on the command line (not defaults)."""
+
+
 def dataclass_command(
     cls: type,
-    run: Callable[[Any], None],
+    run: Callable[..., None],
     extra: list[inspect.Parameter] | None = None,
     exclude: tuple[str, ...] = (),
+    groups: dict[str, Iterable[str]] | None = None,
+    panels: dict[str, str] | None = None,
 ) -> Callable[..., None]:
-    """A function typer can register: one ``--option`` per dataclass field (help = the field docstring).
-    ``extra`` parameters are passed to ``run`` as keyword arguments next to the built config."""
-    docs = field_docs(cls)
-    hints = typing.get_type_hints(cls)
-    params = list(extra or [])
+    """A function typer can register: one ``--option`` per (leaf) config field, help = its docstring.
+
+    ``run(cfg, given=Given(...), **extra)`` receives the built config, the names the user typed, and the
+    ``extra`` parameters. ``panels`` puts options under a named help panel (``{name: panel}``).
+    """
+    params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
     names = []
-    for f in dataclasses.fields(cls):
-        if f.name in exclude:
+    for name, (_path, default, tp, doc) in flat_fields(cls, groups).items():
+        if name in exclude:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        panel = (panels or {}).get(name)
         params.append(
             inspect.Parameter(
-                f.name,
+                name,
                 inspect.Parameter.KEYWORD_ONLY,
-                annotation=_cli_type(hints[f.name]),
-                default=typer.Option(default, help=docs.get(f.name, "")),
+                annotation=_cli_type(tp),
+                default=typer.Option(default, help=doc, rich_help_panel=panel),
             )
         )
-        names.append(f.name)
+        names.append(name)
+    params += list(extra or [])  # after the config's own options in --help
     extra_names = [p.name for p in extra or []]
 
-    def command(**kwargs: Any) -> None:
-        cfg = cls(**{k: kwargs[k] for k in names})
-        run(cfg, **{k: kwargs[k] for k in extra_names})
+    def command(ctx: typer.Context, **kwargs: Any) -> None:
+        given = Given(
+            k
+            for k in [*names, *extra_names]
+            if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"
+        )
+        cfg = build_config(cls, **{k: kwargs[k] for k in names})
+        run(cfg, given=given, **{k: kwargs[k] for k in extra_names})
 
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__doc__ = (cls.__doc__ or "").strip()

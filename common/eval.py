@@ -31,26 +31,27 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from common.envs import env_spec
 
 TIERS = ("easy", "medium", "hard", "extreme")
-MACRO_ENVS = ("textworld", "textworld-cooking")
 
 
 @dataclass
 class EvalConfig:
-    """One evaluation run."""
+    """Evaluate a policy with the paper's protocol (SPEC.md §5); re-running the same command resumes."""
 
-    env: str
-    """textcraft | textworld | textworld-cooking."""
-    tasks: str
-    """Task file (JSONL or manifest JSON)."""
-    policy: str
-    """Policy spec: oracle | random | replay:FILE | hf:MODEL | openai:URL#MODEL."""
-    out: str
-    """Output directory (resumable)."""
+    env: Literal["textcraft", "textworld", "textworld-cooking"] = "textcraft"
+    """Environment."""
+    tasks: str = ""
+    """Task file (JSONL or manifest JSON). Required."""
+    policy: str = "oracle"
+    """Policy: oracle | random | replay:FILE.json | hf:MODEL (smollm2, tiny, a path) | openai:URL#MODEL."""
+    out: str = ""
+    """Output directory (resumable). Required."""
     concurrency: int = 4
     """Tasks in flight at once (their model calls batch together for `hf`, run in parallel for `openai`)."""
     best_of_n: int = 1
@@ -63,10 +64,32 @@ class EvalConfig:
     """Protocol: steps per agent."""
     max_depth: int = 3
     """Protocol: maximum delegation depth."""
+    max_new_tokens: int | None = None
+    """Output cap per agent step (default: the environment's paper cap, 512 TextCraft / 3,072 TextWorld)."""
     seed: int = 0
     """Seed passed to the policy (irrelevant at temperature 0)."""
     batch_size: int = 8
     """`hf` policies: the most requests in one forward pass (use 64+ on a GPU)."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.tasks:
+            problems.append("--tasks is required")
+        if not self.out:
+            problems.append("--out is required")
+        for name, v, lo in (
+            ("concurrency", self.concurrency, 1),
+            ("best_of_n", self.best_of_n, 1),
+            ("max_steps", self.max_steps, 1),
+            ("max_depth", self.max_depth, 0),
+            ("batch_size", self.batch_size, 1),
+            ("limit", 1 if self.limit is None else self.limit, 1),
+            ("max_new_tokens", 1 if self.max_new_tokens is None else self.max_new_tokens, 1),
+        ):
+            if v < lo:
+                problems.append(f"--{name.replace('_', '-')} must be >= {lo} (got {v})")
+        if problems:
+            raise ValueError("; ".join(problems))
 
 
 class ManifestMismatch(RuntimeError):
@@ -126,6 +149,7 @@ def make_manifest(cfg: EvalConfig, runtime_hash: str) -> dict[str, Any]:
             "max_steps": cfg.max_steps,
             "max_depth": cfg.max_depth,
             "best_of_n": cfg.best_of_n,
+            "max_new_tokens": cfg.max_new_tokens,
             "seed": cfg.seed,
             "runtime_config_hash": runtime_hash,
         },
@@ -182,14 +206,15 @@ def aggregate(results: list[dict[str, Any]], env: str, n_tasks: int | None = Non
         t["rate"] = t["successes"] / t["n"] if t["n"] else 0.0
     order = [k for k in TIERS if k in per] + sorted(k for k in per if k not in TIERS)
     per = {k: per[k] for k in order}
+    how = env_spec(env).aggregation
     n_done = len(results)
     successes = sum(t["successes"] for t in per.values())
     task_weighted = successes / n_done if n_done else 0.0
     macro = sum(t["rate"] for t in per.values()) / len(per) if per else 0.0
     return {
         "env": env,
-        "aggregation": "macro_over_tiers" if env in MACRO_ENVS else "task_weighted",
-        "success_rate": macro if env in MACRO_ENVS else task_weighted,
+        "aggregation": how,
+        "success_rate": macro if how == "macro_over_tiers" else task_weighted,
         "task_weighted_rate": task_weighted,
         "macro_rate": macro,
         "n_tasks": n_tasks if n_tasks is not None else n_done,
@@ -276,8 +301,9 @@ def write_report(cfg: EvalConfig, out: Path, n_tasks: int, wall: float) -> dict[
 async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) an evaluation and return the report. ``policy`` may be passed pre-built."""
     from common.agent.runtime import run_root
-    from common.envs import load_tasks, make_env, runtime_config_for
+    from common.envs import load_tasks, make_env
     from common.policy import make_policy
+    from common.run.rollout import runtime_config_for
 
     out = Path(cfg.out)
     tasks = load_tasks(cfg.env, cfg.tasks)
@@ -290,6 +316,7 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
         max_depth=cfg.max_depth,
         best_of_n=cfg.best_of_n,
         seed=cfg.seed,
+        **({"max_new_tokens": cfg.max_new_tokens} if cfg.max_new_tokens else {}),
     )
     check_manifest(out, make_manifest(cfg, rcfg.hash()))
     done = load_results(out)
@@ -371,7 +398,3 @@ def compare(dir_a: str | Path, dir_b: str | Path, out_png: str | Path | None = N
     if out_png is not None:
         plot_tiers({Path(dir_a).name: a, Path(dir_b).name: b}, Path(out_png))
     return "\n".join(lines) + "\n"
-
-
-def config_dict(cfg: EvalConfig) -> dict[str, Any]:
-    return asdict(cfg)

@@ -1,59 +1,47 @@
-"""The training configuration shared by every tier (one dataclass, one docstring per field).
+"""The training configuration shared by every tier: one dataclass per concern, composed, never copied.
 
-``sera train --help`` lists these fields as options (see :mod:`common.config`). Level 0 uses them as
-they are; higher tiers add their own scale settings in their own dataclasses.
+    TrainConfig                the run: environment, method, model, data, sizes of a step, logging
+      .rollout: RuntimeConfig  how each recursive rollout runs (common/agent/runtime.py owns these fields)
+      .optim:   OptimConfig    AdamW, clipping, precision
+
+``sera train --help`` lists every leaf field as an option (``--max-steps`` is ``cfg.rollout.max_steps``;
+see :mod:`common.config`); Python callers use :meth:`TrainConfig.make` with the same flat names. The
+defaults are a *laptop* profile (a short CPU run); :func:`paper_profile` holds the paper's sizes, and
+``--paper`` applies it before the user's own flags, so ``sera train --paper --steps 2`` takes 2 steps.
+Tiers add their own scale settings in their own dataclasses (``level1_batched/config.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from common.agent.runtime import RuntimeConfig
+from common.config import build_config
+
+Method = Literal["rao", "rao_d", "sera_wo_d_rt", "sera_wo_d", "sera"]
+EnvName = Literal["textcraft", "textworld"]
+Tier = Literal["easy", "medium", "hard", "extreme", "all"]
+
+ROLLOUT_OPTIONS = (
+    "max_steps",
+    "max_depth",
+    "max_new_tokens",
+    "max_prompt_tokens",
+    "temperature",
+    "rubric_max_new_tokens",
+    "score_max_new_tokens",
+    "counterfactual_k",
+    "max_envs_per_rollout",
+)
+"""The RuntimeConfig fields a training run exposes as options. The others are set by the loop (``stop``
+from the environment, ``use_rubrics`` from the method, ``seed`` per rollout) or are test-time only."""
 
 
-# ----------------------------------------------------------------------------------------------------
 @dataclass
-class TrainConfig:
-    """Level-0 training run."""
+class OptimConfig:
+    """AdamW and precision (SPEC.md §4: lr 3e-6 constant, wd 0.017, betas 0.9/0.95, clip 1.0, bf16)."""
 
-    env: str = "textcraft"
-    """textcraft | textworld."""
-    method: str = "sera"
-    """Method preset: rao | rao_d | sera_wo_d_rt | sera_wo_d | sera (SPEC.md §4 ablation rows)."""
-    model: str = "smollm2"
-    """smollm2 (bundled SmolLM2-135M-Instruct) | tiny (random init, tests) | HF id | local path."""
-    steps: int = 2
-    """Optimizer steps (paper: 250 TextCraft, 400 TextWorld)."""
-    out: str = "runs/level0"
-    """Run directory: metrics.jsonl, trees.jsonl, curves.png, checkpoints/."""
-    resume: bool = False
-    """Continue from the last checkpoint in `out` (same config required)."""
-    tasks: str | None = None
-    """Task file; default: a generated pool (`n_tasks`, split train)."""
-    difficulty: str = "easy"
-    """Tiers of the generated pool: easy | medium | hard | extreme | all (the paper trains on all)."""
-    n_tasks: int = 64
-    """Size of the generated task pool when no task file is given."""
-    tasks_per_step: int = 1
-    """Tasks per optimizer step (paper: 8)."""
-    rollouts_per_task: int = 2
-    """Root rollouts per task, the LOO group (paper: 8)."""
-    schedule: str | None = None
-    """Override the preset's stage cycle, e.g. `execution:1` or `execution:16,delegation:2,rubric:2`."""
-    counterfactual_k: int = 4
-    """Counterfactual branches per delegation in Rubric-stage rollouts (paper: 8)."""
-    max_envs_per_rollout: int = 16
-    """Environment budget of counterfactual branches per root rollout."""
-    judge: str = "programmatic"
-    """Branch labels: programmatic | policy | openai:URL#MODEL (TextWorld's paper setup)."""
-    max_steps: int = 3
-    """Steps per agent (paper: 20)."""
-    max_new_tokens: int = 64
-    """Output cap per agent step (paper: 512 TextCraft, 3,072 TextWorld)."""
-    rubric_max_new_tokens: int = 256
-    """Output cap of rubric and score calls (paper: 1,024)."""
-    max_prompt_tokens: int = 2048
-    """Prompt cap per call (paper: 10,240 TextCraft, 13,312 TextWorld)."""
-    temperature: float = 1.0
-    """Sampling temperature of agent steps."""
     lr: float = 3e-6
     """AdamW learning rate (constant)."""
     weight_decay: float = 0.017
@@ -64,8 +52,54 @@ class TrainConfig:
     """AdamW beta2."""
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
-    dtype: str = "float32"
-    """Training dtype (float32 on CPU; bfloat16 on GPU as in the paper)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of the model. bfloat16 keeps fp32 master weights in the optimizer, so small updates
+    (lr 3e-6) are not rounded away (the paper trains in bf16 on GPUs; float32 is the CPU default)."""
+
+
+def laptop_rollout() -> RuntimeConfig:
+    """The laptop profile's rollout sizes: short agents, short replies, K=4 branches in the Rubric stage."""
+    return RuntimeConfig(
+        max_steps=3,
+        max_new_tokens=64,
+        max_prompt_tokens=2048,
+        rubric_max_new_tokens=256,
+        score_max_new_tokens=256,
+        counterfactual_k=4,
+    )
+
+
+@dataclass
+class TrainConfig:
+    """A SERA training run (every tier)."""
+
+    env: EnvName = "textcraft"
+    """Environment: textcraft (TextCraft-Synth, CodeAct) | textworld (TextWorld-Sync)."""
+    method: Method = "sera"
+    """Method preset, the paper's ablation rows: rao | rao_d | sera_wo_d_rt | sera_wo_d | sera."""
+    model: str = "smollm2"
+    """smollm2 (bundled SmolLM2-135M-Instruct) | tiny (random init, tests) | a local model dir | an HF id
+    already in the local cache."""
+    steps: int = 2
+    """Optimizer steps to reach (the policy version at the end; paper: 250 TextCraft, 400 TextWorld)."""
+    out: str = "runs/level0"
+    """Run directory: metrics.jsonl, trees.jsonl, curves.png, checkpoints/."""
+    resume: bool = False
+    """Continue from the last checkpoint in `out` (same config required)."""
+    tasks: str | None = None
+    """Task file; default: a generated pool (`n_tasks`, split train)."""
+    difficulty: Tier = "easy"
+    """Tiers of the generated pool (the paper trains on all)."""
+    n_tasks: int = 64
+    """Size of the generated task pool when no task file is given."""
+    tasks_per_step: int = 1
+    """Tasks per optimizer step (paper: 8)."""
+    rollouts_per_task: int = 2
+    """Root rollouts per task, the LOO group (paper: 8)."""
+    schedule: str | None = None
+    """Override the preset's stage cycle, e.g. `execution:1` or `execution:16,delegation:2,rubric:2`."""
+    judge: str = "programmatic"
+    """Branch labels: programmatic | policy | openai:URL#MODEL (TextWorld's paper setup)."""
     oracle_mix: float = 0.0
     """Fraction of replies written by the scripted oracle and teacher-forced through the model (off-policy
     warm start for tiny/untrained models; 0 = pure on-policy RL, the paper's setting)."""
@@ -73,26 +107,68 @@ class TrainConfig:
     """With oracle_mix: probability that a teacher-forced score flips its verdict (keeps rubric groups
     imperfectly ranked so the Rubric stage has signal)."""
     max_task_replacements: int = 1
-    """TextCraft: extra tasks tried per step to replace zero-variance groups."""
+    """TextCraft: extra tasks tried per step to replace groups without signal."""
+    max_idle_rounds: int = 3
+    """Rollout rounds in a row without a trained token (the clock does not move) before the run stops
+    and says why; such a round is logged, not counted as an optimizer step."""
     save_every: int = 1
     """Checkpoint every N optimizer steps."""
     seed: int = 0
     """Seed of task sampling, rollouts and model init (tiny)."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files to `out/tb` (needs the `tensorboard` package; no account)."""
+    rollout: RuntimeConfig = field(default_factory=laptop_rollout)
+    """How each rollout runs (its fields are options of their own: --max-steps, --max-new-tokens, ...)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """AdamW and precision (--lr, --dtype, ...)."""
 
-    def paper(self) -> TrainConfig:
-        """The paper's sizes (for GPUs): 8x8 rollouts, K=8, 20 steps, full context and output caps."""
-        caps = {"textcraft": (10_240, 512, 250), "textworld": (13_312, 3_072, 400)}[self.env]
-        return TrainConfig(
-            **{
-                **asdict(self),
-                "tasks_per_step": 8,
-                "rollouts_per_task": 8,
-                "counterfactual_k": 8,
-                "max_steps": 20,
-                "max_prompt_tokens": caps[0],
-                "max_new_tokens": caps[1],
-                "steps": caps[2],
-                "rubric_max_new_tokens": 1024,
-                "dtype": "bfloat16",
-            }
-        )
+    OPTION_GROUPS = {"rollout": ROLLOUT_OPTIONS}
+    """Which fields of the nested configs are options (all of OptimConfig's; ROLLOUT_OPTIONS of RuntimeConfig)."""
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"--{k.replace('_', '-')} must be >= {lo} (got {v})"
+            for k, v, lo in (
+                ("steps", self.steps, 1),
+                ("tasks_per_step", self.tasks_per_step, 1),
+                ("rollouts_per_task", self.rollouts_per_task, 1),
+                ("n_tasks", self.n_tasks, 1),
+                ("save_every", self.save_every, 1),
+                ("max_idle_rounds", self.max_idle_rounds, 1),
+                ("max_task_replacements", self.max_task_replacements, 0),
+                ("max_steps", self.rollout.max_steps, 1),
+                ("max_new_tokens", self.rollout.max_new_tokens, 1),
+                ("counterfactual_k", self.rollout.counterfactual_k, 1),
+            )
+            if v < lo
+        ]
+        if not 0.0 <= self.oracle_mix <= 1.0:
+            problems.append(f"--oracle-mix must be in [0, 1] (got {self.oracle_mix})")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @classmethod
+    def make(cls, base: TrainConfig | None = None, **flat: Any) -> TrainConfig:
+        """A config from the same flat names as the CLI: ``TrainConfig.make(max_steps=3, lr=1e-5)``."""
+        return build_config(cls, base, **flat)
+
+
+def paper_profile(env: str) -> dict[str, Any]:
+    """The paper's sizes for ``env`` as flat settings (SPEC.md §4): 8 tasks x 8 rollouts, K=8, 20 steps
+    per agent, the environment's context and output caps, 1,024-token rubric/score calls, bf16."""
+    from common.envs import env_spec
+
+    spec = env_spec(env)
+    return {
+        "tasks_per_step": 8,
+        "rollouts_per_task": 8,
+        "counterfactual_k": 8,
+        "max_steps": 20,
+        "max_prompt_tokens": spec.caps.train_max_prompt_tokens,
+        "max_new_tokens": spec.caps.max_new_tokens,
+        "steps": spec.paper_steps,
+        "rubric_max_new_tokens": 1024,
+        "score_max_new_tokens": 1024,
+        "difficulty": "all",
+        "dtype": "bfloat16",
+    }

@@ -1,4 +1,4 @@
-"""Level 1's own settings: one dataclass (a docstring per field) and its command-line options.
+"""Level 1's own settings: one dataclass, a docstring per field; `sera train` shows them as options.
 
 The algorithm's settings stay in :class:`common.train_config.TrainConfig`; this file holds only the scale
 knobs level 1 adds. It imports no torch, so ``sera --help`` stays fast when the CLI registers these options.
@@ -6,8 +6,7 @@ knobs level 1 adds. It imports no torch, so ``sera --help`` stays fast when the 
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 
 @dataclass
@@ -23,25 +22,7 @@ class Level1Config:
 
     def __post_init__(self) -> None:
         if self.max_tokens_per_microbatch < 1 or self.max_batch_size < 1:
-            raise SystemExit(
+            raise ValueError(
                 f"--max-tokens-per-microbatch ({self.max_tokens_per_microbatch}) and --max-batch-size "
                 f"({self.max_batch_size}) must be >= 1"
             )
-
-
-def level1_options() -> list[inspect.Parameter]:
-    """One ``--option`` per Level1Config field (help = the field's docstring), for typer commands."""
-    import typer
-
-    from common.config import field_docs
-
-    docs = field_docs(Level1Config)
-    return [
-        inspect.Parameter(
-            f.name,
-            inspect.Parameter.KEYWORD_ONLY,
-            annotation=type(f.default),
-            default=typer.Option(f.default, help=docs.get(f.name, "")),
-        )
-        for f in fields(Level1Config)
-    ]

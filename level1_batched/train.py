@@ -43,43 +43,32 @@ replicated (no sharding). Level 2 (`level2_distributed/`) removes these.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import os
-import random
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.agent.runtime import run_root
-from common.envs import make_env
+from common.envs import env_spec, make_env
 from common.rl.batch import build_stage_batch
 from common.rl.datums import Datum
 from common.rl.loss import cispo_loss, token_logprobs
-from common.rl.schedule import Schedule, get_preset
+from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
+from common.run.data import TaskSampler, hash_seed, seed_everything, task_pool
+from common.run.metrics import NO_UPDATE, MetricsWriter, log_line, plot_curves, step_metrics
+from common.run.optim import make_optimizer
+from common.run.progress import CountingPolicy, LiveStats, RunProgress
+from common.run.rollout import accept_group, stage_runtime_config
+from common.run.setup import idle_hint, method_and_schedule, train_policy
 from common.train_config import TrainConfig
-from level0_single_process.train import (
-    NO_UPDATE,
-    TaskSampler,
-    _progress,
-    hash_seed,
-    load_checkpoint,
-    log_line,
-    plot_curves,
-    runtime_config,
-    save_checkpoint,
-    step_metrics,
-    task_pool,
-    truncate_logs,
-)
-from level1_batched.config import Level1Config, level1_options
+from level1_batched.config import Level1Config
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -161,16 +150,14 @@ def balanced_shards(sizes: list[int], world: int) -> list[list[int]]:
 # ----------------------------------------------------------------------------------------------------
 # Rollouts: every tree of a wave in flight at once; each rank runs its share of the task groups.
 # ----------------------------------------------------------------------------------------------------
-async def rollout_in_flight(jobs: list[tuple[dict, list[int]]], env, policy, judge, rcfg) -> list[list[Any]]:
-    """``jobs`` = ``(task, one seed per rollout)``; all their trees run concurrently, one group per job."""
-    coros = [
-        run_root(task, env, policy, replace(rcfg, seed=s), judge=judge) for task, seeds in jobs for s in seeds
-    ]
+async def rollout_in_flight(jobs: list[tuple[dict, list[Any]]], env, policy, judge) -> list[list[Any]]:
+    """``jobs`` = ``(task, one RuntimeConfig per rollout)``; all their trees run concurrently, one group per job."""
+    coros = [run_root(task, env, policy, rcfg, judge=judge) for task, rcfgs in jobs for rcfg in rcfgs]
     trees = await asyncio.gather(*coros)
     groups, i = [], 0
-    for _, seeds in jobs:
-        groups.append(list(trees[i : i + len(seeds)]))
-        i += len(seeds)
+    for _, rcfgs in jobs:
+        groups.append(list(trees[i : i + len(rcfgs)]))
+        i += len(rcfgs)
     return groups
 
 
@@ -186,31 +173,33 @@ def gather_groups(mine: list[list[Any]], n_jobs: int, world: int) -> list[list[A
 def collect_groups_in_flight(
     cfg: TrainConfig,
     stage: str,
-    step: int,
+    rnd: int,
     sampler: TaskSampler,
     env,
     policy,
     judge,
-    generate_rubrics: bool,
+    preset,
     rank: int = 0,
     world: int = 1,
 ) -> tuple[list[list[Any]], int]:
     """Level 0's ``collect_groups`` in waves: draw the missing tasks, roll all of them out at once, then
-    accept/replace in draw order. Same tasks, seeds and replacement rule as level 0 (the sampler and
-    its cursor are identical on every rank); only the schedule differs."""
-    rcfg = runtime_config(cfg, stage, generate_rubrics)
+    accept/replace in draw order. Same tasks, seeds and acceptance rule as level 0 (the sampler and its
+    cursor are identical on every rank); only the schedule differs."""
     groups, extra = [], 0
     while len(groups) < cfg.tasks_per_step:
         jobs = []
         for _ in range(cfg.tasks_per_step - len(groups)):
             task = sampler.next()
-            jobs.append(
-                (task, [hash_seed(cfg.seed, step, sampler.cursor, r) for r in range(cfg.rollouts_per_task)])
-            )
-        mine = asyncio.run(rollout_in_flight(jobs[rank::world], env, policy, judge, rcfg))
+            seeds = [hash_seed(cfg.seed, rnd, sampler.cursor, r) for r in range(cfg.rollouts_per_task)]
+            rcfgs = [
+                stage_runtime_config(cfg.env, cfg.rollout, stage, preset.generate_rubrics, s) for s in seeds
+            ]
+            jobs.append((task, rcfgs))
+        mine = asyncio.run(rollout_in_flight(jobs[rank::world], env, policy, judge))
         for trees in gather_groups(mine, len(jobs), world):
-            flat = len({t.success for t in trees}) == 1
-            if stage == "execution" and cfg.env == "textcraft" and flat and extra < cfg.max_task_replacements:
+            if not accept_group(
+                trees, cfg.env, stage, preset.execution_reward, cfg.max_task_replacements - extra
+            ):
                 extra += 1  # no signal: another task in the next wave (SPEC.md §4)
                 continue
             groups.append(trees)
@@ -339,97 +328,69 @@ def accumulate_gradients_packed(
     }
 
 
-def train_on_shard(model, optimizer, datums, weights, cfg: TrainConfig, l1: Level1Config) -> dict[str, float]:
+def train_on_shard(
+    model, optimizer, datums, weights, n_tokens: float, cfg: TrainConfig, l1: Level1Config
+) -> dict[str, float]:
     """One optimizer step over all ranks: this rank's datums, the global token count, summed gradients,
     global-norm clip, AdamW (identical on every rank, so the replicas stay equal)."""
-    (n_tokens,) = all_reduce_sum([sum(d.num_trained_tokens for d in datums)], model.device)
-    if n_tokens == 0:  # nothing to learn from anywhere: no update (no weight decay), as in level 0
-        return dict(NO_UPDATE)
     model.train()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()
     m = accumulate_gradients_packed(model, datums, weights, l1.max_tokens_per_microbatch, num_tokens=n_tokens)
     allreduce_gradients(model)  # the one data-parallel line
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    optimizer.step()
+    grad_norm = optimizer.clip_and_step(cfg.optim.grad_clip)
     model.eval()
     keys = ("loss/cispo", "loss/clip_frac", "train/microbatches", "train/packed_tokens")
     summed = dict(zip(keys, all_reduce_sum([m[k] for k in keys], model.device), strict=True))
-    return {**m, **summed, "grad_norm": float(grad_norm), "train/skipped": 0.0}
+    return {**m, **summed, "grad_norm": grad_norm, "train/skipped": 0.0}
 
 
 # ----------------------------------------------------------------------------------------------------
 # The loop: level 0's, with the three functions above.
 # ----------------------------------------------------------------------------------------------------
-def make_policy_for(cfg: TrainConfig, model, tokenizer, l1: Level1Config):
-    """HFPolicy with batching on (plus level 0's optional teacher-forced oracle mix)."""
-    from common.policy.hf import HFPolicy
-
-    policy = HFPolicy(model, tokenizer, max_batch_size=l1.max_batch_size, seed=cfg.seed)
-    if cfg.oracle_mix > 0:
-        from common.policy import make_policy
-        from common.policy.forced import TeacherForcedPolicy
-
-        teacher = make_policy("oracle", env=cfg.env, delegate=True)
-        return TeacherForcedPolicy(
-            policy,
-            teacher,
-            cfg.oracle_mix,
-            cfg.score_noise,
-            seed=cfg.seed,
-            max_prompt_tokens=cfg.max_prompt_tokens,
-        )
-    return policy
-
-
 def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = True) -> list[dict[str, Any]]:
-    """Run ``cfg.steps`` optimizer steps; every rank returns the same metrics history."""
+    """Run until ``cfg.steps`` optimizer steps; every rank returns the same metrics history."""
     from common.policy.models import load_model
 
     l1 = l1 or Level1Config()
     rank, world, device = init_distributed()
-    if cfg.out == TrainConfig.out:  # the shared default names level 0's directory
-        cfg = replace(cfg, out="runs/level1")
     out = Path(cfg.out)
-    if out.exists() and any(out.glob("checkpoints/step_*")) and not cfg.resume:
-        raise SystemExit(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-    if distributed():
-        dist.barrier()  # every rank has checked before rank 0 writes
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    preset = get_preset(cfg.method)
-    schedule = Schedule.parse(cfg.schedule or preset.schedule)
-    if "rubric" in schedule.stages and not preset.generate_rubrics:
-        raise SystemExit(f"method {cfg.method} writes no rubrics, so its schedule cannot have a rubric stage")
-    model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=device, seed=cfg.seed)
+        prepare_out(out, cfg.resume)
+    if distributed():
+        dist.barrier()  # rank 0 has checked and created the directory
+    seed_everything(cfg.seed)
+    preset, schedule = method_and_schedule(cfg)
+    pool = task_pool(cfg.env, cfg.tasks, cfg.n_tasks, cfg.seed, cfg.difficulty)
+    model, tokenizer = load_model(cfg.model, dtype=cfg.optim.dtype, device=device, seed=cfg.seed)
     broadcast_parameters(model)
     if l1.max_tokens_per_microbatch > 1:
         check_packing(model)
-    policy = make_policy_for(cfg, model, tokenizer, l1)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2)
-    )
-    start, cursor = load_checkpoint(out, model, optimizer, cfg) if cfg.resume else (0, 0)
+    stats = LiveStats()
+    policy = CountingPolicy(train_policy(cfg, model, tokenizer, max_batch_size=l1.max_batch_size), stats)
+    optimizer = make_optimizer(model, cfg.optim)
+    ckpt = TorchCheckpointer(out)
+    state = (ckpt.load_latest(model, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
     if rank == 0:
-        truncate_logs(out, start)
+        truncate_logs(out, state.round)
         (out / "config.json").write_text(
             json.dumps({**asdict(cfg), "level1": asdict(l1), "world_size": world}, indent=2)
         )
         print(
             f"[level1] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | world {world} "
-            f"| {l1} | steps {start}->{cfg.steps}"
+            f"| {l1} | steps {state.step}->{cfg.steps}"
         )
-    env, sampler = make_env(cfg.env), TaskSampler(task_pool(cfg), cfg.seed, cursor)
+    env, sampler = make_env(cfg.env), TaskSampler(pool, cfg.seed, state.cursor)
     judge = make_judge(cfg.judge, policy)
+    writer = MetricsWriter(out, cfg.tensorboard) if rank == 0 else None
+    bar = RunProgress(progress and rank == 0, cfg.steps, state.step, stats)
     history: list[dict[str, Any]] = []
-    log = _progress(progress, cfg.steps, start) if rank == 0 else None
-    for step in range(start, cfg.steps):
+    idle = 0
+    while state.step < cfg.steps:
+        stage = schedule.stage_at(state.step)  # the clock is the policy version
+        bar.phase(f"{stage} rollouts")
         t0 = time.perf_counter()
-        stage = schedule.stage_at(step)
         groups, replaced = collect_groups_in_flight(
-            cfg, stage, step, sampler, env, policy, judge, preset.generate_rubrics, rank, world
+            cfg, stage, state.round, sampler, env, policy, judge, preset, rank, world
         )
         t_roll = time.perf_counter() - t0
         trees = [t for g in groups for t in g]
@@ -437,69 +398,78 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             stage,
             groups,
             preset.execution_reward,
-            zero_variance="drop" if cfg.env == "textcraft" else "keep",
+            zero_variance=env_spec(cfg.env).zero_variance,
             tokenizer=tokenizer,
         )
         mine = balanced_shards([len(d.prompt_ids) + len(d.output_ids) for d in batch.datums], world)[rank]
+        bar.phase("training")
         t1 = time.perf_counter()
-        train_metrics = train_on_shard(
-            model, optimizer, [batch.datums[i] for i in mine], [batch.weights[i] for i in mine], cfg, l1
+        (n_tokens,) = all_reduce_sum([sum(batch.datums[i].num_trained_tokens for i in mine)], model.device)
+        updated = n_tokens > 0
+        train_metrics = (
+            train_on_shard(
+                model,
+                optimizer,
+                [batch.datums[i] for i in mine],
+                [batch.weights[i] for i in mine],
+                n_tokens,
+                cfg,
+                l1,
+            )
+            if updated
+            else dict(NO_UPDATE)
         )
         t_train = time.perf_counter() - t1
         metrics = {
-            **step_metrics(step, stage, trees, batch, train_metrics, preset, t_roll, t_train, replaced),
+            **step_metrics(
+                round=state.round, step=state.step, stage=stage, trees=trees, batch=batch, train=train_metrics,
+                execution_reward=preset.execution_reward, t_rollout=t_roll, t_train=t_train, replaced=replaced,
+            ),
             "train/tokens_per_s": train_metrics.get("train/packed_tokens", 0.0) / max(t_train, 1e-9),
             "dp/world_size": world,
-        }
+        }  # fmt: skip
+        history.append(metrics)
+        state.round, state.cursor = state.round + 1, sampler.cursor
+        state.step += int(updated)
+        idle = 0 if updated else idle + 1
         if rank == 0:
             for t in trees:
-                t.meta["step"] = step
+                t.meta.update(step=metrics["step"], round=metrics["round"])
                 append_tree(out / "trees.jsonl", t)
-            with open(out / "metrics.jsonl", "a") as f:  # logs first, checkpoint second (as level 0)
-                f.write(json.dumps(metrics) + "\n")
-            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                save_checkpoint(out, model, optimizer, step + 1, sampler.cursor, cfg)
-            log(f"{log_line(metrics)} train_tokens_per_s={metrics['train/tokens_per_s']:.4g}", step + 1)
-            if not batch.datums or metrics["grad_norm"] == 0.0:
-                log(
-                    "  (no learning signal this step: every rollout of a task had the same outcome; "
-                    "--oracle-mix 0.5 adds teacher-forced oracle replies as a warm start.)",
-                    step + 1,
-                )
-        history.append(metrics)
-    if rank == 0 and history:
-        plot_curves(out / "metrics.jsonl", out / "curves.png")
+            writer.write(metrics)  # logs first, checkpoint second (as level 0)
+            if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps):
+                ckpt.save(state, model, optimizer, asdict(cfg))
+            bar.log(f"{log_line(metrics)} train_tokens_per_s={metrics['train/tokens_per_s']:.4g}", state.step)
+            if not updated:
+                bar.log(idle_hint(cfg))
+        if idle >= cfg.max_idle_rounds:
+            bar.log(f"stopping: {idle} rounds in a row without a trained token (--max-idle-rounds)")
+            break
+    bar.close()
+    if rank == 0:
+        writer.close()
+        if history:
+            plot_curves(out / "metrics.jsonl", out / "curves.png")
+        print(f"done: {state.step} optimizer steps in {state.round} rounds. Outputs in {out}/: metrics.jsonl, "
+              f"trees.jsonl (sera view {out}/trees.jsonl), curves.png, checkpoints/")  # fmt: skip
     if distributed():
         dist.barrier()  # rank 0's checkpoint and plot are on disk before anyone returns
     return history
 
 
 # ----------------------------------------------------------------------------------------------------
-# Command line: level 0's options (TrainConfig) plus Level1Config's, for `python -m` and torchrun.
+# Command line (`python -m level1_batched.train`, torchrun): the `sera train` options at level 1.
 # ----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
-    import typer
+    import sys
 
-    from common.config import dataclass_command
+    from sera.cli import app
 
-    def run(cfg: TrainConfig, paper: bool = False, **l1: Any) -> None:
-        try:
-            train(cfg.paper() if paper else cfg, Level1Config(**l1))
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-
-    paper = inspect.Parameter(
-        "paper",
-        inspect.Parameter.KEYWORD_ONLY,
-        annotation=bool,
-        default=typer.Option(False, help="The paper's sizes (8x8 rollouts, K=8, 20 steps, full caps, bf16)."),
-    )
-    cmd = dataclass_command(TrainConfig, run, extra=[paper, *level1_options()])
-    cmd.__doc__ = "Level-1 SERA training: rollouts in flight, packed micro-batches, data parallel (torchrun)."
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command()(cmd)
-    app(args=argv)
+    try:
+        app(["train", "--level", "1", *(sys.argv[1:] if argv is None else argv)], standalone_mode=True)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

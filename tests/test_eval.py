@@ -138,7 +138,7 @@ def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path: Path):
     cmd = [
         sys.executable,
         "-m",
-        "common.cli",
+        "sera",
         "eval",
         "--env",
         "textcraft",

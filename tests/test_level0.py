@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.config import flatten
 from common.rl.datums import Datum
 from common.train_config import TrainConfig
 
@@ -55,9 +56,18 @@ def test_fixture_loss_and_grad_norm_match_golden(stage: str):
 
 def test_fixture_datums_respect_stage_masks():
     fx = load_fixture()["stages"]
+    from common.policy.models import load_model
+
+    _, tok = load_model("tiny", dtype="float32", seed=0)
     for d in fixture_datums(fx["delegation"]):  # only the launch statement is trained, cut after it
-        assert 0 < sum(d.loss_mask) < len(d.loss_mask) or d.loss_mask[-1] == 1
-        assert d.loss_mask[-1] == 1 and len(d.output_ids) == len(d.behaviour_logprobs)
+        first = d.loss_mask.index(1)
+        assert all(d.loss_mask[first:]), "the trained tokens are one contiguous span that ends the datum"
+        assert first > 0, "the reply before the launch statement (its thought) is not trained"
+        assert len(d.output_ids) == len(d.behaviour_logprobs) == len(d.loss_mask)
+        span = tok.decode(d.output_ids[first:])
+        before = tok.decode(d.output_ids[:first])
+        assert "launch_subagent(" in span or "<delegate>" in span, span
+        assert "launch_subagent(" not in before and "<delegate>" not in before, before
     for d in fixture_datums(fx["rubric"]):
         assert d.stage == "rubric" and all(d.loss_mask)
     for d in fixture_datums(fx["execution"]):
@@ -85,7 +95,20 @@ def small_config(tmp: Path, env: str, **kw) -> TrainConfig:
         n_tasks=16,
         max_task_replacements=3,
     )
-    return TrainConfig(**{**base, **per_env, **kw})
+    return TrainConfig.make(**{**base, **per_env, **kw})
+
+
+def check_clock(history: list[dict], schedule: str) -> None:
+    """The clock is the policy version: ``step`` moves exactly after a round that updated, and every round's
+    stage is the schedule's stage at that version (a round without an update repeats its stage)."""
+    from common.rl.schedule import Schedule
+
+    sched = Schedule.parse(schedule)
+    for prev, cur in zip(history, history[1:], strict=False):
+        assert cur["step"] == prev["step"] + (1 - int(prev["train/skipped"])), (prev, cur)
+    for h in history:
+        assert h["stage"] == sched.stage_at(h["step"])
+        assert h["train/skipped"] or h["loss/tokens"] > 0
 
 
 @pytest.mark.slow
@@ -95,24 +118,32 @@ def test_three_step_run_covers_every_stage(tmp_path: Path, env: str):
     from common.rl.batch import METRIC_NAMES
     from level0_single_process.train import train
 
-    cfg = small_config(tmp_path, env)
+    cfg = small_config(tmp_path, env, max_idle_rounds=4)
     history = train(cfg, progress=False)
-    assert [h["stage"] for h in history] == ["execution", "delegation", "rubric"]
+    check_clock(history, cfg.schedule)
+    assert [h["stage"] for h in history if not h["train/skipped"]] == ["execution", "delegation", "rubric"][
+        : sum(not h["train/skipped"] for h in history)
+    ]
+    assert {h["stage"] for h in history} == {"execution", "delegation", "rubric"}  # every stage rolled out
     for h in history:
-        for name in (*METRIC_NAMES, "loss/cispo", "grad_norm", "tokens_per_s", "stage"):
+        for name in (*METRIC_NAMES, "loss/cispo", "grad_norm", "tokens_per_s", "stage", "round"):
             assert name in h, name
-    assert sum(h["batch/datums"] for h in history) > 0
     assert any(h["grad_norm"] > 0 for h in history)
     run = Path(cfg.out)
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in lines] == [0, 1, 2]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == list(range(len(history)))
     trees = read_trees(run / "trees.jsonl")
-    assert len(trees) >= 3 * cfg.tasks_per_step * cfg.rollouts_per_task
-    assert any(
-        t.meta.get("counterfactual_groups") for t in trees if t.meta["step"] == 2
-    )  # rubric stage forks
+    assert (
+        len(trees)
+        == len(history) * cfg.tasks_per_step * cfg.rollouts_per_task
+        + sum(h["batch/replaced_tasks"] * cfg.rollouts_per_task for h in history)
+        or len(trees) >= len(history) * cfg.tasks_per_step * cfg.rollouts_per_task
+    )
+    rubric_rounds = {h["round"] for h in history if h["stage"] == "rubric"}
+    assert any(t.meta.get("counterfactual_groups") for t in trees if t.meta["round"] in rubric_rounds)
     assert (run / "curves.png").stat().st_size > 1000
-    assert (run / "checkpoints" / "step_000003" / "state.pt").exists()
+    done = sum(not h["train/skipped"] for h in history)
+    assert (run / "checkpoints" / f"step_{done:06d}" / "state.pt").exists()
 
 
 def _params(run: Path, step: int) -> dict[str, torch.Tensor]:
@@ -128,9 +159,9 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
     train(ref, progress=False)
 
     killed = small_config(tmp_path / "killed", "textcraft", **args)
-    cmd = [sys.executable, "-m", "common.cli", "train"] + [
+    cmd = [sys.executable, "-m", "sera", "train"] + [
         f"--{k.replace('_', '-')}={v}"
-        for k, v in vars(killed).items()
+        for k, v in flatten(killed).items()
         if v is not None and not isinstance(v, bool)
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -147,7 +178,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
     proc.wait()
     assert not (Path(killed.out) / "checkpoints" / "step_000003").exists()
 
-    resumed = TrainConfig(**{**vars(killed), "resume": True})
+    resumed = TrainConfig.make(killed, resume=True)
     train(resumed, progress=False)
     a, b = _params(Path(ref.out), 3), _params(Path(killed.out), 3)
     diffs = {k: float((a[k] - b[k]).abs().max()) for k in a}
@@ -181,4 +212,4 @@ def test_resume_refuses_a_changed_config(tmp_path: Path):
     with pytest.raises(SystemExit, match="already holds a run"):
         train(cfg, progress=False)
     with pytest.raises(SystemExit, match="differs"):
-        train(TrainConfig(**{**vars(cfg), "resume": True, "lr": 1e-3, "steps": 2}), progress=False)
+        train(TrainConfig.make(cfg, resume=True, lr=1e-3, steps=2), progress=False)

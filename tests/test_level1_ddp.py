@@ -53,7 +53,7 @@ def test_torchrun_two_processes_match_one(tmp_path: Path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        cfg = TrainConfig(**SMALL, out=str(tmp_path / "world1"))
+        cfg = TrainConfig.make(**SMALL, out=str(tmp_path / "world1"))
         train(cfg, Level1Config(max_tokens_per_microbatch=4096), progress=False)
     finally:
         torch.set_num_threads(threads)

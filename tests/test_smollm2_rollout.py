@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from common.agent.runtime import run_root
-from common.envs import make_env, runtime_config_for
+from common.envs import make_env
 from common.envs.textcraft.tasks import generate_tasks
+from common.run.rollout import runtime_config_for
 
 
 @pytest.fixture(scope="module")

@@ -275,6 +275,8 @@ class _Rollout:
             ]
             st.last_observation = first
             for i in range(node.max_steps):
+                if getattr(session, "done", False):  # the shared world ended (another agent finished it)
+                    break
                 st.step_index, st.launched, st.refused = i, [], 0
                 call = await self.call(
                     "act",

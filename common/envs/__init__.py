@@ -11,7 +11,8 @@ Imports are lazy so that ``textworld`` (an optional extra) is only needed for `t
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from common.envs.base import Environment
 
@@ -48,18 +49,60 @@ def load_tasks(name: str, path: str) -> list[dict[str, Any]]:
     return load(path)
 
 
-# Per-environment runtime defaults of the paper (SPEC.md §4, §5): prompt cap, output cap per call, stop.
-ENV_DEFAULTS: dict[str, dict[str, Any]] = {
-    "textcraft": {"max_prompt_tokens": 10_240, "max_new_tokens": 512, "stop": ("</python>",)},
-    "textworld": {"max_prompt_tokens": 13_312, "max_new_tokens": 3_072, "stop": ()},
-    "textworld-cooking": {"max_prompt_tokens": 13_312, "max_new_tokens": 3_072, "stop": ()},
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the trainer, the evaluator and the CLI need to know about an environment, in one place.
+
+    These are the environment's own rules (SPEC.md §4, §5), not run settings: a tier reads them from here
+    instead of testing ``cfg.env == "textcraft"`` in its loop.
+    """
+
+    name: str
+    """Registry name (``--env``)."""
+    stop: tuple[str, ...]
+    """Stop strings of agent steps (TextCraft: generation may stop at ``</python>``)."""
+    paper_steps: int
+    """Optimizer steps of the paper's training run."""
+    zero_variance: Literal["drop", "keep"]
+    """Execution stage: a task group without signal is dropped (and replaced) or kept at zero advantage."""
+    replace_flat_groups: bool
+    """Execution stage: roll out another task in place of a group without signal."""
+    aggregation: Literal["task_weighted", "macro_over_tiers"]
+    """How `sera eval` averages success over tiers."""
+
+    @property
+    def caps(self):
+        """The paper's token caps (context, prompt at eval / in training, output): one definition, in
+        :data:`common.policy.context.PAPER_CAPS`."""
+        from common.policy.context import PAPER_CAPS
+
+        return PAPER_CAPS[self.name]
+
+    def generate_tasks(self, split: str, n: int, seed: int, tier: str | None = None) -> list[dict[str, Any]]:
+        """A generated task pool of this environment (``tier`` None = all tiers)."""
+        if self.name == "textcraft":
+            from common.envs.textcraft.tasks import generate_tasks
+
+            return generate_tasks(split=split, n=n, seed=seed, difficulty=tier)
+        if self.name == "textworld":
+            from common.envs.textworld_sync.tasks import generate_tasks as gen_tw
+
+            return gen_tw(split=split, n=n, seed=seed, tier=tier)
+        from common.envs.textworld_cooking import generate_tasks as gen_cooking
+
+        return gen_cooking(n=n, seed=seed, settings=tier or "medium")
+
+
+ENV_SPECS: dict[str, EnvSpec] = {
+    "textcraft": EnvSpec("textcraft", ("</python>",), 250, "drop", True, "task_weighted"),
+    "textworld": EnvSpec("textworld", (), 400, "keep", False, "macro_over_tiers"),
+    "textworld-cooking": EnvSpec("textworld-cooking", (), 400, "keep", False, "macro_over_tiers"),
 }
+"""The one definition of every environment's rules (its token caps: :attr:`EnvSpec.caps`)."""
 
 
-def runtime_config_for(name: str, **overrides: Any):
-    """A :class:`~common.agent.runtime.RuntimeConfig` with the paper's caps for ``name`` plus overrides."""
-    from common.agent.runtime import RuntimeConfig
-
-    if name not in ENV_DEFAULTS:
+def env_spec(name: str) -> EnvSpec:
+    """The :class:`EnvSpec` of ``name`` (a clear error for an unknown name)."""
+    if name not in ENV_SPECS:
         raise ValueError(f"unknown environment {name!r}; choose one of {', '.join(ENV_NAMES)}")
-    return RuntimeConfig(**{**ENV_DEFAULTS[name], **overrides})
+    return ENV_SPECS[name]

@@ -1,0 +1,157 @@
+"""The metrics of one rollout round: the same names and log line in every tier, written to metrics.jsonl
+(strict JSON: NaN is written as null), optionally to TensorBoard, and drawn as curves.png."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+from pathlib import Path
+from typing import Any
+
+from common.rl.batch import METRIC_NAMES, tree_metrics
+
+NO_UPDATE = {
+    "loss/cispo": 0.0,
+    "grad_norm": 0.0,
+    "loss/tokens": 0.0,
+    "loss/clip_frac": 0.0,
+    "train/skipped": 1.0,
+}
+"""The training metrics of a round whose batch has no trained token (no optimizer step is taken)."""
+
+LOG_KEYS = (*METRIC_NAMES, "loss/cispo", "grad_norm", "tokens_per_s")
+"""The keys of the one log line per round (after ``step`` and ``stage``)."""
+
+CURVES = (
+    "reward/root_success",
+    "reward/exec_mean",
+    "rubric/pair_accuracy",
+    "loss/cispo",
+    "grad_norm",
+    "tree/nodes_mean",
+)
+"""The six panels of curves.png."""
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def step_metrics(
+    *,
+    round: int,
+    step: int,
+    stage: str,
+    trees: list[Any],
+    batch: Any,
+    train: dict[str, float],
+    execution_reward: str,
+    t_rollout: float,
+    t_train: float,
+    replaced: int,
+) -> dict[str, Any]:
+    """The metrics line of one rollout round. ``step`` is the policy version the rollouts were sampled
+    with (= optimizer steps completed before this round; the stage clock); ``round`` counts every round,
+    including rounds without an update."""
+    gen_tokens = sum(len(s.call.output_ids) for t in trees for n in t.nodes.values() for s in n.steps)
+    calls = [c for t in trees for n in t.nodes.values() for c in (n.rubric_call, n.score_call) if c]
+    return {
+        "round": round,
+        "step": step,
+        "stage": stage,
+        **tree_metrics(trees, execution_reward),
+        **train,
+        "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
+        "time/rollout_s": t_rollout,
+        "time/scoring_s": sum(c.seconds for c in calls),  # rubric + score calls (inside the rollout time)
+        "time/train_s": t_train,
+        "mem/peak_rss_gb": peak_rss_gb(),
+        "batch/datums": len(batch.datums),
+        "batch/replaced_tasks": replaced,
+        **{f"batch/{k}": v for k, v in batch.counts.items()},
+    }
+
+
+def log_line(m: dict[str, Any]) -> str:
+    """The one log line per round, the same in every tier."""
+    vals = " ".join(
+        f"{k}={m[k]:.4g}" if isinstance(m[k], float) and not math.isnan(m[k]) else f"{k}=nan"
+        for k in LOG_KEYS
+    )
+    skipped = " (no update)" if m.get("train/skipped") else ""
+    return f"step={m['step']} stage={m['stage']} {vals}{skipped}"
+
+
+def _json_safe(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+class MetricsWriter:
+    """Appends one strict-JSON line per round to ``out/metrics.jsonl`` (NaN/inf become null) and, with
+    ``tensorboard=True``, the numeric values to ``out/tb`` (x axis: ``round``)."""
+
+    def __init__(self, out: Path, tensorboard: bool = False):
+        self.path = out / "metrics.jsonl"
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise SystemExit(
+                    "--tensorboard needs the tensorboard package: pip install tensorboard"
+                ) from None
+            self.tb = SummaryWriter(str(out / "tb"))
+
+    def write(self, m: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({k: _json_safe(v) for k, v in m.items()}) + "\n")
+        if self.tb is not None:
+            for k, v in m.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, m["round"])
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Rows of a metrics.jsonl (null read back as NaN)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rows.append({k: float("nan") if v is None else v for k, v in json.loads(line).items()})
+    return rows
+
+
+def plot_curves(metrics_path: Path, out_png: Path) -> None:
+    """curves.png: the six fixed metrics against the optimizer step (rounds without an update are hollow
+    markers; a panel without any value says so instead of drawing empty axes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rows = read_metrics(metrics_path)
+    fig, axes = plt.subplots(2, 3, figsize=(11, 5.5))
+    for ax, k in zip(axes.flat, CURVES, strict=True):
+        pts = [(r["step"], r.get(k, float("nan")), bool(r.get("train/skipped"))) for r in rows]
+        pts = [(x, y, s) for x, y, s in pts if isinstance(y, (int, float)) and math.isfinite(y)]
+        ax.set_title(k, fontsize=9)
+        ax.set_xlabel("optimizer step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if not pts:
+            ax.text(0.5, 0.5, "no value yet", ha="center", va="center", transform=ax.transAxes, color="gray")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color="C0", lw=1)
+        for x, y, skipped in pts:
+            ax.plot(x, y, "o", ms=4, color="C0", mfc="white" if skipped else "C0")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,85 @@
+"""AdamW that trains under bf16 compute: fp32 master weights live in the optimizer.
+
+Why: at the paper's lr 3e-6 an AdamW update is ~3e-6 x |w|-ish, far below bf16's resolution (8 bits of
+mantissa: a relative step of 2^-8 ~ 4e-3). Pure-bf16 parameters updated in place round almost every
+update away (measured on SmolLM2: 3 steps changed 0.57% of the bf16 weights vs 100% in fp32). The fix used
+by every serious trainer: keep an fp32 copy of each parameter (the *master*), apply AdamW to it, and copy
+it back (rounded) into the bf16 model used for forward/backward. Small updates accumulate in the master
+until they move the bf16 value. FSDP2's ``MixedPrecisionPolicy`` does the same with sharded fp32 params
+(level 2); here it is ~30 readable lines.
+
+    opt = make_optimizer(model, OptimConfig(dtype="bfloat16"))   # model already in bf16
+    loss.backward(); opt.clip_and_step(grad_clip=1.0)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from common.train_config import OptimConfig
+
+
+class MasterWeightAdamW:
+    """AdamW on fp32 master copies of (possibly low-precision) model parameters.
+
+    ``step()`` moves each parameter's gradient into its master (as fp32), runs AdamW on the masters, and
+    writes the masters back into the parameters. With fp32 parameters the masters ARE the parameters (no
+    copy), so this is exactly ``torch.optim.AdamW`` there.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], cfg: OptimConfig, fused: bool = False):
+        self.params = [p for p in params if p.requires_grad]
+        self.low_precision = any(p.dtype != torch.float32 for p in self.params)
+        self.masters = (
+            [p.detach().float().clone().requires_grad_(True) for p in self.params]
+            if self.low_precision
+            else self.params
+        )
+        kw: dict[str, Any] = {"fused": True} if fused else {}
+        self.inner = torch.optim.AdamW(
+            self.masters, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2), **kw
+        )
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+        if self.low_precision:
+            for m in self.masters:
+                m.grad = None
+
+    def clip_and_step(self, grad_clip: float) -> float:
+        """Global-norm clip (computed in fp32 on the masters' grads), AdamW, write back. Returns the
+        pre-clip gradient norm."""
+        if self.low_precision:
+            for p, m in zip(self.params, self.masters, strict=True):
+                m.grad = None if p.grad is None else p.grad.detach().float()
+        norm = torch.nn.utils.clip_grad_norm_(self.masters, grad_clip)
+        self.inner.step()
+        if self.low_precision:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters, strict=True):
+                    p.copy_(m)  # rounds to the model's dtype
+        return float(norm)
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"inner": self.inner.state_dict()}
+        if self.low_precision:
+            state["masters"] = [m.detach().clone() for m in self.masters]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state["inner"])
+        if self.low_precision:
+            with torch.no_grad():
+                for m, saved, p in zip(self.masters, state["masters"], self.params, strict=True):
+                    m.copy_(saved)
+                    p.copy_(m)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> MasterWeightAdamW:
+    """The optimizer of every tier (fused AdamW kernels on CUDA)."""
+    params = list(model.parameters())
+    fused = bool(params) and params[0].is_cuda
+    return MasterWeightAdamW(params, cfg, fused=fused)

@@ -1,0 +1,128 @@
+"""The runtime settings of one rollout, and the rule that accepts or replaces a task group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from common.agent.runtime import RuntimeConfig
+from common.envs import env_spec
+
+
+def runtime_config_for(env: str, base: RuntimeConfig | None = None, **overrides: Any) -> RuntimeConfig:
+    """A :class:`RuntimeConfig` with ``env``'s paper caps (evaluation) and stop strings, then ``overrides``.
+
+    ``base`` (for example a training run's ``cfg.rollout``) replaces the caps where given; the stop strings
+    always come from the environment.
+    """
+    spec = env_spec(env)
+    cfg = base or RuntimeConfig(
+        max_prompt_tokens=spec.caps.max_prompt_tokens, max_new_tokens=spec.caps.max_new_tokens
+    )
+    return replace(cfg, stop=spec.stop, **overrides)
+
+
+def stage_runtime_config(
+    env: str, rollout: RuntimeConfig, stage: str, generate_rubrics: bool, seed: int
+) -> RuntimeConfig:
+    """One training rollout's settings: K counterfactual branches only in Rubric-stage rollouts, rubrics
+    only for methods that write them, a per-rollout seed."""
+    return runtime_config_for(
+        env,
+        rollout,
+        use_rubrics=generate_rubrics,
+        counterfactual_k=rollout.counterfactual_k if stage == "rubric" else 1,
+        seed=seed,
+    )
+
+
+def has_signal(trees: list[Any], stage: str, execution_reward: str) -> bool:
+    """Does this task group carry a learning signal in ``stage``? (the zero-variance rule, SPEC.md §4)
+
+    Execution: some datum's advantage is non-zero — judged on the advantages of ALL the group's datums
+    (roots and children), not only on the root rewards. Other stages decide per datum in the batch builder.
+    """
+    from common.rl import batch as rl_batch
+
+    rule = getattr(rl_batch, "group_has_signal", None)
+    if rule is not None:
+        return bool(rule(trees, stage, execution_reward))
+    return stage != "execution" or len({t.success for t in trees}) > 1
+
+
+def accept_group(
+    trees: list[Any], env: str, stage: str, execution_reward: str, replacements_left: int
+) -> bool:
+    """Keep this group, or drop it and roll out another task instead (TextCraft's rule in the Execution
+    stage, while replacements are left). Every tier calls this, so the rule lives here once."""
+    if stage != "execution" or not env_spec(env).replace_flat_groups or replacements_left <= 0:
+        return True
+    return has_signal(trees, stage, execution_reward)
+
+
+@dataclass
+class RolloutConfig:
+    """Run one recursive rollout (tree) and append it to the offline log."""
+
+    env: Literal["textcraft", "textworld", "textworld-cooking"] = "textcraft"
+    """Environment."""
+    task: str | None = None
+    """Task file (JSONL); FILE:INDEX picks one row (default row 0). Default: one freshly generated easy task."""
+    policy: str = "oracle"
+    """Policy: oracle | random | replay:FILE.json | hf:MODEL (smollm2, tiny, a path) | openai:URL#MODEL."""
+    log: str = "runs/rollouts.jsonl"
+    """Offline log: one JSON line per tree."""
+    temperature: float = 0.0
+    """Sampling temperature of agent steps (0 = greedy)."""
+    best_of_n: int = 1
+    """Test-time selection candidates per delegation (paper: 2)."""
+    max_depth: int = 3
+    """Maximum delegation depth."""
+    max_steps: int = 20
+    """Steps per agent (the protocol's 20; fewer for a quick look on a CPU)."""
+    max_new_tokens: int | None = None
+    """Output cap per agent step (default: the environment's paper cap, 512 TextCraft / 3,072 TextWorld)."""
+    seed: int = 0
+    """Seed for generated tasks and sampling."""
+
+    def __post_init__(self) -> None:
+        for name, v in (("max_steps", self.max_steps), ("best_of_n", self.best_of_n)):
+            if v < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {v})")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1 (got {self.max_new_tokens})")
+
+    def runtime(self) -> RuntimeConfig:
+        over: dict[str, Any] = {"max_new_tokens": self.max_new_tokens} if self.max_new_tokens else {}
+        return runtime_config_for(
+            self.env,
+            temperature=self.temperature,
+            best_of_n=self.best_of_n,
+            max_depth=self.max_depth,
+            max_steps=self.max_steps,
+            seed=self.seed,
+            **over,
+        )
+
+
+def pick_task(env: str, task: str | None, seed: int) -> dict[str, Any]:
+    """``FILE``, ``FILE:INDEX`` or a freshly generated easy task."""
+    from pathlib import Path
+
+    from common.envs import load_tasks
+
+    if task is None:
+        return env_spec(env).generate_tasks("train", 1, seed, "easy")[0]
+    path, index = task, ""
+    if not Path(task).exists() and ":" in task:
+        path, _, index = task.rpartition(":")
+    if not Path(path).exists():
+        raise FileNotFoundError(f"task file {path} does not exist")
+    rows = load_tasks(env, path)
+    try:
+        i = int(index) if index else 0
+    except ValueError:
+        raise ValueError(f"--task {task}: the part after ':' must be a row index") from None
+    if not 0 <= i < len(rows):
+        raise ValueError(f"{path} has {len(rows)} tasks; index {i} is out of range")
+    return rows[i]

@@ -1,0 +1,5 @@
+"""``python -m sera`` = the ``sera`` command."""
+
+from sera.cli import app
+
+app()

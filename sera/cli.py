@@ -1,0 +1,399 @@
+"""The one command-line entry point, ``sera``: the application layer that dispatches to the tiers.
+
+    sera --help
+    sera data textcraft --split train --n 100 --seed 0 --out data/textcraft_train.jsonl
+    sera data textworld --split test --n 28 --seed 0 --out data/textworld_test.jsonl
+    sera rollout --env textcraft --task data/textcraft_train.jsonl:0 --policy oracle
+    sera view runs/rollouts.jsonl [--html runs/trees.html]
+    sera eval --env textcraft --tasks data/textcraft_val.jsonl --policy hf:smollm2 --out runs/eval
+    sera train [--level 0|1] [--paper] ...
+    sera setup                       # convert the bundled SmolLM2 GGUF once to a cached safetensors dir
+
+Every command is built from a typed config dataclass (its fields are the options, their docstrings the
+help), validates its input before loading a model, and answers bad input with one line and exit code 2.
+Heavy imports (torch, transformers, textworld) happen inside the commands, so ``sera --help`` is instant.
+This module is the only place that imports the tiers; nothing under ``common/`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from common.config import Given, dataclass_command, field_docs
+
+app = typer.Typer(
+    help="SERA: recursive agents that write, freeze and learn rubrics.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+data_app = typer.Typer(help="Generate task files.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+console = Console()
+err = Console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        console.print(f"sera-rl {version('sera-rl')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """SERA: recursive agents that write, freeze and learn rubrics."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time: no hub retries
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def friendly(fn):
+    """Show bad input (a malformed task file, an unknown name, a missing file) as one clear line, exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from common.data import TaskFileError
+
+        try:
+            return fn(*args, **kwargs)
+        except (TaskFileError, FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError) as e:
+            err.print(f"[red]error:[/red] {e}", highlight=False)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def check_out_file(path: Path) -> Path:
+    """An output file path must not be a directory, and its parent must not be a file."""
+    if path.is_dir():
+        raise IsADirectoryError(f"--out {path} is a directory; give a file name")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise NotADirectoryError(f"--out {path}: {path.parent} is a file, not a directory")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------
+# sera data
+# ------------------------------------------------------------------------------------------------------
+@data_app.command("textcraft")
+@friendly
+def data_textcraft(
+    split: str = typer.Option("train", help="train or val (the split is by target item)."),
+    n: int = typer.Option(100, help="Number of tasks (balanced over easy/medium/hard/extreme)."),
+    seed: int = typer.Option(0, help="Task sampling seed."),
+    difficulty: str = typer.Option(None, help="Only this tier: easy | medium | hard | extreme."),
+    out: Path = typer.Option(..., help="Output JSONL file."),
+) -> None:
+    """Generate TextCraft-Synth tasks (SERA-compatible JSONL records)."""
+    from common.data import write_jsonl
+    from common.envs.textcraft.tasks import generate_tasks
+
+    tasks = generate_tasks(split=split, n=n, seed=seed, difficulty=difficulty)
+    console.print(f"wrote {write_jsonl(check_out_file(out), tasks)} TextCraft-Synth {split} tasks to {out}")
+
+
+@data_app.command("textworld")
+@friendly
+def data_textworld(
+    split: str = typer.Option("train", help="train, dev or test (foods follow textworld's cooking splits)."),
+    n: int = typer.Option(28, help="Number of tasks (cycled over 7 families x 4 tiers)."),
+    seed: int = typer.Option(0, help="Task sampling seed."),
+    family: str = typer.Option(None, help="Only this task family (e.g. multi_dish_fork_join)."),
+    tier: str = typer.Option(None, help="Only this tier: easy | medium | hard | extreme."),
+    out: Path = typer.Option(..., help="Output JSONL file."),
+) -> None:
+    """Generate TextWorld-Sync tasks in the public SERA row format."""
+    from common.data import write_jsonl
+    from common.envs.textworld_sync.tasks import generate_tasks
+
+    tasks = generate_tasks(split=split, n=n, seed=seed, family=family, tier=tier)
+    console.print(f"wrote {write_jsonl(check_out_file(out), tasks)} TextWorld-Sync {split} tasks to {out}")
+
+
+@data_app.command("textworld-cooking")
+@friendly
+def data_textworld_cooking(
+    tier: str = typer.Option("medium", help="Game settings tier: easy | medium | hard | extreme."),
+    n: int = typer.Option(20, help="Number of games (distinct seeds)."),
+    seed: int = typer.Option(0, help="Seed of the game seeds."),
+    materialize: bool = typer.Option(False, help="Generate every game now (else lazily, on first use)."),
+    out: Path = typer.Option(..., help="Output JSONL file."),
+) -> None:
+    """Task records for real TextWorld `tw-cooking` games (needs the textworld extra)."""
+    from common.data import write_jsonl
+    from common.envs.textworld_cooking import generate_tasks
+
+    tasks = generate_tasks(n=n, seed=seed, settings=tier, materialize=materialize)
+    console.print(
+        f"wrote {write_jsonl(check_out_file(out), tasks)} TextWorld cooking tasks ({tier}) to {out}"
+    )
+
+
+# ------------------------------------------------------------------------------------------------------
+# sera rollout / view
+# ------------------------------------------------------------------------------------------------------
+def _rollout(cfg, given: Given) -> None:
+    from common.agent.log import append_tree
+    from common.agent.runtime import run_root
+    from common.agent.viewer import render_tree_terminal
+    from common.envs import make_env
+    from common.policy import make_policy
+    from common.run.progress import CountingPolicy, LiveStats
+    from common.run.rollout import pick_task
+
+    log = check_out_file(Path(cfg.log))
+    row = pick_task(cfg.env, cfg.task, cfg.seed)
+    rcfg = cfg.runtime()
+    stats = LiveStats()
+    pol = CountingPolicy(make_policy(cfg.policy, env=cfg.env), stats)
+    the_env = make_env(cfg.env)
+
+    async def run_with_status():
+        task = asyncio.ensure_future(run_root(row, the_env, pol, rcfg))
+        with console.status("rollout") as status:
+            while not task.done():
+                status.update(f"rollout | {stats.line()}")
+                await asyncio.sleep(0.25)
+        return task.result()
+
+    tree = asyncio.run(run_with_status())
+    append_tree(log, tree)
+    render_tree_terminal(tree, console)
+    console.print(
+        f"root success: {tree.success}  nodes: {len(tree.nodes)}  seconds: {tree.seconds:.2f}  "
+        f"tokens: {stats.tokens}  log: {log}"
+    )
+
+
+def _register_rollout() -> None:
+    from common.run.rollout import RolloutConfig
+
+    cmd = friendly(dataclass_command(RolloutConfig, _rollout))
+    app.command("rollout", help=RolloutConfig.__doc__)(cmd)
+
+
+_register_rollout()
+
+
+@app.command()
+@friendly
+def view(
+    log: Path = typer.Argument(
+        ..., help="Offline log written by `sera rollout` or `sera train` (trees.jsonl), or an eval directory."
+    ),
+    html: Path = typer.Option(None, help="Also write one self-contained HTML page to this path."),
+    last: int = typer.Option(5, help="Draw the last N trees in the terminal."),
+) -> None:
+    """Draw recorded trees in the terminal, or write a clickable HTML page."""
+    from common.agent.log import read_trees
+    from common.agent.viewer import render_tree_terminal, write_html
+
+    if not log.exists():
+        raise FileNotFoundError(f"{log} does not exist")
+    trees = _eval_trees(log) if log.is_dir() else read_trees(log)
+    for t in trees[-last:]:
+        render_tree_terminal(t, console)
+    if html is not None:
+        write_html(trees, check_out_file(html))
+        console.print(f"wrote {html} ({len(trees)} trees)")
+
+
+def _eval_trees(directory: Path) -> list[Any]:
+    """The trees of an eval directory (``results/NNNNN.json``), in task order."""
+    import json
+
+    from common.agent.tree import Tree
+
+    files = sorted((directory / "results").glob("*.json"))
+    if not files:
+        raise FileNotFoundError(f"{directory} holds no results/*.json (is it a `sera eval` directory?)")
+    trees = []
+    for f in files:
+        rec = json.loads(f.read_text())
+        if rec.get("tree"):
+            trees.append(Tree.from_dict(rec["tree"]))
+    return trees
+
+
+# ------------------------------------------------------------------------------------------------------
+# sera eval
+# ------------------------------------------------------------------------------------------------------
+eval_app = typer.Typer(
+    help="Evaluate a policy with the paper's protocol (SPEC.md §5); `sera eval compare A B`.",
+    invoke_without_command=True,
+)
+app.add_typer(eval_app, name="eval")
+
+
+def _eval(cfg, given: Given) -> None:
+    from common.eval import ManifestMismatch, evaluate, render_markdown
+
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} is a file; give a directory")
+    if not Path(cfg.tasks).exists():
+        raise FileNotFoundError(f"task file {cfg.tasks} does not exist")
+    try:
+        report = asyncio.run(evaluate(cfg))
+    except ManifestMismatch as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        raise typer.Exit(2) from None
+    console.print(render_markdown(report))
+    console.print(f"report: {out / 'report.json'}")
+
+
+def _register_eval() -> None:
+    from common.eval import EvalConfig
+
+    inner = dataclass_command(EvalConfig, _eval)
+
+    def callback(ctx: typer.Context, **kwargs: Any) -> None:
+        if ctx.invoked_subcommand is not None:
+            return
+        friendly(inner)(ctx, **kwargs)
+
+    callback.__signature__ = inner.__signature__  # type: ignore[attr-defined]
+    callback.__doc__ = inner.__doc__
+    eval_app.callback(invoke_without_command=True)(callback)
+
+
+_register_eval()
+
+
+@eval_app.command("compare")
+@friendly
+def eval_compare(
+    a: Path = typer.Argument(..., help="First eval directory (holding report.json)."),
+    b: Path = typer.Argument(..., help="Second eval directory."),
+    png: Path = typer.Option(None, help="Also draw both side by side to this PNG."),
+) -> None:
+    """Compare two evaluation reports side by side."""
+    from common.eval import compare
+
+    console.print(compare(a, b, png))
+
+
+@app.command()
+@friendly
+def setup(model: str = typer.Option("smollm2", help="Model alias or path to prepare.")) -> None:
+    """Convert the bundled SmolLM2-135M-Instruct GGUF once to a cached safetensors directory."""
+    from common.policy.models import prepare_model
+
+    console.print(f"model ready at {prepare_model(model)}")
+
+
+# ------------------------------------------------------------------------------------------------------
+# sera train
+# ------------------------------------------------------------------------------------------------------
+TIER_PANEL = "Level 1 (--level 1 only)"
+
+
+def _train(
+    cfg, given: Given, level: int = 0, paper: bool = False, print_config: bool = False, **tier_opts: Any
+) -> None:
+    """Resolve the config (profile, then the user's flags), check the tier's options, dispatch."""
+    import json
+    from dataclasses import asdict
+
+    from common.config import build_config, flatten
+    from common.train_config import TrainConfig, paper_profile
+    from level1_batched.config import Level1Config
+
+    if level not in (0, 1):
+        raise ValueError(
+            f"--level {level} is not available; levels 0 and 1 are (level 2: see level2_distributed/)"
+        )
+    l1_names = {f.name for f in fields(Level1Config)}
+    stray = sorted(k for k in given if k in l1_names and level != 1)
+    if stray:
+        names = ", ".join("--" + k.replace("_", "-") for k in stray)
+        raise ValueError(f"{names} only apply to --level 1 (you asked for --level {level})")
+    if paper:  # the profile first, the user's own flags on top
+        typed = {k: v for k, v in flatten(cfg).items() if k in given}
+        cfg = build_config(TrainConfig, TrainConfig.make(**paper_profile(cfg.env)), **typed)
+    if "out" not in given and level == 1:
+        cfg = TrainConfig.make(cfg, out="runs/level1")
+    l1 = Level1Config(**{k: tier_opts[k] for k in l1_names})
+    if print_config:
+        console.print_json(
+            json.dumps({"level": level, **asdict(cfg), **({"level1": asdict(l1)} if level else {})})
+        )
+        return
+    if cfg.tasks and not Path(cfg.tasks).exists():
+        raise FileNotFoundError(f"--tasks {cfg.tasks} does not exist")
+    if level == 0:
+        from level0_single_process.train import train
+
+        train(cfg)
+    else:
+        from level1_batched.train import train as train_level1
+
+        train_level1(cfg, l1)
+
+
+def _register_train() -> None:
+    from common.train_config import TrainConfig
+    from level1_batched.config import Level1Config
+
+    docs = field_docs(Level1Config)
+    extra = [
+        inspect.Parameter(
+            "level",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=int,
+            default=typer.Option(
+                0,
+                help="Tier: 0 = one readable process (level0_single_process); 1 = batched rollouts, packed "
+                "micro-batches, data parallel under torchrun (level1_batched).",
+            ),
+        ),
+        inspect.Parameter(
+            "paper",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=bool,
+            default=typer.Option(
+                False,
+                help="Start from the paper's sizes (8x8 rollouts, K=8, 20 steps per agent, the environment's "
+                "caps, bf16, its step count); flags you type still win.",
+            ),
+        ),
+        inspect.Parameter(
+            "print_config",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=bool,
+            default=typer.Option(False, help="Print the resolved config (profile + your flags) and exit."),
+        ),
+        *[
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=type(f.default),
+                default=typer.Option(f.default, help=docs.get(f.name, ""), rich_help_panel=TIER_PANEL),
+            )
+            for f in fields(Level1Config)
+        ],
+    ]
+    cmd = friendly(dataclass_command(TrainConfig, _train, extra=extra))
+    cmd.__doc__ = "Train a policy with SERA (or an ablation preset); resumable with --resume."
+    app.command("train")(cmd)
+
+
+_register_train()
+
+
+if __name__ == "__main__":
+    app()

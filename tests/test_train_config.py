@@ -1,0 +1,121 @@
+"""One source for every setting (issue #9): nested configs built from flat names, the --paper profile
+applied BEFORE the user's flags, tier options rejected where they do nothing, every option reaching the
+run, and bad values answered with one line before any model loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.config import build_config, flatten
+from common.train_config import TrainConfig, paper_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sera(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "sera", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def resolved(*args: str) -> dict:
+    r = sera("train", *args, "--print-config")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_flat_names_reach_the_nested_configs_and_back():
+    cfg = TrainConfig.make(max_steps=5, lr=1e-4, steps=3, dtype="bfloat16")
+    assert (cfg.rollout.max_steps, cfg.optim.lr, cfg.steps, cfg.optim.dtype) == (5, 1e-4, 3, "bfloat16")
+    assert build_config(TrainConfig, **flatten(cfg)) == cfg
+    with pytest.raises(TypeError, match="max_stpes"):
+        TrainConfig.make(max_stpes=3)
+
+
+def test_paper_profile_comes_from_the_environment_caps():
+    from common.policy.context import PAPER_CAPS
+
+    tc, tw = paper_profile("textcraft"), paper_profile("textworld")
+    assert tc["max_prompt_tokens"] == PAPER_CAPS["textcraft"].train_max_prompt_tokens
+    assert (tc["steps"], tw["steps"], tw["max_new_tokens"]) == (250, 400, 3072)
+
+
+def test_paper_fills_defaults_before_the_users_flags():
+    cfg = resolved("--paper", "--steps", "2")
+    assert cfg["steps"] == 2  # the user's flag wins over the profile's 250
+    assert cfg["tasks_per_step"] == 8 and cfg["rollout"]["counterfactual_k"] == 8
+    assert cfg["optim"]["dtype"] == "bfloat16" and cfg["rollout"]["max_steps"] == 20
+    tw = resolved("--paper", "--env", "textworld", "--max-steps", "7")
+    assert tw["steps"] == 400 and tw["rollout"]["max_new_tokens"] == 3072 and tw["rollout"]["max_steps"] == 7
+    plain = resolved()
+    assert plain["steps"] == 2 and plain["rollout"]["max_steps"] == 3 and plain["level"] == 0
+
+
+def test_level1_defaults_and_options():
+    cfg = resolved("--level", "1", "--max-batch-size", "4")
+    assert cfg["out"] == "runs/level1" and cfg["level1"]["max_batch_size"] == 4
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max-batch-size", "4"], "--max-batch-size only apply to --level 1"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--steps", "-1"], "--steps must be >= 1"),
+        (["--oracle-mix", "2"], "--oracle-mix must be in [0, 1]"),
+        (["--tasks", "no/such/file.jsonl"], "does not exist"),
+        (["--method", "sera2"], "sera2"),
+        (["--level", "3"], "--level 3 is not available"),
+    ],
+)
+def test_bad_train_input_is_one_line_before_any_model_loads(args: list[str], message: str):
+    t0 = time.perf_counter()
+    r = sera("train", *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert time.perf_counter() - t0 < 60
+
+
+def test_eval_batch_size_reaches_the_policy(tmp_path: Path, monkeypatch):
+    """`sera eval --batch-size 64` used to be accepted and dropped; now every option reaches the run."""
+    from typer.testing import CliRunner
+
+    import common.policy
+    from common.data import write_jsonl
+    from common.envs.textcraft.tasks import generate_tasks
+    from sera.cli import app
+
+    tasks = tmp_path / "t.jsonl"
+    write_jsonl(tasks, generate_tasks(split="val", n=1, seed=0))
+    seen = {}
+
+    def spy(spec, **kw):
+        seen.update(spec=spec, **kw)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(common.policy, "make_policy", spy)
+    r = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--tasks",
+            str(tasks),
+            "--policy",
+            "hf:tiny",
+            "--out",
+            str(tmp_path / "ev"),
+            "--batch-size",
+            "64",
+        ],
+    )
+    assert r.exit_code == 2 and "stop here" in r.output
+    assert seen["spec"] == "hf:tiny" and seen["max_batch_size"] == 64

@@ -323,3 +323,22 @@ def test_isolation_is_reported():
     run(w, "pass")
     assert w.isolation is not None and w.isolation.startswith("rlimits+audit")
     w.close()
+
+
+def test_a_forged_answer_cannot_shift_later_results():
+    w = worker()
+    run(w, "pass")
+    forge = (
+        "import os, json\n"
+        "msg = (json.dumps({'type': 'done', 'cell': 2, 'stdout': 'forged'}) + '\\n').encode()\n"
+        "for fd in range(3, 30):\n"
+        "    try:\n"
+        "        os.write(fd, msg)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print('real')"
+    )
+    r2, r3 = run(w, forge, "print('three')")
+    assert r2.stdout in ("forged", "real\n")  # a cell may forge its own output, nothing more
+    assert r3.stdout == "three\n" and r3.error is None
+    w.close()

@@ -97,6 +97,7 @@ class _Zygote:
             cwd="/",
         )
         theirs.close()
+        _raise_open_file_limit()
         ours.setblocking(True)  # blocking reads only when a reply is needed; MSG_DONTWAIT otherwise
         self.sock = ours
         self.buf = b""
@@ -182,6 +183,20 @@ class _Zygote:
         except OSError:
             pass
         return None
+
+
+def _raise_open_file_limit() -> None:
+    """Each live session holds two pipe ends in the trainer: lift the soft open-file limit to the hard one
+    (capped at 65,536), as servers commonly do (the usual soft default, 1,024, is ~500 sessions)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 _ZYGOTE: _Zygote | None = None
@@ -599,6 +614,8 @@ class CodeActWorker:
                     self._send(self._sync_call(msg))
                     run.t0 += run.loop.time() - t  # the tool's own time is the trainer's, not the cell's
             elif typ == "done":
+                if msg.get("cell") != self.cells:
+                    continue  # a stale or forged answer for an earlier cell
                 if run.inflight:  # launched children cannot be un-launched: let them end
                     run.done = True
                     await asyncio.gather(*run.inflight, return_exceptions=True)

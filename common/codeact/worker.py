@@ -424,7 +424,7 @@ class Worker:
                 unawaited += 1
         self.created = []
         self.futures.clear()
-        return {"type": "done", "stdout": out.text(), "error": error, "timed_out": timed_out,
+        return {"type": "done", "cell": cell, "stdout": out.text(), "error": error, "timed_out": timed_out,
                 "notes": notes, "unawaited": unawaited, "syntax": syntax}  # fmt: skip
 
     def _replace_loop(self) -> None:

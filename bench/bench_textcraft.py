@@ -83,23 +83,28 @@ def main() -> None:
             "<thought>many crafts</thought>\n<python>\n"
             f"for _ in range(1000):\n    craft({ings!r}, {target!r})\n</python>"
         )
+        count = iter(range(10**9))
+
+        def numbered(r: str) -> str:  # distinct cells: the loop detector finishes an agent after 4 equal ones
+            return r.replace("\n</python>", f"\n# {next(count)}\n</python>")
+
         for _ in range(20):  # warm-up
-            await sess.step(reply)
+            await sess.step(numbered(reply))
         n = int(5_000 * scale)
         times = []
         for _ in range(3):
             t0 = time.perf_counter()
             for _ in range(n):
-                res = await sess.step(reply)
+                res = await sess.step(numbered(reply))
             times.append((time.perf_counter() - t0) / n * 1e6)
-        assert "Error" not in res.observation, res.observation
+        assert "Error" not in res.observation and not res.done, res.observation
         step_us = statistics.median(times)
         rows.append(("CodeAct step, 1 craft call", step_us, "us", "< 1000 us"))
         rows.append(("CodeAct steps/s, 1 craft call", 1e6 / step_us, "steps/s", ""))
         m = max(3, int(30 * scale))
         t0 = time.perf_counter()
         for _ in range(m):
-            await sess.step(loop_reply)
+            await sess.step(numbered(loop_reply))
         per = (time.perf_counter() - t0) / (m * 1000) * 1e6
         rows.append(("craft calls/s inside one cell", 1e6 / per, "calls/s", ""))
 

@@ -70,6 +70,12 @@ class EvalConfig:
     """Seed passed to the policy (irrelevant at temperature 0)."""
     batch_size: int = 8
     """`hf` policies: the most requests in one forward pass (use 64+ on a GPU)."""
+    selection_mode: Literal["first", "random", "oracle", "rubric"] = "rubric"
+    """With --best-of-n > 1: how the committed candidate is chosen (the paper: rubric)."""
+    max_forks_per_task: int = 32
+    """With --best-of-n > 1: world clones allowed per task (the paper: 32)."""
+    prompts_dir: str | None = None
+    """A directory of prompt templates (NAME.txt) replacing the packaged ones (agent, rubric and score)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -98,10 +104,13 @@ class ManifestMismatch(RuntimeError):
 
 # ---- files -------------------------------------------------------------------------------------------
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to ``path`` through a temp file + rename (never a torn file)."""
+    """Write JSON to ``path`` through a temp file + rename (never a torn file; mode as for a plain write)."""
+    from common.data import file_mode
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(obj, f)
             f.flush()
@@ -156,14 +165,26 @@ def make_manifest(cfg: EvalConfig, runtime_hash: str) -> dict[str, Any]:
     }
 
 
-def check_manifest(out: Path, manifest: dict[str, Any]) -> None:
-    """Write the manifest on the first run; refuse a different one on later runs."""
+def check_manifest(out: Path, manifest: dict[str, Any], write: bool = True) -> None:
+    """Refuse an output directory whose manifest pins a different evaluation; with ``write``, record the
+    manifest when there is none yet.
+
+    A manifest pins its directory only once a task has finished without an error: a run that failed
+    before that (a typo'd policy, a model that errors on every call) left nothing worth protecting, so
+    the corrected command replaces its manifest (its errored results are redone anyway)."""
     path = out / "manifest.json"
     if path.exists():
-        old = json.loads(path.read_text())
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ManifestMismatch(f"{path} is not valid JSON ({e}); delete it or use a new --out") from None
         diffs = [
             k for k in sorted(set(old) | set(manifest)) if old.get(k) != manifest.get(k) and k != "tasks_file"
         ]
+        if diffs and not any(not r.get("error") for r in load_results(out).values()):
+            diffs = []  # nothing finished under the old manifest: replace it
+            if write:
+                write_json_atomic(path, manifest)
         if diffs:
             lines = [f"  {k}: was {old.get(k)!r}, now {manifest.get(k)!r}" for k in diffs]
             raise ManifestMismatch(
@@ -172,7 +193,8 @@ def check_manifest(out: Path, manifest: dict[str, Any]) -> None:
                 + "\nUse a new --out directory (or delete the old one)."
             )
         return
-    write_json_atomic(path, manifest)
+    if write:
+        write_json_atomic(path, manifest)
 
 
 # ---- aggregation -------------------------------------------------------------------------------------
@@ -301,9 +323,9 @@ def write_report(cfg: EvalConfig, out: Path, n_tasks: int, wall: float) -> dict[
 async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) an evaluation and return the report. ``policy`` may be passed pre-built."""
     from common.agent.runtime import run_root
-    from common.envs import load_tasks, make_env
+    from common.envs import load_tasks
     from common.policy import make_policy
-    from common.run.rollout import runtime_config_for
+    from common.run.rollout import make_env_with_prompts, runtime_config_for
 
     out = Path(cfg.out)
     tasks = load_tasks(cfg.env, cfg.tasks)
@@ -316,14 +338,20 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
         max_depth=cfg.max_depth,
         best_of_n=cfg.best_of_n,
         seed=cfg.seed,
+        selection_mode=cfg.selection_mode,
+        max_forks_per_task=cfg.max_forks_per_task,
+        prompts_dir=cfg.prompts_dir,
         **({"max_new_tokens": cfg.max_new_tokens} if cfg.max_new_tokens else {}),
     )
-    check_manifest(out, make_manifest(cfg, rcfg.hash()))
+    manifest = make_manifest(cfg, rcfg.hash())
+    check_manifest(out, manifest, write=False)  # refuse a mismatch early, write nothing yet
     done = load_results(out)
     todo = [i for i in range(len(tasks)) if i not in done or done[i].get("error")]
-    env = make_env(cfg.env)
+    env = make_env_with_prompts(cfg.env, cfg.prompts_dir)
     extra = {"max_batch_size": cfg.batch_size} if cfg.policy.startswith("hf:") else {}
     pol = policy if policy is not None else make_policy(cfg.policy, env=cfg.env, **extra)
+    # The policy and environment exist and the tasks parsed: only now does the directory get pinned.
+    check_manifest(out, manifest)
     t0 = time.perf_counter()
     sem = asyncio.Semaphore(max(1, cfg.concurrency))
     finished = [r for i, r in done.items() if i not in todo]
@@ -379,10 +407,31 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
     return write_report(cfg, out, len(tasks), prev + time.perf_counter() - t0)
 
 
+def _read_report(directory: Path) -> dict[str, Any]:
+    """``DIR/report.json`` of a finished eval, with one-line errors for the usual mistakes."""
+    path = directory / "report.json"
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} is not an eval directory (give the --out of a `sera eval` run)")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (has `sera eval --out {directory}` finished?)")
+    try:
+        report = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    if not isinstance(report, dict) or "per_tier" not in report:
+        raise ValueError(f"{path} is not a `sera eval` report (no per_tier figures)")
+    return report
+
+
 def compare(dir_a: str | Path, dir_b: str | Path, out_png: str | Path | None = None) -> str:
-    """Side-by-side table (and optional chart) of two report.json files."""
-    a = json.loads((Path(dir_a) / "report.json").read_text())
-    b = json.loads((Path(dir_b) / "report.json").read_text())
+    """Side-by-side table (and optional chart) of two report.json files of the same environment (reports
+    of different environments are refused with a ValueError)."""
+    a, b = (_read_report(Path(d)) for d in (dir_a, dir_b))
+    if a.get("env") != b.get("env"):
+        raise ValueError(
+            f"{dir_a} evaluated {a.get('env')!r} and {dir_b} evaluated {b.get('env')!r}: their success "
+            "rates are not comparable; compare two reports of the same environment"
+        )
     tiers = list(dict.fromkeys(list(a["per_tier"]) + list(b["per_tier"])))
     lines = [f"| tier | {Path(dir_a).name} | {Path(dir_b).name} | delta (pp) |", "|---|---:|---:|---:|"]
 

@@ -33,6 +33,7 @@ ROLLOUT_OPTIONS = (
     "score_max_new_tokens",
     "counterfactual_k",
     "max_envs_per_rollout",
+    "prompts_dir",
 )
 """The RuntimeConfig fields a training run exposes as options. The others are set by the loop (``stop``
 from the environment, ``use_rubrics`` from the method, ``seed`` per rollout) or are test-time only."""

@@ -43,15 +43,15 @@ import torch
 from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.agent.runtime import run_root
-from common.envs import env_spec, make_env
+from common.envs import env_spec
 from common.rl.batch import build_stage_batch
 from common.rl.loss import cispo_loss, token_logprobs
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, hash_seed, seed_everything, task_pool
-from common.run.metrics import NO_UPDATE, MetricsWriter, log_line, plot_curves, step_metrics
+from common.run.metrics import NO_UPDATE, MetricsWriter, closing_line, log_line, plot_curves, step_metrics
 from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
-from common.run.rollout import accept_group, stage_runtime_config
+from common.run.rollout import accept_group, make_env_with_prompts, stage_runtime_config
 from common.run.setup import idle_hint, method_and_schedule, train_policy
 from common.train_config import TrainConfig
 
@@ -145,7 +145,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
     ckpt = TorchCheckpointer(out)
     state = (ckpt.load_latest(model, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
     truncate_logs(out, state.round)
-    env, sampler = make_env(cfg.env), TaskSampler(pool, cfg.seed, state.cursor)
+    env, sampler = make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir), TaskSampler(pool, cfg.seed, state.cursor)
     judge = make_judge(cfg.judge, policy)
     writer = MetricsWriter(out, cfg.tensorboard)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
@@ -201,8 +201,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
     writer.close()
     if history:
         plot_curves(out / "metrics.jsonl", out / "curves.png")
-    print(f"done: {state.step} optimizer steps in {state.round} rounds. Outputs in {out}/: metrics.jsonl, "
-          f"trees.jsonl (sera view {out}/trees.jsonl), curves.png, checkpoints/")  # fmt: skip
+    print(closing_line(out, state.step, state.round))
     return history
 
 

@@ -150,17 +150,16 @@ def _rollout(cfg, given: Given) -> None:
     from common.agent.log import append_tree
     from common.agent.runtime import run_root
     from common.agent.viewer import render_tree_terminal
-    from common.envs import make_env
     from common.policy import make_policy
     from common.run.progress import CountingPolicy, LiveStats
-    from common.run.rollout import pick_task
+    from common.run.rollout import make_env_with_prompts, pick_task
 
     log = check_out_file(Path(cfg.log))
     row = pick_task(cfg.env, cfg.task, cfg.seed)
     rcfg = cfg.runtime()
     stats = LiveStats()
     pol = CountingPolicy(make_policy(cfg.policy, env=cfg.env), stats)
-    the_env = make_env(cfg.env)
+    the_env = make_env_with_prompts(cfg.env, cfg.prompts_dir)
 
     async def run_with_status():
         task = asyncio.ensure_future(run_root(row, the_env, pol, rcfg))

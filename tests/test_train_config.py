@@ -119,3 +119,37 @@ def test_eval_batch_size_reaches_the_policy(tmp_path: Path, monkeypatch):
     )
     assert r.exit_code == 2 and "stop here" in r.output
     assert seen["spec"] == "hf:tiny" and seen["max_batch_size"] == 64
+
+
+@pytest.mark.parametrize("env", ["textcraft", "textworld"])
+def test_prompts_dir_replaces_agent_and_rubric_templates(tmp_path: Path, env: str):
+    """One --prompts-dir for every template: the environment's agent templates and the rubric writer's."""
+    from common.agent.log import read_trees
+
+    src = ROOT / "common" / "envs" / ("textcraft" if env == "textcraft" else "textworld_sync") / "templates"
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    (prompts / "system.txt").write_text("MY-AGENT-PROMPT\n" + (src / "system.txt").read_text())
+    rubric = ROOT / "common" / "agent" / "prompts" / "rubric_system.txt"
+    (prompts / "rubric_system.txt").write_text("MY-RUBRIC-PROMPT\n" + rubric.read_text())
+    log = tmp_path / "log.jsonl"
+    r = sera(
+        "rollout",
+        "--env",
+        env,
+        "--policy",
+        "oracle-delegate",
+        "--log",
+        str(log),
+        "--prompts-dir",
+        str(prompts),
+        "--max-steps",
+        "12",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    tree = read_trees(log)[-1]
+    calls = [s.call for n in tree.nodes.values() for s in n.steps]
+    assert all("MY-AGENT-PROMPT" in c.messages[0]["content"] for c in calls)
+    rubric_calls = [n.rubric_call for n in tree.nodes.values() if n.rubric_call]
+    assert rubric_calls, "the oracle delegates, so a rubric was written"
+    assert all("MY-RUBRIC-PROMPT" in c.messages[0]["content"] for c in rubric_calls)

@@ -629,13 +629,3 @@ async def run_root(
         )
     return ro.tree
 
-
-def run_root_sync(
-    task: dict[str, Any],
-    env: Environment,
-    policy: Policy,
-    config: RuntimeConfig | None = None,
-    judge: Judge = programmatic_judge,
-) -> Tree:
-    """Blocking wrapper of :func:`run_root` for scripts and the CLI."""
-    return asyncio.run(run_root(task, env, policy, config, judge))

@@ -41,7 +41,7 @@ ORACLE_MODULES = {
 }
 
 SPEC_HELP = (
-    "policy specs: 'oracle' (with env=textcraft|textworld|textworld-cooking, or 'oracle:ENV'), 'random', "
+    "policy specs: 'oracle' (with env=textcraft|textworld|textworld-cooking, or 'oracle:ENV'), 'oracle-delegate', 'random', "
     "'replay:FILE.json', 'hf:MODEL' (smollm2 | tiny | path | HF id), 'openai:URL#MODEL', 'vllm:MODEL' (level 1)"
 )
 
@@ -79,9 +79,11 @@ def make_policy(spec: str, **kw: Any) -> Policy:
     spec = spec.strip()
     kind, sep, arg = spec.partition(":")
     kind = kind.lower()
-    if kind == "oracle":
+    if kind in ("oracle", "oracle-delegate"):  # oracle-delegate: the oracle that delegates subgoals
         from common.policy.scripted import OraclePolicy
 
+        if kind == "oracle-delegate":
+            kw.setdefault("delegate", True)
         env = kw.pop("env", None) or (arg if sep else None)
         if not env:
             raise ValueError(f"'oracle' needs the environment: make_policy('oracle', env=...); {SPEC_HELP}")

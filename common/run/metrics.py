@@ -84,6 +84,14 @@ def log_line(m: dict[str, Any]) -> str:
     return f"step={m['step']} stage={m['stage']} {vals}{skipped}"
 
 
+def closing_line(out: Path, steps: int, rounds: int) -> str:
+    """The last line of a run: what it did and where its outputs are."""
+    return (
+        f"done: {steps} optimizer steps in {rounds} rounds. Outputs in {out}/: metrics.jsonl, trees.jsonl "
+        f"(sera view {out}/trees.jsonl), curves.png, checkpoints/"
+    )
+
+
 def _json_safe(v: Any) -> Any:
     return None if isinstance(v, float) and not math.isfinite(v) else v
 

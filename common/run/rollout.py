@@ -84,6 +84,9 @@ class RolloutConfig:
     """Output cap per agent step (default: the environment's paper cap, 512 TextCraft / 3,072 TextWorld)."""
     seed: int = 0
     """Seed for generated tasks and sampling."""
+    prompts_dir: str | None = None
+    """A directory of prompt templates (NAME.txt) replacing the packaged ones: the environment's agent
+    templates and the rubric/score templates (e.g. the paper's original texts)."""
 
     def __post_init__(self) -> None:
         for name, v in (("max_steps", self.max_steps), ("best_of_n", self.best_of_n)):
@@ -101,8 +104,16 @@ class RolloutConfig:
             max_depth=self.max_depth,
             max_steps=self.max_steps,
             seed=self.seed,
+            prompts_dir=self.prompts_dir,
             **over,
         )
+
+
+def make_env_with_prompts(env: str, prompts_dir: str | None):
+    """``make_env`` with the user's prompt templates, where given (one --prompts-dir for every template)."""
+    from common.envs import make_env
+
+    return make_env(env, prompts_dir=prompts_dir) if prompts_dir else make_env(env)
 
 
 def pick_task(env: str, task: str | None, seed: int) -> dict[str, Any]:

@@ -229,6 +229,8 @@ def load_prompts(directory: str | Path | None = None) -> PromptSet:
         raise FileNotFoundError(f"prompt directory not found: {d} (pass a directory of NAME.txt templates)")
     for path in sorted(d.glob("*.txt")):
         name = path.stem
+        if name.startswith(("rubric_", "score_")):  # the rubric writer's/scorer's (common/agent/prompts)
+            continue
         if name not in FIELDS:
             raise PromptTemplateError(
                 f"{path}: unknown template name {name!r}; expected one of {sorted(FIELDS)}"

@@ -322,6 +322,11 @@ class CodeActWorker:
         limits: WorkerLimits | None = None,
         turn_key: Any = None,
     ):
+        if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
+            raise RuntimeError(
+                "the CodeAct worker needs a POSIX system (fork, SCM_RIGHTS); "
+                "use TextCraftEnv(executor='inprocess') here"
+            )
         self.tools = dict(tools)
         self.turn_key = turn_key
         """Workers with the same key (the world they act on) run their cells' code one segment at a

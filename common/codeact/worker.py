@@ -58,13 +58,17 @@ import json
 import linecache
 import os
 import pprint
-import resource
 import select
 import selectors
 import signal
 import socket
 import sys
 import traceback
+
+try:
+    import resource
+except ImportError:  # not POSIX: the trainer side refuses to start workers there
+    resource = None  # type: ignore[assignment]
 
 # --- plain-data encoding (shared with the trainer side) -------------------------------------------------
 MAX_DEPTH = 64

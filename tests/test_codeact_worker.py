@@ -342,3 +342,16 @@ def test_a_forged_answer_cannot_shift_later_results():
     assert r2.stdout in ("forged", "real\n")  # a cell may forge its own output, nothing more
     assert r3.stdout == "three\n" and r3.error is None
     w.close()
+
+
+def test_docstring_examples():
+    import doctest
+
+    import common.codeact.checks as checks
+    import common.codeact.executor as executor
+    import common.codeact.worker as worker_module
+    import common.envs.textcraft.prompts as prompts
+
+    for module in (checks, executor, worker_module, prompts):
+        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.attempted > 0 and result.failed == 0, module.__name__

@@ -99,7 +99,7 @@ def test_prompts_follow_the_public_structure_and_state_the_enforced_budget():
 
 
 def test_user_prompt_directory_replaces_templates_and_bad_placeholders_name_the_line(tmp_path):
-    (tmp_path / "task.txt").write_text("GOAL=${goal} STEPS=${max_steps}\n")
+    (tmp_path / "textcraft_task.txt").write_text("GOAL=${goal} STEPS=${max_steps}\n")
     env = TextCraftEnv(prompts_dir=tmp_path)
     s = env.root_session(env.make_world(TASK), TASK, echo_launch_hook)
     assert "GOAL=Craft the following items: 2x torch STEPS=20" in s.first_user_message()
@@ -107,8 +107,10 @@ def test_user_prompt_directory_replaces_templates_and_bad_placeholders_name_the_
     s.close()
     bad = tmp_path / "bad"
     bad.mkdir()
-    (bad / "observation.txt").write_text("[Cell ${index}]\n${stdout}\n")
-    with pytest.raises(prompts.PromptTemplateError, match=r"observation.txt:2: unknown placeholder \$stdout"):
+    (bad / "textcraft_observation.txt").write_text("[Cell ${index}]\n${stdout}\n")
+    with pytest.raises(
+        prompts.PromptTemplateError, match=r"textcraft_observation.txt:2: unknown placeholder \$stdout"
+    ):
         TextCraftEnv(prompts_dir=bad)
 
 

@@ -12,7 +12,7 @@ commonly produce:
 Only the first ``<python>`` block is run; a bare Markdown fence without the tags is NOT run (the
 error says so), so the reply format stays the one the system prompt teaches.
 :func:`format_cell_observation` turns a :class:`~common.sandbox.CellResult` into the next observation
-with the template ``templates/observation.txt`` (the paper's layout: ``[Cell i Output]``, the output,
+with the template ``templates/textcraft_observation.txt`` (the paper's layout: ``[Cell i Output]``, the output,
 ``Error: ...`` or ``(No output)``, then the next-action line).
 
 Run the tests with ``python -m pytest tests/test_codeact_parse.py -q``.
@@ -112,7 +112,7 @@ def parse_codeact_reply(text: str) -> ParsedReply:
 
 
 def format_cell_observation(index: int, result: CellResult, prompts: TextCraftPrompts | None = None) -> str:
-    """The observation after a cell (``observation.txt``): ``[Cell index Output]``, the output, the error
+    """The observation after a cell (``textcraft_observation.txt``): ``[Cell index Output]``, the output, the error
     as ``Error: ...`` (or ``(No output)``), then the next-action line. ``index`` is the step's index from 0.
 
     >>> print(format_cell_observation(2, CellResult(stdout="", error="NameError: name 'x' is not defined")))

@@ -384,7 +384,7 @@ class TextCraftEnv(Environment):
 
     @property
     def tools_description(self) -> str:  # type: ignore[override]
-        """Shown to the rubric writer as the child's tools (``tools_description.txt``)."""
+        """Shown to the rubric writer as the child's tools (``textcraft_tools_description.txt``)."""
         return self.prompts.tools_description
 
     def _session_options(self) -> dict[str, Any]:

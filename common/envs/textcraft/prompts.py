@@ -1,22 +1,22 @@
 """Every text a TextCraft-Synth agent reads that is not a tool result, as template files in one place.
 
-The templates live in ``templates/*.txt`` beside this module (shipped as package data). Their structure
+The templates live in ``templates/textcraft_*.txt`` beside this module (shipped as package data). Their structure
 follows the paper's CodeAct agent (public platoon/SERA code): the conversation grows turn by turn
 ("sequence extension"):
 
-* **system** (``system.txt``): the crafting role, "craft on top of what you hold", ``<thought>`` then
+* **system** (``textcraft_system.txt``): the crafting role, "craft on top of what you hold", ``<thought>`` then
   ``<python>``, the notebook-style execution, the recommendation to delegate;
-* **first user message** (``user_initial.txt``): ``# Task`` (``task.txt``: ``Your Goal: ...`` and
+* **first user message** (``textcraft_user_initial.txt``): ``# Task`` (``textcraft_task.txt``: ``Your Goal: ...`` and
   ``Budget: You have a total budget of N steps ...`` with the budget the session enforces),
-  ``# Action Space`` (``action_space.txt``: the five functions, signatures and examples) and the
-  next-action line (``next_action.txt``). A child's goal carries its parent's context
-  (``child_goal.txt``: ``Context provided from parent agent: ...``);
-* **each observation** (``observation.txt``): ``[Cell i Output]`` (``i`` counts steps from 0), the
-  output, ``Error: ...`` (``error.txt``) or ``(No output)``, then the next-action line;
+  ``# Action Space`` (``textcraft_action_space.txt``: the five functions, signatures and examples) and the
+  next-action line (``textcraft_next_action.txt``). A child's goal carries its parent's context
+  (``textcraft_child_goal.txt``: ``Context provided from parent agent: ...``);
+* **each observation** (``textcraft_observation.txt``): ``[Cell i Output]`` (``i`` counts steps from 0), the
+  output, ``Error: ...`` (``textcraft_error.txt``) or ``(No output)``, then the next-action line;
 * **errors of a cell that never ran**: syntax error, empty cell, unawaited ``launch_subagent``, task
-  introspection (``syntax_error.txt``, ``empty_cell.txt``, ``unawaited.txt``, ``introspection.txt``);
-* **what a parent reads back** from a child (``launch_report.txt``: the child's finish message, then
-  ``Budget used by subagent: u/N steps.``) and the loop detector's finish message (``loop_finish.txt``).
+  introspection (``textcraft_syntax_error.txt``, ``textcraft_empty_cell.txt``, ``textcraft_unawaited.txt``, ``textcraft_introspection.txt``);
+* **what a parent reads back** from a child (``textcraft_launch_report.txt``: the child's finish message, then
+  ``Budget used by subagent: u/N steps.``) and the loop detector's finish message (``textcraft_loop_finish.txt``).
 
 ``load_prompts(prompts_dir)`` reads them; a file of the same name in ``prompts_dir`` (the CLI's
 ``--prompts DIR``) replaces the packaged one, so a user holding the original texts can evaluate the
@@ -39,6 +39,9 @@ from typing import Any
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 """The packaged templates (``pyproject`` package data must include ``*.txt``)."""
+PREFIX = "textcraft_"
+"""Every TextCraft template file is ``textcraft_<name>.txt``, so one ``--prompts-dir`` can hold the
+templates of every environment and of the rubric writer and scorer without name clashes."""
 
 SPEC: dict[str, frozenset[str]] = {
     "system": frozenset({"max_steps"}),
@@ -172,9 +175,9 @@ def _load(prompts_dir: str | None) -> TextCraftPrompts:
         raise PromptTemplateError(f"{user_dir}: prompts directory does not exist")
     texts, sources = {}, {}
     for name, allowed in SPEC.items():
-        path = TEMPLATE_DIR / f"{name}.txt"
-        if user_dir is not None and (user_dir / f"{name}.txt").is_file():
-            path = user_dir / f"{name}.txt"
+        path = TEMPLATE_DIR / f"{PREFIX}{name}.txt"
+        if user_dir is not None and (user_dir / f"{PREFIX}{name}.txt").is_file():
+            path = user_dir / f"{PREFIX}{name}.txt"
         text = _read(path)
         _check(path, text, allowed)
         texts[name], sources[name] = text, str(path)

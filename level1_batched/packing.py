@@ -1,0 +1,135 @@
+"""Level 1's packed loss: first-fit-decreasing micro-batches, one forward per packed row, CISPO per row.
+
+Moved out of ``level1_batched/train.py`` so that level 2 (``level2_distributed/trainer.py``) can train with
+exactly the same packed loss without importing another tier's training script; ``level1_batched.train``
+re-exports every name, so nothing that imported them from there changes.
+
+    from level1_batched.packing import accumulate_gradients_packed
+    m = accumulate_gradients_packed(model, datums, weights, max_tokens_per_microbatch=4096)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from common.rl.datums import Datum
+from common.rl.loss import cispo_loss, token_logprobs
+
+
+def pack_microbatches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """First-fit decreasing: longest first, each into the first micro-batch with room (a datum longer than
+    ``max_tokens`` gets its own). Returns datum indices per micro-batch.
+
+    >>> pack_microbatches([5, 3, 4, 2], max_tokens=7)
+    [[0, 3], [2, 1]]
+    """
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        b = next((b for b in range(len(bins)) if room[b] >= lengths[i]), None)
+        if b is None:
+            bins.append([])
+            room.append(max_tokens)
+            b = len(bins) - 1
+        bins[b].append(i)
+        room[b] -= lengths[i]
+    return bins
+
+
+def packed_logprobs(model, datums: list[Datum]) -> torch.Tensor:
+    """log pi_theta of every datum's output tokens from ONE packed row, as a [D, T_max] grid (0 = no token).
+
+    Row: ``prompt_0 + output_0 + prompt_1 + output_1 + ...`` with position ids ``0..L_0-1, 0..L_1-1, ...``.
+    With no attention mask and no cache, transformers reads the restarts as packed sequences and builds a
+    block-diagonal causal mask, so each datum sees only itself (exactly level 0's separate forwards).
+    """
+    ids, pos, keep, spans = [], [], [], []
+    for d in datums:
+        seq = d.prompt_ids + d.output_ids
+        start = len(ids) + len(d.prompt_ids) - 1  # position that predicts the first output token
+        keep.extend(range(start, start + len(d.output_ids)))
+        spans.append(len(d.output_ids))
+        ids.extend(seq)
+        pos.extend(range(len(seq)))
+    dev = model.device
+    row = torch.tensor([ids], device=dev)  # [1, N]
+    keep_t = torch.tensor(keep, device=dev)  # [K], K = sum of T_d
+    logits = model(
+        input_ids=row,
+        position_ids=torch.tensor([pos], device=dev),  # [1, N]
+        use_cache=False,
+        logits_to_keep=keep_t,
+    ).logits  # [1, K, V]: logits only where an output token is predicted
+    flat = token_logprobs(logits, row[:, keep_t + 1])[0]  # [K]
+    grid = flat.new_zeros(len(datums), max(spans))  # [D, T_max]
+    r = torch.repeat_interleave(torch.arange(len(datums), device=dev), torch.tensor(spans, device=dev))  # [K]
+    c = torch.cat([torch.arange(n, device=dev) for n in spans])  # [K]
+    return grid.index_put((r, c), flat)  # [D, T_max]
+
+
+def check_packing(model, n: int = 12) -> None:
+    """Refuse a model whose attention does not isolate packed datums (e.g. custom code that ignores
+    position-id packing): two random sequences packed in one row must score as they do alone."""
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    a, b = (torch.randint(0, vocab, (n,), generator=g).tolist() for _ in range(2))
+    pair = [
+        Datum(x[:4], x[4:], [0.0] * (n - 4), [1] * (n - 4), 0.0, 0, i, True, "check")
+        for i, x in enumerate((a, b))
+    ]
+    with torch.no_grad():
+        packed = packed_logprobs(model, pair)  # [2, n - 4]
+        alone = torch.cat([packed_logprobs(model, [d]) for d in pair])  # [2, n - 4]
+    diff = float((packed - alone).abs().max())
+    if diff > (1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2):
+        raise SystemExit(
+            f"packed datums leak attention into each other with this model (max |log-prob diff| {diff:.3g}); "
+            "train without packing: --max-tokens-per-microbatch 1"
+        )
+
+
+def _grid(rows: list[list[float]], width: int, dtype=torch.float32) -> torch.Tensor:
+    return torch.tensor([list(x) + [0] * (width - len(x)) for x in rows], dtype=dtype)  # [D, T_max]
+
+
+def accumulate_gradients_packed(
+    model,
+    datums: list[Datum],
+    weights: list[float],
+    max_tokens_per_microbatch: int,
+    num_tokens: float | None = None,
+) -> dict[str, float]:
+    """Backpropagate the CISPO loss of ``datums`` in packed micro-batches; gradients accumulate in ``.grad``.
+
+    ``num_tokens`` is |M|, the trained-token count of the whole optimizer step (all ranks); default: this
+    call's count. Every micro-batch divides by it, so the micro-batch (and rank) losses sum to the
+    step's token-mean. ``loss/cispo`` and ``loss/clip_frac`` are this call's shares (they add up over
+    ranks); ``train/microbatches`` and ``train/packed_tokens`` count what ran here.
+    """
+    local = sum(d.num_trained_tokens for d in datums)
+    n_tokens = float(local if num_tokens is None else num_tokens)
+    lengths = [len(d.prompt_ids) + len(d.output_ids) for d in datums]
+    micro = pack_microbatches(lengths, max_tokens_per_microbatch)
+    total, clipped = 0.0, 0.0
+    for idx in micro:
+        ds = [datums[i] for i in idx]
+        logp = packed_logprobs(model, ds)  # [D, T_max]
+        width = logp.shape[1]
+        loss, m = cispo_loss(
+            logp,
+            _grid([d.behaviour_logprobs for d in ds], width).to(logp.device),  # [D, T_max]
+            torch.tensor([d.advantage for d in ds], device=logp.device),  # [D]
+            _grid([d.loss_mask for d in ds], width).to(logp.device),  # [D, T_max]
+            weights=torch.tensor([weights[i] for i in idx], device=logp.device),  # [D]
+            num_tokens=n_tokens,
+        )  # this micro-batch's share of the token-mean
+        loss.backward()  # grads add up
+        total += loss.item()
+        clipped += m["loss/clip_frac"] * m["loss/tokens"]
+    return {
+        "loss/cispo": total,
+        "loss/tokens": n_tokens,
+        "loss/clip_frac": clipped / max(1.0, n_tokens),
+        "train/microbatches": float(len(micro)),
+        "train/packed_tokens": float(sum(lengths)),
+    }

@@ -1,1 +1,1 @@
-"""level2_distributed."""
+"""Level 2: Ray + FSDP2 trainer ranks + inference servers (see README.md)."""

@@ -1,0 +1,75 @@
+"""Level 2's own settings: one dataclass, a docstring per field; `sera train --level 2` shows them as options.
+
+The algorithm's settings stay in :class:`common.train_config.TrainConfig`; this file holds only the system
+knobs level 2 adds (how many trainer ranks and servers, how weights move, how stale rollouts may be). It
+imports no torch and no Ray, so ``sera --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+ENGINES = ("hf", "vllm", "sglang")
+SYNC_MODES = ("broadcast", "disk")
+
+
+@dataclass
+class Level2Config:
+    """Level-2 system settings."""
+
+    trainers: int = 1
+    """FSDP2 trainer ranks (Ray actors, one GPU each on a GPU cluster; gloo on CPU)."""
+    servers: int = 1
+    """Inference servers (Ray actors) the router spreads agent calls over."""
+    server_engine: str = "hf"
+    """Server engine: hf (our batched decoder, runs anywhere), vllm (in-process vLLM in the actor, GPU) or
+    sglang (an SGLang HTTP server per actor, as in the paper; needs an SGLang build for your torch)."""
+    weight_sync: str = "broadcast"
+    """After an optimizer step: broadcast (trainer rank 0 broadcasts every full tensor to the servers over
+    a separate NCCL/gloo group) or disk (rank 0 writes safetensors, the servers reload them: the fallback)."""
+    max_staleness: int = 0
+    """Policy versions a rollout's weights may lag the trainer's (0 = synchronous on-policy: weights are
+    synced after every optimizer step). The gap is recorded per completion and reported as offpolicy/*."""
+    trainer_microbatch_tokens: int = 4096
+    """Tokens per packed training row on a trainer rank (level 1's --max-tokens-per-microbatch)."""
+    server_batch_size: int = 32
+    """Most generation requests one server runs as one batch."""
+    activation_checkpointing: bool = True
+    """Recompute each decoder layer's activations in the backward pass (memory for compute)."""
+    trainer_gpus: float = -1.0
+    """GPUs per trainer actor (-1 = 1 when the Ray cluster has GPUs, else 0; 0.5 shares a GPU)."""
+    server_gpus: float = -1.0
+    """GPUs per server actor (-1 = 1 when the Ray cluster has GPUs, else 0; 0.5 shares a GPU)."""
+    ray_address: str = ""
+    """Ray cluster to join (`auto` = the one `ray start` made on this node; empty = start a local one)."""
+    single_node: int = 0
+    """Preset for one node with N GPUs: N/2 servers + N/2 trainer ranks (N = 1: both share the GPU)."""
+    paper_cluster: bool = False
+    """Preset for the paper's system: 2 nodes x 8 H200 = 8 SGLang servers + 8 FSDP ranks (join with
+    --ray-address auto on the head node)."""
+
+    def __post_init__(self) -> None:
+        if self.server_engine not in ENGINES:
+            raise ValueError(f"--server-engine {self.server_engine!r}: choose one of {', '.join(ENGINES)}")
+        if self.weight_sync not in SYNC_MODES:
+            raise ValueError(f"--weight-sync {self.weight_sync!r}: choose one of {', '.join(SYNC_MODES)}")
+        for name in ("trainers", "servers", "trainer_microbatch_tokens", "server_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(self, name)})")
+        if self.max_staleness < 0 or self.single_node < 0:
+            raise ValueError("--max-staleness and --single-node must be >= 0")
+
+    def resolved(self) -> Level2Config:
+        """The presets applied (they set sizes; an explicit preset wins over --trainers/--servers)."""
+        if self.paper_cluster:
+            return replace(
+                self, trainers=8, servers=8, server_engine="sglang", trainer_gpus=1.0, server_gpus=1.0,
+                paper_cluster=False, ray_address=self.ray_address or "auto",
+            )  # fmt: skip
+        if self.single_node == 1:
+            return replace(self, trainers=1, servers=1, trainer_gpus=0.5, server_gpus=0.5, single_node=0)
+        if self.single_node > 1:
+            half = self.single_node // 2
+            return replace(self, trainers=half, servers=self.single_node - half, single_node=0,
+                           trainer_gpus=1.0, server_gpus=1.0)  # fmt: skip
+        return self

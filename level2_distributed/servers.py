@@ -1,0 +1,273 @@
+"""Inference servers as Ray actors, a router that spreads agent calls over them, and the session records.
+
+* :class:`HFServer` — one actor per server holding an :class:`~common.policy.hf.HFPolicy` on its own copy
+  of the model (its own GPU, or a share of one). Concurrent ``generate`` calls from the router meet in the
+  policy's batch queue inside the actor (an async actor: calls interleave on its event loop) and run as
+  batches of up to ``server_batch_size`` rows. ``engine="vllm"`` swaps in level 1's in-process vLLM engine
+  (``level1_batched/vllm_engine.py``) behind the same methods.
+* :class:`SGLangServer` — the paper's engine: the actor starts ``python -m sglang.launch_server`` on its
+  GPU and speaks SGLang's documented HTTP API (``/generate`` with ``input_ids`` and ``return_logprob``,
+  ``/update_weights_from_disk``, ``/init_weights_update_group`` + ``/update_weights_from_distributed``).
+  SGLang cannot be installed next to this project's torch (every release pins torch 2.9.1), so this
+  adapter is written against the documentation and is untested here (its test skips with that reason).
+* :class:`Router` — the policy the agents call (``common.policy.base.Policy``): each call goes to the
+  server with the fewest calls in flight, and every completion is stamped with the policy version of the
+  weights that produced it (:class:`SessionRecord`: token ids, behaviour log-probs, version, server), so
+  the driver can report how off-policy a batch was (``offpolicy/*``).
+
+What it simplifies: the router balances by in-flight count, not by prefix-cache affinity (SGLang's router
+sends a conversation's turns to the same server to reuse its KV cache); a server's failure surfaces as an
+exception in the driver, which restarts the system from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, replace
+from typing import Any
+
+from common.policy.base import Completion, GenerationRequest, Policy
+
+
+@dataclass
+class SessionRecord:
+    """What the session layer keeps per completion."""
+
+    role: str
+    """act / rubric / score."""
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    """Behaviour log-probs of ``output_ids`` under the serving weights (raw model distribution)."""
+    version: int
+    """Policy version (optimizer steps) of the weights that produced the completion."""
+    server: int
+    """Index of the server that answered."""
+
+
+def _sendable(request: GenerationRequest) -> GenerationRequest:
+    """The request without its environment session (scripted policies only; not picklable, not needed)."""
+    return replace(request, session=None)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Servers (Ray actors: train.py wraps them with ray.remote(num_gpus=...)).
+# ----------------------------------------------------------------------------------------------------
+class HFServer:
+    """An engine behind the server contract: generate, score_logprobs, weights in (three ways), version."""
+
+    def __init__(self, model: str, dtype: str, seed: int, max_batch_size: int, engine: str = "hf") -> None:
+        import torch
+
+        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        if self.device.type == "cpu":
+            torch.set_num_threads(max(1, int(os.environ.get("SERA_L2_THREADS", "1"))))
+        if engine == "vllm":
+            from level1_batched.vllm_engine import VLLMEngine
+
+            self.engine: Any = VLLMEngine(model, dtype=dtype, seed=seed, max_batch_size=max_batch_size)
+        else:
+            from common.policy.hf import HFPolicy
+
+            self.engine = HFPolicy(
+                model, dtype=dtype, device=self.device, max_batch_size=max_batch_size, seed=seed
+            )
+        self.dtype, self.version, self.group = dtype, 0, None
+
+    async def generate(self, request: GenerationRequest) -> tuple[Completion, int]:
+        version = self.version
+        return await self.engine.generate(request), version
+
+    def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        return self.engine.score_logprobs(prompt_ids, output_ids)
+
+    def info(self) -> dict[str, Any]:
+        return {"max_context_tokens": self.engine.max_context_tokens, "version": self.version}
+
+    def update_weights(self, weights: Any, version: int) -> float:
+        return self.engine.update_weights(weights, version=version)
+
+    def join_sync_group(self, host: str, port: int, rank: int, size: int) -> bool:
+        from level2_distributed.sync import make_sync_group
+
+        self.group = make_sync_group(host, port, rank, size, self.device)
+        return True
+
+    def receive_broadcast(self, specs: list[tuple[str, list[int], str]], version: int, dtype: str) -> float:
+        """Receive every tensor of the trainer's broadcast, then load them all (atomically between calls)."""
+        from level2_distributed.sync import receive_tensors
+
+        t0 = time.perf_counter()
+        pairs = list(receive_tensors(self.group, specs, self.device, dtype))
+        self.engine.update_weights(pairs, version=version)
+        self.version = version
+        return time.perf_counter() - t0
+
+    def load_from_disk(self, path: str, version: int) -> float:
+        from safetensors.torch import load_file
+
+        t0 = time.perf_counter()
+        self.engine.update_weights(
+            load_file(os.path.join(path, "model.safetensors"), device=str(self.device)), version
+        )
+        self.version = version
+        return time.perf_counter() - t0
+
+
+class SGLangServer:
+    """One SGLang server process on this actor's GPU, driven over its documented HTTP API (untested here:
+    SGLang pins torch 2.9.1; see the module docstring)."""
+
+    def __init__(
+        self, model: str, dtype: str, seed: int, max_batch_size: int, engine: str = "sglang"
+    ) -> None:
+        import ray
+
+        from level2_distributed.sync import free_port
+
+        self.port, self.seed, self.version = free_port(), seed, 0
+        self.host = ray.util.get_node_ip_address()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--dtype", dtype,
+             "--host", "0.0.0.0", "--port", str(self.port), "--max-running-requests", str(max_batch_size),
+             "--random-seed", str(seed)],
+        )  # fmt: skip
+        deadline = time.time() + 900
+        while time.time() < deadline:
+            try:
+                self._get("/health")
+                break
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"sglang.launch_server exited with {self.proc.returncode}") from None
+                time.sleep(2)
+        else:
+            raise RuntimeError("sglang.launch_server did not become healthy in 15 minutes")
+        self.model_info = json.loads(self._get("/get_model_info"))
+
+    def _get(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
+            return r.read().decode()
+
+    def _post(self, path: str, body: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read().decode())
+
+    async def generate(self, request: GenerationRequest) -> tuple[Completion, int]:
+        from common.policy.engine import completion_text
+        from common.policy.models import load_tokenizer
+
+        tok = getattr(self, "tok", None) or load_tokenizer(self.model_info.get("model_path", ""))
+        self.tok = tok
+        from common.policy.context import build_prompt_ids
+
+        sp = request.sampling
+        prompt_ids, truncated = build_prompt_ids(tok, request.messages, 10**9)
+        body = {
+            "input_ids": prompt_ids,
+            "sampling_params": {"max_new_tokens": sp.max_new_tokens, "temperature": sp.temperature,
+                                "top_p": sp.top_p, "stop": list(sp.stop), "sampling_seed": sp.seed},
+            "return_logprob": True,
+        }  # fmt: skip
+        version = self.version
+        out = await asyncio.to_thread(self._post, "/generate", body)
+        pairs = out["meta_info"]["output_token_logprobs"]  # [(logprob, token_id, text?), ...]
+        ids, lps = [int(p[1]) for p in pairs], [float(p[0]) for p in pairs]
+        text, _ = completion_text(tok, ids, tuple(sp.stop))
+        reason = out["meta_info"].get("finish_reason", {}) or {}
+        return Completion(text, prompt_ids, ids, lps, "length" if reason.get("type") == "length" else "stop",
+                          truncated), version  # fmt: skip
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "max_context_tokens": int(self.model_info.get("max_total_num_tokens", 8192)),
+            "version": self.version,
+        }
+
+    def load_from_disk(self, path: str, version: int) -> float:
+        t0 = time.perf_counter()
+        self._post("/update_weights_from_disk", {"model_path": path})
+        self.version = version
+        return time.perf_counter() - t0
+
+    def join_sync_group(self, host: str, port: int, rank: int, size: int) -> bool:
+        self._post("/init_weights_update_group", {"master_address": host, "master_port": port, "rank_offset": rank,
+                                                  "world_size": size, "group_name": "sera_sync", "backend": "nccl"})  # fmt: skip
+        return True
+
+    def receive_broadcast(self, specs: list[tuple[str, list[int], str]], version: int, dtype: str) -> float:
+        t0 = time.perf_counter()
+        self._post("/update_weights_from_distributed", {
+            "names": [s[0] for s in specs], "dtypes": [dtype] * len(specs), "shapes": [s[1] for s in specs],
+            "group_name": "sera_sync", "flush_cache": True})  # fmt: skip
+        self.version = version
+        return time.perf_counter() - t0
+
+    def __del__(self) -> None:
+        if getattr(self, "proc", None) is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The router: the one policy the agents see.
+# ----------------------------------------------------------------------------------------------------
+class Router(Policy):
+    """Spreads agent calls over the servers (fewest in flight first) and records every completion."""
+
+    name = "router"
+    trainable = True
+
+    def __init__(self, servers: list[Any], tokenizer: Any, max_context_tokens: int) -> None:
+        self.servers, self.tokenizer, self.max_context_tokens = servers, tokenizer, max_context_tokens
+        self.in_flight = [0] * len(servers)
+        self.records: list[SessionRecord] = []
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        i = min(range(len(self.servers)), key=lambda s: (self.in_flight[s], s))
+        self.in_flight[i] += 1
+        try:
+            completion, version = await self.servers[i].generate.remote(_sendable(request))
+        finally:
+            self.in_flight[i] -= 1
+        self.records.append(
+            SessionRecord(
+                request.role, completion.prompt_ids, completion.output_ids, completion.logprobs, version, i
+            )
+        )
+        return completion
+
+    def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        """Teacher-forced behaviour log-probs (``--oracle-mix``) from server 0 (all servers hold the same weights)."""
+        import ray
+
+        return ray.get(self.servers[0].score_logprobs.remote(prompt_ids, output_ids))
+
+    def take_records(self) -> list[SessionRecord]:
+        out, self.records = self.records, []
+        return out
+
+
+def offpolicy_metrics(records: list[SessionRecord], trainer_version: int) -> dict[str, float]:
+    """How far behind the trainer the weights that sampled this round were (0 = on-policy).
+
+    >>> r = [SessionRecord("act", [], [1], [0.0], v, 0) for v in (3, 2, 3)]
+    >>> offpolicy_metrics(r, 3)
+    {'offpolicy/gap_mean': 0.3333333333333333, 'offpolicy/gap_max': 1.0, 'offpolicy/completions': 3.0}
+    """
+    gaps = [trainer_version - r.version for r in records if r.output_ids]
+    return {
+        "offpolicy/gap_mean": sum(gaps) / len(gaps) if gaps else 0.0,
+        "offpolicy/gap_max": float(max(gaps, default=0)),
+        "offpolicy/completions": float(len(gaps)),
+    }

@@ -1,0 +1,381 @@
+"""Level 2: the paper's system. Level 1's loop, with the model split into servers and FSDP2 trainer ranks.
+
+    sera train --level 2 --model tiny --steps 3                                # local Ray, CPU, 1+1 actors
+    sera train --level 2 --model tiny --trainers 2 --servers 2 --steps 3       # two gloo FSDP ranks
+    sera train --level 2 --single-node 2 --model smollm2                       # 1 GPU serves, 1 GPU trains
+    sera train --level 2 --paper --paper-cluster --model Qwen/Qwen3-4B-Instruct-2507   # 2 x 8 H200 (README)
+    python -m level2_distributed.train --model tiny --steps 3                  # the same without `sera`
+
+The loop is level 1's (``level1_batched/train.py`` is the oracle of this file: same sampler, schedule,
+rewards, datums, packed CISPO loss, metric names and log line). The model now lives in two places:
+
+1. Inference servers (``servers.py``): Ray actors that only generate. The agents' calls go through a
+   :class:`~level2_distributed.servers.Router` (the policy the runtime sees), which spreads them over the
+   servers and records, per completion, the token ids, behaviour log-probs and the policy version of the
+   weights that produced it (the session layer).
+2. Trainer ranks (``trainer.py``): Ray actors forming one FSDP2 process group (``fully_shard`` +
+   activation checkpointing + bf16 compute / fp32 master and reduce). The driver packs the batch into
+   micro-batches and deals them out; the ranks' gradients are reduce-scattered by FSDP.
+3. Weight sync (``sync.py``) after every optimizer step: NCCL (gloo on CPU) broadcast from trainer rank
+   0 to every server, or a reload from disk. Synchronous on-policy by default; ``--max-staleness N`` lets
+   the servers lag up to N versions (fewer syncs; the gap is reported as ``offpolicy/*``; CISPO's ratio
+   against the recorded behaviour log-probs keeps the update correct).
+4. Checkpoints (``checkpoint.py``): sharded DCP, resumable at another world size; when an actor dies
+   (a trainer rank mid-step, a server mid-rollout) the driver restarts the actors, reloads the last
+   checkpoint and redoes the rounds after it: nothing lost or counted twice (``fault/restarts`` counts it).
+
+What it simplifies: the rollouts' agent coroutines run in the driver process (their model calls are the
+expensive part and go to the servers); no pipelining of the next round's rollouts with this round's
+training (``--max-staleness`` only skips syncs); a failure restarts every actor, not only the dead one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from common.agent.judge import make_judge
+from common.agent.log import append_tree
+from common.agent.runtime import run_root
+from common.envs import env_spec
+from common.rl.batch import build_stage_batch
+from common.run.checkpoint import RunState, prepare_out, truncate_logs
+from common.run.data import TaskSampler, hash_seed, seed_everything, task_pool
+from common.run.metrics import NO_UPDATE, MetricsWriter, closing_line, log_line, plot_curves, step_metrics
+from common.run.progress import CountingPolicy, LiveStats, RunProgress
+from common.run.rollout import accept_group, make_env_with_prompts, stage_runtime_config
+from common.run.setup import idle_hint, method_and_schedule
+from common.train_config import TrainConfig
+from level1_batched.packing import pack_microbatches
+from level2_distributed.config import Level2Config
+
+ROOT = Path(__file__).resolve().parents[1]
+PASS_ENV = ("SERA_L2_FAULT", "SERA_L2_THREADS", "HF_HOME", "SERA_CACHE")
+"""Environment variables the actors inherit from the driver (fault injection, threads, model caches)."""
+MAX_RESTARTS = 3
+
+
+def ray_init(l2: Level2Config) -> None:
+    """Join ``--ray-address`` or start a local Ray; the actors import this repository from its path."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(
+        address=l2.ray_address or None,
+        include_dashboard=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+        log_to_driver=True,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# The actors of one run: trainer ranks, servers, router. Restartable as a whole.
+# ----------------------------------------------------------------------------------------------------
+def deal_microbatches(lengths: list[int], max_tokens: int, world: int) -> list[list[list[int]]]:
+    """Pack datums into micro-batches (level 1's first-fit decreasing), then deal them to ``world`` ranks,
+    fewest micro-batches first, then fewest tokens; every rank gets the same count (``[]`` = a dummy).
+
+    >>> deal_microbatches([5, 3, 4, 2], max_tokens=7, world=2)
+    [[[0, 3]], [[2, 1]]]
+    >>> deal_microbatches([5], max_tokens=7, world=2)
+    [[[0]], [[]]]
+    """
+    micro = pack_microbatches(lengths, max_tokens)
+    ranks: list[list[list[int]]] = [[] for _ in range(world)]
+    load = [0] * world
+    for mb in micro:  # largest first (FFD order)
+        r = min(range(world), key=lambda r: (len(ranks[r]), load[r], r))
+        ranks[r].append(mb)
+        load[r] += sum(lengths[i] for i in mb)
+    n = max(len(r) for r in ranks) if micro else 1
+    return [r + [[]] * (n - len(r)) for r in ranks]
+
+
+def actor_gpus(requested: float) -> float:
+    import ray
+
+    if requested >= 0:
+        return requested
+    return 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+
+
+class System:
+    """Trainer ranks + servers + the sync group. ``start()`` again after a failure makes fresh actors."""
+
+    def __init__(self, cfg: TrainConfig, l2: Level2Config, tokenizer: Any) -> None:
+        self.cfg, self.l2, self.tokenizer = cfg, l2, tokenizer
+        self.trainers: list[Any] = []
+        self.servers: list[Any] = []
+        self.restarts = 0
+
+    def start(self) -> None:
+        import ray
+
+        from level2_distributed.servers import HFServer, SGLangServer
+        from level2_distributed.sync import setup_broadcast
+        from level2_distributed.trainer import TrainerRank
+
+        self.stop()
+        env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+        opts = {"num_cpus": 0, "runtime_env": {"env_vars": env}, "max_concurrency": 1}
+        trainer_cls = ray.remote(TrainerRank).options(num_gpus=actor_gpus(self.l2.trainer_gpus), **opts)
+        world = self.l2.trainers
+        self.trainers = [
+            trainer_cls.remote(
+                r, world, self.cfg, self.l2.activation_checkpointing, self.l2.trainer_microbatch_tokens
+            )
+            for r in range(world)
+        ]
+        host, port = ray.get([self.trainers[0].node_ip.remote(), self.trainers[0].free_port.remote()])
+        server_cls = ray.remote(SGLangServer if self.l2.server_engine == "sglang" else HFServer).options(
+            num_gpus=actor_gpus(self.l2.server_gpus),
+            num_cpus=0,
+            runtime_env={"env_vars": env},
+            max_concurrency=1000,
+        )
+        self.servers = [
+            server_cls.remote(
+                self.cfg.model,
+                self.cfg.optim.dtype,
+                self.cfg.seed,
+                self.l2.server_batch_size,
+                self.l2.server_engine,
+            )
+            for _ in range(self.l2.servers)
+        ]
+        ray.get([t.setup.remote(f"{host}:{port}") for t in self.trainers])
+        info = ray.get(self.servers[0].info.remote())
+        if self.l2.weight_sync == "broadcast":
+            setup_broadcast(self.trainers, self.servers)
+        from level2_distributed.servers import Router
+
+        self.router = Router(self.servers, self.tokenizer, info["max_context_tokens"])
+
+    def stop(self) -> None:
+        import ray
+
+        for a in self.trainers + self.servers:
+            ray.kill(a, no_restart=True)
+        self.trainers, self.servers = [], []
+
+    def sync(self, version: int, out: Path) -> dict[str, float]:
+        from level2_distributed.sync import sync_weights
+
+        return sync_weights(
+            self.trainers,
+            self.servers,
+            self.l2.weight_sync,
+            version,
+            str(out / "weights"),
+            self.cfg.optim.dtype,
+        )
+
+    def train(self, datums: list[Any], weights: list[float], n_tokens: float, rnd: int) -> dict[str, float]:
+        """One optimizer step over all ranks; loss shares summed, the (global) grad norm from rank 0."""
+        import ray
+
+        lengths = [len(d.prompt_ids) + len(d.output_ids) for d in datums]
+        dealt = deal_microbatches(lengths, self.l2.trainer_microbatch_tokens, len(self.trainers))
+        refs = [
+            t.train_step.remote(
+                [([datums[i] for i in mb], [weights[i] for i in mb]) for mb in mbs], n_tokens, round=rnd
+            )  # fmt: skip
+            for t, mbs in zip(self.trainers, dealt, strict=True)
+        ]
+        parts = ray.get(refs)
+        summed = {k: sum(p[k] for p in parts) for k in ("loss/cispo", "loss/clip_frac", "train/microbatches",
+                                                         "train/packed_tokens")}  # fmt: skip
+        return {
+            **parts[0], **summed, "train/skipped": 0.0,
+            "time/rank_train_s": max(p["time/rank_train_s"] for p in parts),
+        }  # fmt: skip
+
+    def save(self, state: RunState, out: Path) -> None:
+        import ray
+
+        ray.get([t.save.remote(asdict(state), str(out), asdict(self.cfg)) for t in self.trainers])
+
+    def load(self, out: Path) -> RunState | None:
+        import ray
+
+        states = ray.get([t.load_latest.remote(str(out), asdict(self.cfg)) for t in self.trainers])
+        return None if states[0] is None else RunState(**states[0])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rollouts: every tree of a wave in flight, the agents' calls spread over the servers by the router.
+# ----------------------------------------------------------------------------------------------------
+async def rollout_in_flight(jobs: list[tuple[dict, list[Any]]], env, policy, judge) -> list[list[Any]]:
+    coros = [run_root(task, env, policy, rcfg, judge=judge) for task, rcfgs in jobs for rcfg in rcfgs]
+    trees = await asyncio.gather(*coros)
+    groups, i = [], 0
+    for _, rcfgs in jobs:
+        groups.append(list(trees[i : i + len(rcfgs)]))
+        i += len(rcfgs)
+    return groups
+
+
+def collect_groups(cfg: TrainConfig, stage: str, rnd: int, sampler, env, policy, judge, preset):
+    """Level 1's waves at world size 1 (same tasks, seeds and acceptance rule)."""
+    groups, extra = [], 0
+    while len(groups) < cfg.tasks_per_step:
+        jobs = []
+        for _ in range(cfg.tasks_per_step - len(groups)):
+            task = sampler.next()
+            seeds = [hash_seed(cfg.seed, rnd, sampler.cursor, r) for r in range(cfg.rollouts_per_task)]
+            jobs.append((task, [stage_runtime_config(cfg.env, cfg.rollout, stage, preset.generate_rubrics, s)
+                                for s in seeds]))  # fmt: skip
+        for trees in asyncio.run(rollout_in_flight(jobs, env, policy, judge)):
+            if not accept_group(
+                trees, cfg.env, stage, preset.execution_reward, cfg.max_task_replacements - extra
+            ):
+                extra += 1  # no signal: another task in the next wave (SPEC.md §4)
+                continue
+            groups.append(trees)
+    return groups, extra
+
+
+def rollout_policy(cfg: TrainConfig, router: Any) -> Any:
+    """The router, optionally with teacher-forced oracle replies (``--oracle-mix``) as in every tier."""
+    if cfg.oracle_mix == 0:
+        return router
+    from common.policy import make_policy
+    from common.policy.forced import TeacherForcedPolicy
+
+    teacher = make_policy("oracle", env=cfg.env, delegate=True)
+    return TeacherForcedPolicy(router, teacher, cfg.oracle_mix, cfg.score_noise, seed=cfg.seed,
+                               max_prompt_tokens=cfg.rollout.max_prompt_tokens)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------
+# The loop: level 1's, with servers, a sync and FSDP ranks.
+# ----------------------------------------------------------------------------------------------------
+def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = True) -> list[dict[str, Any]]:
+    """Run until ``cfg.steps`` optimizer steps; returns the metrics of every round kept."""
+    import ray
+
+    from common.policy.models import load_tokenizer
+    from level2_distributed.servers import offpolicy_metrics
+
+    l2 = (l2 or Level2Config()).resolved()
+    out = Path(cfg.out).resolve()
+    prepare_out(out, cfg.resume)
+    seed_everything(cfg.seed)
+    preset, schedule = method_and_schedule(cfg)
+    pool = task_pool(cfg.env, cfg.tasks, cfg.n_tasks, cfg.seed, cfg.difficulty)
+    ray_init(l2)
+    system = System(cfg, l2, load_tokenizer(cfg.model))
+    system.start()
+    state = (system.load(out) if cfg.resume else None) or RunState()
+    truncate_logs(out, state.round)
+    (out / "config.json").write_text(json.dumps({**asdict(cfg), "level2": asdict(l2)}, indent=2))
+    print(f"[level2] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | {l2.trainers} FSDP "
+          f"ranks, {l2.servers} {l2.server_engine} servers, sync {l2.weight_sync}, max staleness {l2.max_staleness} "
+          f"| steps {state.step}->{cfg.steps}")  # fmt: skip
+    env, sampler = (
+        make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir),
+        TaskSampler(pool, cfg.seed, state.cursor),
+    )
+    stats = LiveStats()
+    writer = MetricsWriter(out, cfg.tensorboard)
+    bar = RunProgress(progress, cfg.steps, state.step, stats)
+    history: list[dict[str, Any]] = []
+    served, idle = -(10**9), 0  # the version the servers hold (none yet: sync before the first rollout)
+    while state.step < cfg.steps:
+        stage = schedule.stage_at(state.step)  # the clock is the policy version
+        t_start = time.perf_counter()
+        try:
+            sync_m = {"time/sync_s": 0.0}
+            if state.step - served > l2.max_staleness:
+                bar.phase("weight sync")
+                sync_m = system.sync(state.step, out)
+                served = state.step
+            policy = CountingPolicy(rollout_policy(cfg, system.router), stats)
+            judge = make_judge(cfg.judge, policy)
+            bar.phase(f"{stage} rollouts")
+            t0 = time.perf_counter()
+            groups, replaced = collect_groups(cfg, stage, state.round, sampler, env, policy, judge, preset)
+            t_roll = time.perf_counter() - t0
+            off = offpolicy_metrics(system.router.take_records(), state.step)
+            trees = [t for g in groups for t in g]
+            batch = build_stage_batch(stage, groups, preset.execution_reward,
+                                      zero_variance=env_spec(cfg.env).zero_variance, tokenizer=system.tokenizer)  # fmt: skip
+            n_tokens = float(sum(d.num_trained_tokens for d in batch.datums))
+            updated = n_tokens > 0
+            bar.phase("training")
+            t1 = time.perf_counter()
+            train_m = (
+                system.train(batch.datums, batch.weights, n_tokens, state.round)
+                if updated
+                else dict(NO_UPDATE)
+            )
+            t_train = time.perf_counter() - t1
+        except ray.exceptions.RayActorError as exc:  # a trainer rank or a server died: restart, reload, redo
+            if system.restarts >= MAX_RESTARTS:
+                raise
+            system.restarts += 1
+            bar.log(
+                f"an actor died ({type(exc).__name__}); restart {system.restarts}: fresh actors, last checkpoint"
+            )
+            system.start()
+            state = system.load(out) or RunState()
+            truncate_logs(out, state.round)
+            history = [h for h in history if h["round"] < state.round]
+            sampler, served = TaskSampler(pool, cfg.seed, state.cursor), -(10**9)
+            continue
+        metrics = {
+            **step_metrics(
+                round=state.round, step=state.step, stage=stage, trees=trees, batch=batch, train=train_m,
+                execution_reward=preset.execution_reward, t_rollout=t_roll, t_train=t_train, replaced=replaced,
+            ),
+            **sync_m, **off,
+            "train/tokens_per_s": train_m.get("train/packed_tokens", 0.0) / max(t_train, 1e-9),
+            "time/step_s": time.perf_counter() - t_start,
+            "dp/world_size": l2.trainers, "servers": l2.servers, "fault/restarts": system.restarts,
+        }  # fmt: skip
+        history.append(metrics)
+        state.round, state.cursor = state.round + 1, sampler.cursor
+        state.step += int(updated)
+        idle = 0 if updated else idle + 1
+        for t in trees:
+            t.meta.update(step=metrics["step"], round=metrics["round"])
+            append_tree(out / "trees.jsonl", t)
+        writer.write(metrics)  # logs first, checkpoint second (as levels 0 and 1)
+        if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps):
+            system.save(state, out)
+        bar.log(f"{log_line(metrics)} sync_s={metrics['time/sync_s']:.3g} "
+                f"offpolicy_gap={metrics['offpolicy/gap_mean']:.3g}", state.step)  # fmt: skip
+        if not updated:
+            bar.log(idle_hint(cfg))
+        if idle >= cfg.max_idle_rounds:
+            bar.log(f"stopping: {idle} rounds in a row without a trained token (--max-idle-rounds)")
+            break
+    bar.close()
+    writer.close()
+    system.stop()
+    if history:
+        plot_curves(out / "metrics.jsonl", out / "curves.png")
+    print(closing_line(out, state.step, state.round))
+    return history
+
+
+# ----------------------------------------------------------------------------------------------------
+# Command line (`python -m level2_distributed.train`): the `sera train` options at level 2.
+# ----------------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    from sera.cli import app
+
+    app(["train", "--level", "2", *(sys.argv[1:] if argv is None else argv)], standalone_mode=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ import asyncio
 import functools
 import inspect
 import os
+import shutil
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,18 @@ from rich.console import Console
 
 from common.config import Given, dataclass_command, field_docs
 
+# Help layout: rich panels on a wide terminal; on a narrow one (< 100 columns) rich's option table cuts long
+# option names ("--rollouts-per-t…"), so help falls back to click's plain layout, which wraps the text
+# instead and always prints every option name whole.
+HELP_MARKUP = "rich" if shutil.get_terminal_size().columns >= 100 else None
 app = typer.Typer(
     help="SERA: recursive agents that write, freeze and learn rubrics.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=HELP_MARKUP,
 )
-data_app = typer.Typer(help="Generate task files.", no_args_is_help=True)
+data_app = typer.Typer(help="Generate task files.", no_args_is_help=True, rich_markup_mode=HELP_MARKUP)
 app.add_typer(data_app, name="data")
 console = Console()
 err = Console(stderr=True)
@@ -71,19 +77,43 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except (TaskFileError, FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError) as e:
-            err.print(f"[red]error:[/red] {e}", highlight=False)
+            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)  # one line, unwrapped
             raise typer.Exit(2) from None
 
     return wrapper
 
 
-def check_out_file(path: Path) -> Path:
-    """An output file path must not be a directory, and its parent must not be a file."""
+def _check_parents(path: Path, flag: str) -> None:
+    """No existing ancestor of ``path`` may be a file (else creating it fails with a raw OSError)."""
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"{flag} {path}: {parent} is a file, not a directory")
+            return
+
+
+def check_out_file(path: Path, flag: str = "--out") -> Path:
+    """An output file path must not be a directory, and no ancestor of it may be a file."""
     if path.is_dir():
-        raise IsADirectoryError(f"--out {path} is a directory; give a file name")
-    if path.parent.exists() and not path.parent.is_dir():
-        raise NotADirectoryError(f"--out {path}: {path.parent} is a file, not a directory")
+        raise IsADirectoryError(f"{flag} {path} is a directory; give a file name")
+    _check_parents(path, flag)
     return path
+
+
+def check_out_dir(path: Path, flag: str = "--out") -> Path:
+    """An output directory must not be a file, and no ancestor of it may be a file."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{flag} {path} is a file; give a directory")
+    _check_parents(path, flag)
+    return path
+
+
+def check_model_spec(policy: str) -> None:
+    """An ``hf:MODEL`` policy must name a model on this machine; checked before anything heavy loads."""
+    if policy.startswith("hf:") and policy[3:]:
+        from common.policy.models import check_model_name
+
+        check_model_name(policy[3:])
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -203,28 +233,33 @@ def view(
 
     if not log.exists():
         raise FileNotFoundError(f"{log} does not exist")
+    if html is not None:
+        check_out_file(html, "--html")
     trees = _eval_trees(log) if log.is_dir() else read_trees(log)
     for t in trees[-last:]:
         render_tree_terminal(t, console)
     if html is not None:
         write_html(trees, check_out_file(html))
-        console.print(f"wrote {html} ({len(trees)} trees)")
+        console.print(f"wrote {html} ({len(trees)} trees)", soft_wrap=True)
 
 
 def _eval_trees(directory: Path) -> list[Any]:
     """The trees of an eval directory (``results/NNNNN.json``), in task order."""
     import json
 
-    from common.agent.tree import Tree
+    from common.agent.log import read_trees
 
     files = sorted((directory / "results").glob("*.json"))
     if not files:
         raise FileNotFoundError(f"{directory} holds no results/*.json (is it a `sera eval` directory?)")
     trees = []
     for f in files:
-        rec = json.loads(f.read_text())
-        if rec.get("tree"):
-            trees.append(Tree.from_dict(rec["tree"]))
+        try:
+            errored = not json.loads(f.read_text()).get("tree")
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{f}:{e.lineno}: invalid JSON: {e.msg}") from None
+        if not errored:  # a task that errored has no tree to draw
+            trees.extend(read_trees(f))
     return trees
 
 
@@ -234,6 +269,7 @@ def _eval_trees(directory: Path) -> list[Any]:
 eval_app = typer.Typer(
     help="Evaluate a policy with the paper's protocol (SPEC.md §5); `sera eval compare A B`.",
     invoke_without_command=True,
+    rich_markup_mode=HELP_MARKUP,
 )
 app.add_typer(eval_app, name="eval")
 
@@ -241,11 +277,12 @@ app.add_typer(eval_app, name="eval")
 def _eval(cfg, given: Given) -> None:
     from common.eval import ManifestMismatch, evaluate, render_markdown
 
-    out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out} is a file; give a directory")
+    out = check_out_dir(Path(cfg.out))
     if not Path(cfg.tasks).exists():
         raise FileNotFoundError(f"task file {cfg.tasks} does not exist")
+    if Path(cfg.tasks).is_dir():
+        raise IsADirectoryError(f"--tasks {cfg.tasks} is a directory; give a task file (JSONL)")
+    check_model_spec(cfg.policy)
     try:
         report = asyncio.run(evaluate(cfg))
     except ManifestMismatch as e:
@@ -299,6 +336,7 @@ def setup(model: str = typer.Option("smollm2", help="Model alias or path to prep
 # sera train
 # ------------------------------------------------------------------------------------------------------
 TIER_PANEL = "Level 1 (--level 1 only)"
+TIER2_PANEL = "Level 2 (--level 2 only)"
 
 
 def _train(
@@ -311,11 +349,15 @@ def _train(
     from common.config import build_config, flatten
     from common.train_config import TrainConfig, paper_profile
     from level1_batched.config import Level1Config
+    from level2_distributed.config import Level2Config
 
-    if level not in (0, 1):
-        raise ValueError(
-            f"--level {level} is not available; levels 0 and 1 are (level 2: see level2_distributed/)"
-        )
+    if level not in (0, 1, 2):
+        raise ValueError(f"--level {level} is not available; levels 0, 1 and 2 are")
+    l2_names = {f.name for f in fields(Level2Config)}
+    stray2 = sorted(k for k in given if k in l2_names and level != 2)
+    if stray2:
+        names = ", ".join("--" + k.replace("_", "-") for k in stray2)
+        raise ValueError(f"{names} only apply to --level 2 (you asked for --level {level})")
     l1_names = {f.name for f in fields(Level1Config)}
     stray = sorted(k for k in given if k in l1_names and level != 1)
     if stray:
@@ -326,29 +368,40 @@ def _train(
         cfg = build_config(TrainConfig, TrainConfig.make(**paper_profile(cfg.env)), **typed)
     if "out" not in given and level == 1:
         cfg = TrainConfig.make(cfg, out="runs/level1")
+    if "out" not in given and level == 2:
+        cfg = TrainConfig.make(cfg, out="runs/level2")
     l1 = Level1Config(**{k: tier_opts[k] for k in l1_names})
+    l2 = Level2Config(**{k: tier_opts[k] for k in l2_names})
     if print_config:
         console.print_json(
-            json.dumps({"level": level, **asdict(cfg), **({"level1": asdict(l1)} if level else {})})
+            json.dumps({"level": level, **asdict(cfg), **({"level1": asdict(l1)} if level == 1 else {}),
+                        **({"level2": asdict(l2)} if level == 2 else {})})
         )
         return
     if cfg.tasks and not Path(cfg.tasks).exists():
         raise FileNotFoundError(f"--tasks {cfg.tasks} does not exist")
+    check_model_spec(f"hf:{cfg.model}")  # an unknown --model fails here, before torch loads
     if level == 0:
         from level0_single_process.train import train
 
         train(cfg)
-    else:
+    elif level == 1:
         from level1_batched.train import train as train_level1
 
         train_level1(cfg, l1)
+    else:
+        from level2_distributed.train import train as train_level2
+
+        train_level2(cfg, l2)
 
 
 def _register_train() -> None:
     from common.train_config import TrainConfig
     from level1_batched.config import Level1Config
+    from level2_distributed.config import Level2Config
 
     docs = field_docs(Level1Config)
+    docs2 = field_docs(Level2Config)
     extra = [
         inspect.Parameter(
             "level",
@@ -357,7 +410,8 @@ def _register_train() -> None:
             default=typer.Option(
                 0,
                 help="Tier: 0 = one readable process (level0_single_process); 1 = batched rollouts, packed "
-                "micro-batches, data parallel under torchrun (level1_batched).",
+                "micro-batches, data parallel under torchrun (level1_batched); 2 = Ray: inference servers + FSDP2 "
+                "trainer ranks (level2_distributed).",
             ),
         ),
         inspect.Parameter(
@@ -385,6 +439,15 @@ def _register_train() -> None:
             )
             for f in fields(Level1Config)
         ],
+        *[
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                annotation=type(f.default),
+                default=typer.Option(f.default, help=docs2.get(f.name, ""), rich_help_panel=TIER2_PANEL),
+            )
+            for f in fields(Level2Config)
+        ],
     ]
     cmd = friendly(dataclass_command(TrainConfig, _train, extra=extra))
     cmd.__doc__ = "Train a policy with SERA (or an ablation preset); resumable with --resume."
@@ -393,6 +456,26 @@ def _register_train() -> None:
 
 _register_train()
 
+
+
+# ------------------------------------------------------------------------------------------------------
+# sera sft
+# ------------------------------------------------------------------------------------------------------
+def _sft(cfg, given: Given) -> None:
+    if cfg.tasks and not Path(cfg.tasks).exists():
+        raise FileNotFoundError(f"--tasks {cfg.tasks} does not exist")
+    from level0_single_process.sft import sft
+
+    sft(cfg)
+
+
+def _register_sft() -> None:
+    from common.sft.config import SFTConfig
+
+    app.command("sft", help=SFTConfig.__doc__)(friendly(dataclass_command(SFTConfig, _sft)))
+
+
+_register_sft()
 
 if __name__ == "__main__":
     app()

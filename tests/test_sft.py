@@ -1,0 +1,135 @@
+"""Tests of the supervised warm start (``common/sft``, ``level0_single_process/sft.py``): token-exact
+examples (the ids an HFPolicy would send), loss only on the assistant's tokens, deterministic batches,
+resume, and a model directory that loads back. Tiny model, seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from common.policy.base import GenerationRequest, SamplingParams
+from common.policy.hf import HFPolicy
+from common.policy.models import load_model
+from common.sft.config import SFTConfig
+from common.sft.data import NOISE, TEACHER, batch_at, oracle_trees, reply_ids, tree_examples
+from common.train_config import laptop_rollout
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def trees(tiny):
+    from common.run.data import task_pool
+
+    _, tok = tiny
+    pool = task_pool("textcraft", None, 2, 0, "easy")
+    return oracle_trees("textcraft", pool, tok, 8192, laptop_rollout(), seed=0, child_noise=0.5)
+
+
+def test_examples_are_the_ids_hfpolicy_would_send(tiny, trees):
+    model, tok = tiny
+    hf = HFPolicy(model, tok, max_batch_size=1)
+    checked = set()
+    for tree in trees:
+        for node in tree.nodes.values():
+            calls = [s.call for s in node.steps] + [c for c in (node.rubric_call, node.score_call) if c]
+            for call in calls:
+                sp = SamplingParams(**{**call.sampling, "stop": tuple(call.sampling["stop"])})
+                req = GenerationRequest(messages=call.messages, sampling=sp, role=call.role)
+                row = hf._make_row(0, req)  # HFPolicy's own prompt building
+                assert call.prompt_ids == row.prompt_ids
+                # the reply: the text's tokens (+ EOS unless it ends in a stop string)
+                assert tok.decode(call.output_ids, skip_special_tokens=True) == call.text
+                ends_in_stop = any(call.text.endswith(s) for s in sp.stop)
+                assert (call.output_ids[-1] == tok.eos_token_id) != ends_in_stop
+                checked.add(call.role)
+    assert checked == {"act", "rubric", "score"}
+    # the assistant turn is opened by the prompt, so prompt + reply is the chat template of the full chat
+    call = trees[0].nodes[trees[0].root_id].steps[0].call
+    text = tok.apply_chat_template(
+        call.messages + [{"role": "assistant", "content": call.text}], tokenize=False
+    )
+    assert tok.decode(call.prompt_ids + call.output_ids) in text
+
+
+def test_noise_steps_are_never_examples_and_failures_are_scored(trees):
+    finishes = [s.call.finish_reason for t in trees for n in t.nodes.values() for s in n.steps]
+    assert NOISE in finishes and TEACHER in finishes
+    ex = [e for t in trees for e in tree_examples(t)]
+    noise_prompts = {
+        tuple(s.call.prompt_ids)
+        for t in trees
+        for n in t.nodes.values()
+        for s in n.steps
+        if s.call.finish_reason == NOISE
+    }
+    assert not any(tuple(e.prompt_ids) in noise_prompts and e.role == "act" for e in ex)
+    scored = [n for t in trees for n in t.nodes.values() if n.score_call is not None]
+    # every score reply states the child's real outcome
+    for n in scored:
+        assert json.loads(n.score_call.text)["success"] == bool(n.success)
+    assert {e.role for e in ex} == {"act", "rubric", "score"}
+    assert [e.role for e in tree_examples(trees[0], roles=("score",))] == ["score"] * len(
+        [n for n in trees[0].nodes.values() if n.score_call is not None]
+    )
+
+
+def test_loss_only_on_assistant_tokens(tiny, trees):
+    """Changing a prompt token's target never matters; the gradient depends on reply tokens only."""
+    from level0_single_process.sft import example_loss
+
+    model, _ = tiny
+    e = tree_examples(trees[0])[0]
+    assert e.loss_mask == [0] * len(e.prompt_ids) + [1] * len(e.output_ids)
+    nll, T, _ = example_loss(model, e)
+    assert T == len(e.output_ids)
+    ids = torch.tensor([e.input_ids])
+    logp = torch.log_softmax(model(input_ids=ids).logits.float(), -1)[0]  # [P+T, V]
+    P = len(e.prompt_ids)
+    ref = -sum(logp[P - 1 + t, e.output_ids[t]] for t in range(T))
+    assert torch.allclose(nll, ref, atol=1e-3, rtol=1e-4)
+
+
+def test_reply_ids_eos_rule(tiny):
+    _, tok = tiny
+    assert reply_ids(tok, "<python>x</python>", ("</python>",), 7)[-1] != 7
+    assert reply_ids(tok, "hello", (), 7)[-1] == 7
+
+
+def test_batches_are_deterministic_epochs():
+    a = [batch_at(10, 4, s, seed=1) for s in range(5)]
+    assert a == [batch_at(10, 4, s, seed=1) for s in range(5)]
+    flat = [i for b in a for i in b]
+    assert sorted(flat[:10]) == list(range(10))  # one epoch = a permutation
+    assert flat[:10] != list(range(10))
+    assert a != [batch_at(10, 4, s, seed=2) for s in range(5)]
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="--roles"):
+        SFTConfig(roles="act,judge")
+    with pytest.raises(ValueError, match="--child-noise"):
+        SFTConfig(child_noise=2.0)
+
+
+def test_resume_equals_one_run_and_model_dir_loads(tmp_path):
+    from level0_single_process.sft import sft
+
+    kw = dict(model="tiny", n_tasks=1, batch_size=2, save_every=1, roles="score,rubric", lr=1e-3)
+    full = sft(SFTConfig.make(steps=3, out=str(tmp_path / "a"), **kw), progress=False)
+    sft(SFTConfig.make(steps=2, out=str(tmp_path / "b"), **kw), progress=False)
+    rest = sft(SFTConfig.make(steps=3, out=str(tmp_path / "b"), resume=True, **kw), progress=False)
+    assert [m["loss/sft"] for m in rest] == pytest.approx([full[-1]["loss/sft"]], rel=1e-5)
+    lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [0, 1, 2]
+    model, tok = load_model(str(tmp_path / "a" / "model"))
+    assert tok.chat_template and model.config.num_hidden_layers == 2
+    policy = HFPolicy(str(tmp_path / "a" / "model"), dtype="float32")
+    req = GenerationRequest([{"role": "user", "content": "hi"}], SamplingParams(4, temperature=0))
+    assert len(asyncio.run(policy.generate(req)).output_ids) >= 1

@@ -78,13 +78,22 @@ def _is_single_json(text: str) -> bool:
     return True
 
 
+def file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` would give a new file: 0o666 minus the umask (0o644 under the
+    usual umask 022). ``tempfile.mkstemp`` creates 0o600 files, so atomic writers chmod to this."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> int:
-    """Write records atomically (temp file + rename); returns the count written."""
+    """Write records atomically (temp file + rename, mode as for a plain write); returns the count."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for r in records:
                 f.write(json.dumps(r, sort_keys=False) + "\n")
@@ -103,7 +112,7 @@ def append_jsonl(path: str | os.PathLike, record: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (json.dumps(record) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # minus the umask, as open() does
     try:
         os.write(fd, data)
         os.fsync(fd)

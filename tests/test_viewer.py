@@ -203,12 +203,17 @@ def test_write_html_structure_and_escaping(tmp_path):
     tree_links = [a for t, a in tags if t == "a" and "data-tree" in a]
     assert [a["data-tree"] for a in tree_links] == ["t0", "t1"]
     sections = [a for t, a in tags if t == "section"]
-    assert [s["id"] for s in sections] == ["t0", "t1"]
+    assert [s["data-key"] for s in sections] == ["t0", "t1"]
     buttons = [a["data-node"] for t, a in tags if t == "button"]
     assert buttons == ["t0-n0", "t0-n1", "t0-n3", "t0-n2", "t1-n0", "t1-n1", "t1-n3", "t1-n2"]
-    details = [a["id"] for t, a in tags if t == "div" and "node-detail" in a.get("class", "")]
+    details = [a["data-key"] for t, a in tags if t == "div" and "node-detail" in a.get("class", "")]
     assert sorted(details) == sorted(buttons)
     assert all(bid in details for bid in buttons)
+    # The page opens at the top: no element id equals a fragment the page links to or writes (#t0,
+    # #t1-n2), so the browser has nothing to scroll down to; each element's id is "v-" + its key.
+    ids = {a["id"] for t, a in tags if "id" in a}
+    assert not ids & {*buttons, "t0", "t1"}
+    assert {"v-" + k for k in [*buttons, "t0", "t1"]} <= ids
     text = "".join(p.text)
     for needle in (
         "crafted a1_i4",
@@ -272,6 +277,49 @@ def test_html_screenshot_with_headless_chromium(tmp_path):
     ).stdout
     p = _Collector()
     p.feed(dom)
-    hidden = {a.get("id"): "hidden" in a for t, a in p.tags if t in ("section", "div") and a.get("id")}
+    hidden = {
+        a["data-key"]: "hidden" in a for t, a in p.tags if t in ("section", "div") and a.get("data-key")
+    }
     assert hidden["t1"] is False and hidden["t0"] is True
     assert hidden["t1-n1"] is False and hidden["t1-n0"] is True and hidden["t1-n2"] is True
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_html_opens_scrolled_to_the_top_in_headless_chromium(tmp_path):
+    """Opened with a node's fragment (#t1-n2, as a shared link or a reload does) in a short window, the page
+    still shows its header and the tree summary: the browser's scroll position after load is 0."""
+    trees = [make_tree() for _ in range(3)]
+    page = render_html(trees).replace(
+        "</body>",
+        "<script>window.addEventListener('load', function(){ setTimeout(function(){"
+        " document.body.dataset.scrolly = String(window.scrollY); }, 200); });</script></body>",
+    )
+    path = tmp_path / "view.html"
+    path.write_text(page, encoding="utf-8")
+    dom = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=900,300",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+            path.resolve().as_uri() + "#t1-n2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    p = _Collector()
+    p.feed(dom)
+    body = next((a for t, a in p.tags if t == "body"), {})
+    if "data-scrolly" not in body:
+        pytest.skip("this chromium dumped the DOM before the load handler ran")
+    assert body["data-scrolly"] == "0"
+    hidden = {a["data-key"]: "hidden" in a for t, a in p.tags if a.get("data-key")}
+    assert hidden["t1"] is False and hidden["t1-n2"] is False

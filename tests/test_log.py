@@ -131,3 +131,24 @@ def test_log_survives_sigkill_mid_write(tmp_path):
     trees = read_trees(path)
     assert len(trees) == data.count(b"\n") >= 9
     assert all(t.root.goal == "root goal" for t in trees)
+
+
+def test_one_json_document_eval_result_or_tree(tmp_path):
+    """`sera view results/00001.json`: an eval result file yields its tree (not a "torn final line")."""
+    tree = make_tree("r1")
+    result = tmp_path / "00001.json"
+    result.write_text(json.dumps({"index": 1, "task_id": "r1", "success": False, "tree": tree.to_dict()}))
+    assert [t.task_id for t in read_trees(result)] == ["r1"]
+    bare = tmp_path / "tree.json"
+    bare.write_text(json.dumps(tree.to_dict(), indent=1))  # pretty-printed over many lines
+    assert [t.task_id for t in read_trees(bare)] == ["r1"]
+    errored = tmp_path / "00002.json"
+    errored.write_text(json.dumps({"index": 2, "task_id": "r2", "error": "RuntimeError: boom"}))
+    with pytest.raises(TreeLogError, match=r"00002.json:1: .*no tree.*RuntimeError: boom"):
+        read_trees(errored)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"env": "textcraft", "per_tier": {}}))
+    with pytest.raises(TreeLogError, match="neither a tree nor"):
+        read_trees(report)
+    with pytest.raises(IsADirectoryError):
+        read_trees(tmp_path)

@@ -91,7 +91,23 @@ class HFServer:
         return {"max_context_tokens": self.engine.max_context_tokens, "version": self.version}
 
     def update_weights(self, weights: Any, version: int) -> float:
-        return self.engine.update_weights(weights, version=version)
+        """Load ``(name, tensor)`` pairs (HF names) in memory and take ``version``. Returns seconds."""
+        import torch
+
+        t0 = time.perf_counter()
+        pairs = list(weights.items()) if isinstance(weights, dict) else list(weights)
+        if hasattr(self.engine, "update_weights"):  # the Engine interface (vLLM; HFPolicy where it has it)
+            self.engine.update_weights(pairs, version=version)
+        else:  # a plain HFPolicy: copy into its model
+            own = {**dict(self.engine.model.named_parameters()), **dict(self.engine.model.named_buffers())}
+            unknown = [n for n, _ in pairs if n not in own]
+            if unknown:
+                raise KeyError(f"update_weights: the model has no tensors named {unknown[:3]}")
+            with torch.no_grad():
+                for name, tensor in pairs:
+                    own[name].copy_(tensor)
+        self.version = version
+        return time.perf_counter() - t0
 
     def join_sync_group(self, host: str, port: int, rank: int, size: int) -> bool:
         from level2_distributed.sync import make_sync_group
@@ -104,19 +120,16 @@ class HFServer:
         from level2_distributed.sync import receive_tensors
 
         t0 = time.perf_counter()
-        pairs = list(receive_tensors(self.group, specs, self.device, dtype))
-        self.engine.update_weights(pairs, version=version)
-        self.version = version
+        self.update_weights(list(receive_tensors(self.group, specs, self.device, dtype)), version)
         return time.perf_counter() - t0
 
     def load_from_disk(self, path: str, version: int) -> float:
         from safetensors.torch import load_file
 
         t0 = time.perf_counter()
-        self.engine.update_weights(
+        self.update_weights(
             load_file(os.path.join(path, "model.safetensors"), device=str(self.device)), version
         )
-        self.version = version
         return time.perf_counter() - t0
 
 

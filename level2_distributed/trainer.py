@@ -16,9 +16,10 @@ knows nothing about it):
 The loss is level 1's packed loss (``level1_batched/packing.py``), unchanged. The driver packs the step's
 datums into micro-batches once and deals them out so that every rank runs the SAME number of micro-batches
 (an FSDP2 forward is a collective: a rank with fewer would leave the others waiting in an all-gather); a
-rank short of work runs a zero-weight dummy micro-batch. Every micro-batch divides by the step's GLOBAL
-trained-token count, and FSDP's reduce-scatter sums the ranks' gradients, so the result is level 0's
-token-mean gradient (tests/test_level2.py checks it against the recorded fixture at world size 1 and 2).
+rank short of work runs a zero-weight dummy micro-batch. FSDP's reduce-scatter AVERAGES the ranks'
+gradients (the usual data-parallel convention; summing instead needs ReduceOp.PREMUL_SUM, which gloo lacks),
+so every micro-batch divides by the step's GLOBAL trained-token count / world: the average of the ranks'
+gradients is then the sum of the global token-mean's parts, i.e. level 0's gradient (tests/test_level2.py checks it against the recorded fixture at world size 1 and 2).
 
 On CPU the group is gloo (``fully_shard`` runs on CPU tensors with gloo in torch 2.13: checked by the
 tests); on GPUs it is NCCL. Not used directly: ``level2_distributed/train.py`` starts the actors.
@@ -154,8 +155,10 @@ class TrainerRank:
             if not datums:
                 datums, weights = [dummy_datum()], [0.0]
             self.model.set_requires_gradient_sync(i == len(micro) - 1)  # reduce-scatter once, at the end
-            m = accumulate_gradients_packed(self.model, datums, weights, 10**9, num_tokens=n_tokens)
-            total += m["loss/cispo"]
+            m = accumulate_gradients_packed(
+                self.model, datums, weights, 10**9, num_tokens=n_tokens / self.world
+            )
+            total += m["loss/cispo"] / self.world  # exact: a power-of-two world only rescales the exponent
             clipped += m["loss/clip_frac"] * n_tokens
             packed += m["train/packed_tokens"] if datums[0].stage != "dummy" else 0.0
         self._maybe_fail(round)
@@ -184,7 +187,7 @@ class TrainerRank:
             if not datums:
                 datums, weights = [dummy_datum()], [0.0]
             self.model.set_requires_gradient_sync(i == len(micro) - 1)
-            accumulate_gradients_packed(self.model, datums, weights, 10**9, num_tokens=n_tokens)
+            accumulate_gradients_packed(self.model, datums, weights, 10**9, num_tokens=n_tokens / self.world)
         out = {
             n: _full(p.grad).detach().cpu().clone()
             for n, p in self.model.named_parameters()
@@ -266,6 +269,25 @@ class TrainerRank:
     def load_latest(self, out: str, config: dict[str, Any]) -> dict[str, int] | None:
         state = DCPCheckpointer(Path(out)).load_latest(self.model, self.optimizer, config)
         return None if state is None else asdict(state)
+
+    def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        """log pi_theta of ``output_ids`` after ``prompt_ids`` under the trainer's current weights (every rank
+        must call it: the forward all-gathers the shards). The sync test compares it with the server's."""
+        from level1_batched.packing import packed_logprobs
+
+        d = Datum(
+            list(prompt_ids),
+            list(output_ids),
+            [0.0] * len(output_ids),
+            [1] * len(output_ids),
+            0.0,
+            0,
+            0,
+            True,
+            "x",
+        )
+        with torch.no_grad():
+            return packed_logprobs(self.model, [d])[0].float().cpu().tolist()
 
     def ping(self) -> int:
         return self.rank

@@ -283,10 +283,12 @@ def load_model(
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype if torch_dtype else "auto")
-    except OSError as exc:
-        raise ModelNotAvailableError(
-            f"could not load model {name_or_path!r} from local files ({exc}). Nothing is downloaded at run "
-            "time: put the weights in the HF cache or pass a local directory."
+    except (OSError, ValueError) as exc:  # e.g. a directory with a config.json but no weights/tokenizer
+        why = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+        why = why if len(why) <= 400 else why[:399] + "…"
+        raise ModelNotFoundError(
+            f"could not load model {name_or_path!r} from local files ({why}). Nothing is downloaded at "
+            "run time: put the weights in the HF cache or pass a local model directory."
         ) from exc
     ensure_chat_template(tokenizer)
     if model.generation_config.pad_token_id is None:

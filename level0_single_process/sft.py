@@ -150,7 +150,8 @@ def sft(cfg: SFTConfig, progress: bool = True) -> list[dict[str, Any]]:
     out = Path(cfg.out)
     prepare_out(out, cfg.resume)
     seed_everything(cfg.seed)
-    model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=device, seed=cfg.seed)
     max_context = int(getattr(model.config, "max_position_embeddings", None) or 8192)  # as HFPolicy
     t0 = time.perf_counter()
     examples = build_examples(cfg, tokenizer, max_context, out)
@@ -203,3 +204,21 @@ if __name__ == "__main__":
     from sera.cli import app
 
     app(["sft", *sys.argv[1:]])
+
+
+def export_checkpoint(run_dir: str | Path, base_model: str, out_dir: str | Path) -> Path:
+    """The last checkpoint of a training run (``sera train``/``sera sft``, ``checkpoints/step_*/state.pt``)
+    as an HF model directory, so ``sera eval --policy hf:OUT_DIR`` can evaluate it.
+
+        python -c "from level0_single_process.sft import export_checkpoint as e; e('runs/rl', 'runs/sft/model', 'runs/rl/model')"
+    """
+    from common.policy.models import load_model
+
+    ckpts = sorted(Path(run_dir, "checkpoints").glob("step_*"))
+    if not ckpts:
+        raise FileNotFoundError(f"{run_dir}/checkpoints holds no step_* checkpoint")
+    model, tokenizer = load_model(base_model, dtype="float32")
+    state = torch.load(ckpts[-1] / "state.pt", weights_only=False, map_location="cpu")
+    model.load_state_dict(state["model"])
+    save_model_dir(model, tokenizer, Path(out_dir))
+    return Path(out_dir)

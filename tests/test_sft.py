@@ -28,7 +28,7 @@ def trees(tiny):
     from common.run.data import task_pool
 
     _, tok = tiny
-    pool = task_pool("textcraft", None, 2, 0, "easy")
+    pool = task_pool("textcraft", None, 1, 0, "easy")
     return oracle_trees("textcraft", pool, tok, 8192, laptop_rollout(), seed=0, child_noise=0.5)
 
 
@@ -121,13 +121,14 @@ def test_config_rejects_bad_values():
 def test_resume_equals_one_run_and_model_dir_loads(tmp_path):
     from level0_single_process.sft import sft
 
-    kw = dict(model="tiny", n_tasks=1, batch_size=2, save_every=1, roles="score,rubric", lr=1e-3)
-    full = sft(SFTConfig.make(steps=3, out=str(tmp_path / "a"), **kw), progress=False)
-    sft(SFTConfig.make(steps=2, out=str(tmp_path / "b"), **kw), progress=False)
-    rest = sft(SFTConfig.make(steps=3, out=str(tmp_path / "b"), resume=True, **kw), progress=False)
+    kw = dict(env="textworld", model="tiny", n_tasks=1, batch_size=1, save_every=1, roles="act", lr=1e-3)
+    kw.update(max_steps=2, child_noise=0.0)
+    full = sft(SFTConfig.make(steps=2, out=str(tmp_path / "a"), **kw), progress=False)
+    sft(SFTConfig.make(steps=1, out=str(tmp_path / "b"), **kw), progress=False)
+    rest = sft(SFTConfig.make(steps=2, out=str(tmp_path / "b"), resume=True, **kw), progress=False)
     assert [m["loss/sft"] for m in rest] == pytest.approx([full[-1]["loss/sft"]], rel=1e-5)
     lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["step"] for x in lines] == [0, 1, 2]
+    assert [json.loads(x)["step"] for x in lines] == [0, 1]
     model, tok = load_model(str(tmp_path / "a" / "model"))
     assert tok.chat_template and model.config.num_hidden_layers == 2
     policy = HFPolicy(str(tmp_path / "a" / "model"), dtype="float32")

@@ -1,0 +1,103 @@
+# %% [markdown]
+# # Tutorial 9 — a supervised warm start, measured (the CPU-sized version)
+#
+# A small model almost never solves a task, so every RL group has the same outcome and SERA has no
+# signal. `sera sft` fixes the starting point: the environment's oracle writes whole recursive trees
+# (agent steps, delegations, rubrics, scores), the REAL runtime records every call with the exact token
+# ids an `HFPolicy` would send, and the model is trained on the replies only (`common/sft/data.py`,
+# `level0_single_process/sft.py`).
+#
+# What fits on a 2-core CPU in a few minutes is NOT SmolLM2: one SmolLM2 forward+backward on a ~1,000-token
+# example costs ~15-20 s on 2 idle cores (measured: 571 s for 4 examples on this shared, 6x
+# oversubscribed machine), so even 20 SFT steps take ~25 min. This tutorial therefore uses the random-init
+# `tiny` model and the shortest role, **scoring** (a ~50-token JSON verdict after a ~900-token prompt), and
+# measures what SFT moves: the share of held-out score replies that parse, and how many state the child's
+# true outcome. The SmolLM2 / GPU version is `bash bench/learning_h200.sh` (see `bench/RESULTS.md`).
+#
+#     python tutorials/09_learning_demo.py         # ~2-4 min on 2 cores
+
+# %%
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from common.agent.rubric import ScoreParseError, parse_score
+from common.envs.textcraft.tasks import generate_tasks
+from common.policy.base import GenerationRequest, SamplingParams
+from common.policy.hf import HFPolicy
+from common.policy.models import load_tokenizer
+from common.sft.config import SFTConfig
+from common.sft.data import oracle_trees
+from common.train_config import laptop_rollout
+from level0_single_process.sft import sft
+
+torch.set_num_threads(1)  # on a busy 2-core machine one thread is faster than two fighting for cores
+t_start = time.perf_counter()
+
+# %% [markdown]
+# ## 1. Held-out score prompts
+# The paper's item split: training tasks come from the `train` split, these come from `val` (other target
+# items), so the model never trains on them. Each delegation in an oracle tree yields one score call; half
+# of the children's steps are random (`child_noise=0.5`) so some children fail and the truthful verdict is
+# sometimes `false`.
+
+# %%
+tok = load_tokenizer("smollm2")
+val_tasks = generate_tasks(split="val", n=4, seed=1, difficulty="easy")
+val_trees = oracle_trees("textcraft", val_tasks, tok, 8192, laptop_rollout(), seed=1, child_noise=0.5)
+held_out = [
+    (n.score_call, bool(n.success)) for t in val_trees for n in t.nodes.values() if n.score_call is not None
+]
+print(f"{len(held_out)} held-out score prompts, {sum(not s for _, s in held_out)} with a failed child")
+
+
+def score_quality(model_dir_or_name: str) -> tuple[float, float]:
+    """(share of replies that parse as a score, share whose success equals the child's real outcome)."""
+    policy = HFPolicy(model_dir_or_name, dtype="float32", max_batch_size=8)
+    reqs = [
+        GenerationRequest(c.messages, SamplingParams(64, temperature=0.0), role="score") for c, _ in held_out
+    ]
+    comps = policy.generate_batch(reqs)
+    parsed = right = 0
+    for comp, (_, success) in zip(comps, held_out, strict=True):
+        try:
+            score = parse_score(comp.text)
+        except ScoreParseError:
+            continue
+        parsed += 1
+        right += int(score.success == success)
+    return parsed / len(held_out), right / len(held_out)
+
+
+# %% [markdown]
+# ## 2. Before: the random-init model writes gibberish
+
+# %%
+before = score_quality("tiny")
+print(f"before SFT: parse rate {before[0]:.2f}, verdict right {before[1]:.2f}")
+
+# %% [markdown]
+# ## 3. SFT on oracle score calls (train split), loss on the reply tokens only
+
+# %%
+out = Path(tempfile.mkdtemp()) / "sft"
+cfg = SFTConfig.make(model="tiny", out=str(out), n_tasks=8, child_noise=0.5, roles="score",
+                     steps=40, batch_size=4, lr=3e-3, warmup=2, save_every=40)  # fmt: skip
+history = sft(cfg, progress=False)
+first, last = history[0]["loss/sft"], history[-1]["loss/sft"]
+print(f"SFT loss {first:.2f} -> {last:.2f}; token accuracy "
+      f"{history[0]['sft/token_acc']:.2f} -> {history[-1]['sft/token_acc']:.2f}")  # fmt: skip
+
+# %% [markdown]
+# ## 4. After: the same held-out prompts, greedy
+
+# %%
+after = score_quality(str(out / "model"))
+print(f"after SFT:  parse rate {after[0]:.2f}, verdict right {after[1]:.2f}")
+print(f"wall time {time.perf_counter() - t_start:.0f} s; curves in {out}/curves.png")
+
+# %%
+assert last < 0.5 * first, (first, last)
+assert after[0] > before[0], (before, after)

@@ -87,7 +87,8 @@ class DCPCheckpointer:
         if path is None:
             return None
         meta = json.loads((path / "run.json").read_text())
-        saved, now = _comparable(meta["config"]), _comparable(config)
+        saved = _comparable(meta["config"])
+        now = _comparable(json.loads(json.dumps(config)))  # as stored: tuples read back as lists
         if saved != now:
             diff = {
                 k: (saved.get(k), now.get(k))

@@ -49,6 +49,18 @@ def receive_tensors(group, specs: list[tuple[str, list[int], str]], device: torc
         yield name, buf
 
 
+def get_all(refs: list[Any]) -> list[Any]:
+    """``ray.get(refs)``, but an actor's failure raises at once: when one FSDP rank dies, the others block in
+    a collective forever, and a plain ``ray.get`` would wait for them first."""
+    import ray
+
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ray.get(done)  # raises RayActorError if that actor died
+    return ray.get(refs)
+
+
 def free_port() -> int:
     import socket
 
@@ -79,8 +91,8 @@ def sync_weights(
         specs = ray.get(trainers[0].weight_specs.remote())
         recv = [s.receive_broadcast.remote(specs, version, dtype) for s in servers]
         send = [t.broadcast_weights.remote(dtype) for t in trainers]
-        ray.get(send + recv)
+        get_all(send + recv)
     else:
-        ray.get([t.save_for_disk.remote(disk_path) for t in trainers])
-        ray.get([s.load_from_disk.remote(disk_path, version) for s in servers])
+        get_all([t.save_for_disk.remote(disk_path) for t in trainers])
+        get_all([s.load_from_disk.remote(disk_path, version) for s in servers])
     return {"time/sync_s": time.perf_counter() - t0, "sync/version": float(version)}

@@ -53,6 +53,7 @@ from common.run.setup import idle_hint, method_and_schedule
 from common.train_config import TrainConfig
 from level1_batched.packing import pack_microbatches
 from level2_distributed.config import Level2Config
+from level2_distributed.sync import get_all
 
 ROOT = Path(__file__).resolve().parents[1]
 PASS_ENV = ("SERA_L2_FAULT", "SERA_L2_THREADS", "HF_HOME", "SERA_CACHE")
@@ -179,7 +180,6 @@ class System:
 
     def train(self, datums: list[Any], weights: list[float], n_tokens: float, rnd: int) -> dict[str, float]:
         """One optimizer step over all ranks; loss shares summed, the (global) grad norm from rank 0."""
-        import ray
 
         lengths = [len(d.prompt_ids) + len(d.output_ids) for d in datums]
         dealt = deal_microbatches(lengths, self.l2.trainer_microbatch_tokens, len(self.trainers))
@@ -189,7 +189,7 @@ class System:
             )  # fmt: skip
             for t, mbs in zip(self.trainers, dealt, strict=True)
         ]
-        parts = ray.get(refs)
+        parts = get_all(refs)
         summed = {k: sum(p[k] for p in parts) for k in ("loss/cispo", "loss/clip_frac", "train/microbatches",
                                                          "train/packed_tokens")}  # fmt: skip
         return {
@@ -198,14 +198,12 @@ class System:
         }  # fmt: skip
 
     def save(self, state: RunState, out: Path) -> None:
-        import ray
 
-        ray.get([t.save.remote(asdict(state), str(out), asdict(self.cfg)) for t in self.trainers])
+        get_all([t.save.remote(asdict(state), str(out), asdict(self.cfg)) for t in self.trainers])
 
     def load(self, out: Path) -> RunState | None:
-        import ray
 
-        states = ray.get([t.load_latest.remote(str(out), asdict(self.cfg)) for t in self.trainers])
+        states = get_all([t.load_latest.remote(str(out), asdict(self.cfg)) for t in self.trainers])
         return None if states[0] is None else RunState(**states[0])
 
 

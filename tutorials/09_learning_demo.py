@@ -50,7 +50,9 @@ val_trees = oracle_trees("textcraft", val_tasks, tok, 8192, laptop_rollout(), se
 held_out = [
     (n.score_call, bool(n.success)) for t in val_trees for n in t.nodes.values() if n.score_call is not None
 ]
-print(f"{len(held_out)} held-out score prompts, {sum(not s for _, s in held_out)} with a failed child")
+n_fail = sum(not s for _, s in held_out)
+print(f"{len(held_out)} held-out score prompts, {n_fail} with a failed child "
+      f"(always answering success=true would be right on {1 - n_fail / len(held_out):.2f})")  # fmt: skip
 
 
 def score_quality(model_dir_or_name: str) -> tuple[float, float]:

@@ -36,9 +36,9 @@ class SFTConfig:
     trees_per_task: int = 1
     """Oracle trees per task (different rollout seeds, so different noisy children)."""
     child_noise: float = 0.25
-    """Probability that an agent step of a CHILD (depth >= 1) is written by the random policy instead of
-    the oracle, so some children fail and the scoring examples hold truthful failures too. Those random
-    steps are never trained on; the oracle's later steps react to them."""
+    """Probability that a CHILD agent (depth >= 1) is played by the random policy instead of the oracle,
+    so some children fail and the scoring examples hold truthful failures too. Those random steps are
+    never trained on; the parent's oracle steps react to the failed child."""
     roles: str = "act,rubric,score"
     """Which calls to train on (comma list of act | rubric | score)."""
     steps: int = 60

@@ -13,7 +13,8 @@ Every role is covered: agent steps (``act``: CodeAct cells / actions, delegation
 oracle delegates), rubrics written before a child runs (the oracle's 4-item rubric naming the delegated
 goal) and scores of children against their frozen rubric (success = the child's REAL outcome). So that
 scoring examples contain failures too, ``child_noise`` of the children's steps are written by the random
-policy (seeded); those steps are tagged ``noise`` and never become examples.
+policy (seeded per tree and agent: a noisy child is random at every step, so it usually fails); those steps
+are tagged ``noise`` and never become examples.
 
     trees = oracle_trees("textcraft", tasks, tokenizer, max_context_tokens=8192, rollout=RuntimeConfig())
     examples = [e for t in trees for e in tree_examples(t)]
@@ -83,12 +84,7 @@ class RecordingTeacher(Policy):
         tag, source = TEACHER, self.teacher
         depth = request.meta.get("depth", 0) or 0
         if request.role == "act" and depth >= 1 and self.noise is not None and self.child_noise > 0:
-            key = (
-                self.seed,
-                request.sampling.seed,
-                str(request.meta.get("node_id")),
-                request.meta.get("step"),
-            )
+            key = (self.seed, str(request.meta.get("node_id")))  # per agent: noisy at every step
             if _u01("noise", *key) < self.child_noise:
                 tag, source = NOISE, self.noise
         text = (await source.generate(request)).text
@@ -129,6 +125,7 @@ def oracle_trees(
     for i, task in enumerate(tasks):
         for r in range(trees_per_task):
             rcfg = stage_runtime_config(env_name, rollout, "execution", True, hash_seed(seed, i, r))
+            policy.seed = rcfg.seed  # which children are noisy differs from tree to tree
             trees.append(asyncio.run(run_root(task, env, policy, rcfg)))
     return trees
 

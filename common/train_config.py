@@ -21,7 +21,7 @@ from common.config import build_config
 
 Method = Literal["rao", "rao_d", "sera_wo_d_rt", "sera_wo_d", "sera"]
 EnvName = Literal["textcraft", "textworld"]
-Tier = Literal["easy", "medium", "hard", "extreme", "all"]
+Tier = Literal["easy", "medium", "hard", "extreme", "all", "paper"]
 
 ROLLOUT_OPTIONS = (
     "max_steps",
@@ -90,7 +90,8 @@ class TrainConfig:
     tasks: str | None = None
     """Task file; default: a generated pool (`n_tasks`, split train)."""
     difficulty: Tier = "easy"
-    """Tiers of the generated pool (the paper trains on all)."""
+    """Tiers of the generated pool; `paper` = the paper's training mix (TextCraft: the 852 medium tasks of
+    the paper's train split; TextWorld-Sync: its tier/family proportions)."""
     n_tasks: int = 64
     """Size of the generated task pool when no task file is given."""
     tasks_per_step: int = 1
@@ -155,8 +156,9 @@ class TrainConfig:
 
 
 def paper_profile(env: str) -> dict[str, Any]:
-    """The paper's sizes for ``env`` as flat settings (SPEC.md §4): 8 tasks x 8 rollouts, K=8, 20 steps
-    per agent, the environment's context and output caps, 1,024-token rubric/score calls, bf16."""
+    """The paper's sizes for ``env`` as flat settings (SPEC.md §4 and the public training configs): 8 tasks x
+    8 rollouts, K=8, 20 steps per agent, the environment's training prompt and output caps, 1,024-token
+    rubric/score calls, bf16, the paper's training task mix."""
     from common.envs import env_spec
 
     spec = env_spec(env)
@@ -170,6 +172,7 @@ def paper_profile(env: str) -> dict[str, Any]:
         "steps": spec.paper_steps,
         "rubric_max_new_tokens": 1024,
         "score_max_new_tokens": 1024,
-        "difficulty": "all",
+        "difficulty": "paper",
+        "n_tasks": 852 if env == "textcraft" else 1500,
         "dtype": "bfloat16",
     }

@@ -122,17 +122,29 @@ def check_model_spec(policy: str) -> None:
 @data_app.command("textcraft")
 @friendly
 def data_textcraft(
-    split: str = typer.Option("train", help="train or val (the split is by target item)."),
-    n: int = typer.Option(100, help="Number of tasks (balanced over easy/medium/hard/extreme)."),
-    seed: int = typer.Option(0, help="Task sampling seed."),
+    split: str = typer.Option("train", help="train or val (the paper's split is by target item)."),
+    n: int = typer.Option(100, help="Number of tasks (the first N of the split; ignored with --paper)."),
+    seed: int = typer.Option(0, help="0 = the paper's order; another seed shuffles the split."),
     difficulty: str = typer.Option(None, help="Only this tier: easy | medium | hard | extreme."),
+    paper: bool = typer.Option(False, help="The whole paper split: 2,522 train or 632 val tasks."),
+    hash_seed: int = typer.Option(
+        None,
+        help="With --paper: replay the public generator as run under this PYTHONHASHSEED (see FIDELITY).",
+    ),
     out: Path = typer.Option(..., help="Output JSONL file."),
 ) -> None:
-    """Generate TextCraft-Synth tasks (SERA-compatible JSONL records)."""
+    """Generate TextCraft-Synth tasks (SERA-compatible JSONL records) in the paper's recipe world."""
     from common.data import write_jsonl
-    from common.envs.textcraft.tasks import generate_tasks
 
-    tasks = generate_tasks(split=split, n=n, seed=seed, difficulty=difficulty)
+    if paper:
+        from common.envs.textcraft.paper import base_order_for_hash_seed, paper_tasks
+
+        order = None if hash_seed is None else base_order_for_hash_seed(hash_seed)
+        tasks = paper_tasks(split, base_order=order)  # type: ignore[arg-type]
+    else:
+        from common.envs.textcraft.tasks import generate_tasks
+
+        tasks = generate_tasks(split=split, n=n, seed=seed, difficulty=difficulty)
     console.print(f"wrote {write_jsonl(check_out_file(out), tasks)} TextCraft-Synth {split} tasks to {out}")
 
 
@@ -374,8 +386,14 @@ def _train(
     l2 = Level2Config(**{k: tier_opts[k] for k in l2_names})
     if print_config:
         console.print_json(
-            json.dumps({"level": level, **asdict(cfg), **({"level1": asdict(l1)} if level == 1 else {}),
-                        **({"level2": asdict(l2)} if level == 2 else {})})
+            json.dumps(
+                {
+                    "level": level,
+                    **asdict(cfg),
+                    **({"level1": asdict(l1)} if level == 1 else {}),
+                    **({"level2": asdict(l2)} if level == 2 else {}),
+                }
+            )
         )
         return
     if cfg.tasks and not Path(cfg.tasks).exists():
@@ -455,7 +473,6 @@ def _register_train() -> None:
 
 
 _register_train()
-
 
 
 # ------------------------------------------------------------------------------------------------------

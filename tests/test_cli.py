@@ -97,3 +97,12 @@ def test_unknown_policy_and_env_are_clear_errors(tmp_path: Path):
     assert r.returncode != 0 and "gpt9" in (r.stdout + r.stderr)
     r = sera("rollout", "--env", "minecraft", "--log", str(tmp_path / "l.jsonl"), ok=False)
     assert r.returncode == 2 and "minecraft" in r.stderr and "textcraft" in r.stderr  # names the choices
+
+
+def test_data_textcraft_paper_writes_the_papers_val_split(tmp_path: Path):
+    out = tmp_path / "val.jsonl"
+    sera("data", "textcraft", "--paper", "--split", "val", "--out", str(out))
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    tiers = [r["misc"]["difficulty"] for r in rows]
+    assert len(rows) == 632 and rows[0]["id"] == "textcraft_synth.val.0"
+    assert [tiers.count(t) for t in ("easy", "medium", "hard", "extreme")] == [147, 213, 136, 136]

@@ -229,12 +229,6 @@ def test_help_at_80_columns_shows_every_option_name_whole(command):
 
 
 # ---- the prompt states the budget the run enforces -----------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="root sessions take their budget from the env (20), not the run's --max-steps: "
-    "common/agent/runtime.py run_root caps root.max_steps but env.root_session() is not told "
-    "(textcraft/env.py _budget, textworld_sync/env.py root_session); remove this marker with the fix",
-)
 @pytest.mark.parametrize("env,task_file", [("textcraft", "tc.jsonl"), ("textworld", "tw.jsonl")])
 def test_prompt_states_the_step_budget_the_run_enforces(files, tmp_path, env, task_file):
     log = tmp_path / "r.jsonl"

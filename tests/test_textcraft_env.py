@@ -93,7 +93,7 @@ def test_prompts_follow_the_public_structure_and_state_the_enforced_budget():
         in cm
     )
     assert "total budget of 9 steps" in cm
-    assert child.observable_state() == {"inventory": {"coal": 2, "log": 3}}
+    assert child.visible_state() == {"inventory": {"coal": 2, "log": 3}}
     s.close()
     child.close()
 

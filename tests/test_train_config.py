@@ -129,7 +129,8 @@ def test_prompts_dir_replaces_agent_and_rubric_templates(tmp_path: Path, env: st
     src = ROOT / "common" / "envs" / ("textcraft" if env == "textcraft" else "textworld_sync") / "templates"
     prompts = tmp_path / "prompts"
     prompts.mkdir()
-    (prompts / "system.txt").write_text("MY-AGENT-PROMPT\n" + (src / "system.txt").read_text())
+    name = "textcraft_system.txt" if env == "textcraft" else "system.txt"
+    (prompts / name).write_text("MY-AGENT-PROMPT\n" + (src / name).read_text())
     rubric = ROOT / "common" / "agent" / "prompts" / "rubric_system.txt"
     (prompts / "rubric_system.txt").write_text("MY-RUBRIC-PROMPT\n" + rubric.read_text())
     log = tmp_path / "log.jsonl"

@@ -610,7 +610,8 @@ async def run_root(
     root.max_steps = min(root.max_steps, cfg.max_steps)
     ro.tree.nodes[root.node_id] = root
     st = _AgentState(node=root, session=None, world=world, temperature=cfg.temperature)  # type: ignore[arg-type]
-    st.session = env.root_session(world, task, ro.launch_hook(st))
+    # the session states the budget the run enforces (the prompt must not promise 20 steps when 3 are allowed)
+    st.session = env.root_session(world, {**task, "max_steps": root.max_steps}, ro.launch_hook(st))
     await ro.run_agent(st)
     try:
         ro.tree.success = bool(world.root_success()) and root.error is None

@@ -79,18 +79,24 @@ class EnvSpec:
         return PAPER_CAPS[self.name]
 
     def generate_tasks(self, split: str, n: int, seed: int, tier: str | None = None) -> list[dict[str, Any]]:
-        """A generated task pool of this environment (``tier`` None = all tiers)."""
+        """A generated task pool of this environment. ``tier``: one tier, None = all tiers, or ``"paper"``
+        = the paper's training mix (TextCraft: medium tasks of the paper split, as the public training
+        config; TextWorld-Sync: the paper's tier/family proportions)."""
         if self.name == "textcraft":
             from common.envs.textcraft.tasks import generate_tasks
 
-            return generate_tasks(split=split, n=n, seed=seed, difficulty=tier)
+            return generate_tasks(
+                split=split, n=n, seed=seed, difficulty="medium" if tier == "paper" else tier
+            )
         if self.name == "textworld":
             from common.envs.textworld_sync.tasks import generate_tasks as gen_tw
 
+            if tier == "paper":
+                return gen_tw(split=split, n=n, seed=seed, mix="paper")
             return gen_tw(split=split, n=n, seed=seed, tier=tier)
         from common.envs.textworld_cooking import generate_tasks as gen_cooking
 
-        return gen_cooking(n=n, seed=seed, settings=tier or "medium")
+        return gen_cooking(n=n, seed=seed, settings="medium" if tier in (None, "paper") else tier)
 
 
 ENV_SPECS: dict[str, EnvSpec] = {

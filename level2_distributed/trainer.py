@@ -144,10 +144,11 @@ class TrainerRank:
         n_tokens: float,
         dry_run: bool = False,
         round: int = -1,
-    ) -> dict[str, float]:
+        return_grads: bool = False,
+    ) -> dict[str, Any]:
         """One optimizer step over this rank's micro-batches (the same count on every rank). ``dry_run``:
         gradients and their norm only (no update; the parity tests). Returns this rank's loss share and the
-        global pre-clip gradient norm."""
+        global pre-clip gradient norm (and, with ``return_grads``, the full unsharded gradients: a collective)."""
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         total, clipped, packed = 0.0, 0.0, 0.0
@@ -162,6 +163,15 @@ class TrainerRank:
             clipped += m["loss/clip_frac"] * n_tokens
             packed += m["train/packed_tokens"] if datums[0].stage != "dummy" else 0.0
         self._maybe_fail(round)
+        grads = (
+            {
+                n: _full(p.grad).detach().cpu().clone()
+                for n, p in self.model.named_parameters()
+                if p.grad is not None
+            }
+            if return_grads
+            else None
+        )
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.grad_clip))
         if not dry_run:
@@ -176,25 +186,8 @@ class TrainerRank:
             "train/microbatches": float(sum(1 for d, _ in micro if d)),
             "train/packed_tokens": packed,
             "time/rank_train_s": time.perf_counter() - t0,
+            **({"grads": grads} if return_grads else {}),
         }
-
-    def gradients(
-        self, micro: list[tuple[list[Datum], list[float]]], n_tokens: float
-    ) -> dict[str, torch.Tensor]:
-        """Full (unsharded) gradients of the loss of ``micro`` (every rank; the parity tests compare tensors)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        for i, (datums, weights) in enumerate(micro):
-            if not datums:
-                datums, weights = [dummy_datum()], [0.0]
-            self.model.set_requires_gradient_sync(i == len(micro) - 1)
-            accumulate_gradients_packed(self.model, datums, weights, 10**9, num_tokens=n_tokens / self.world)
-        out = {
-            n: _full(p.grad).detach().cpu().clone()
-            for n, p in self.model.named_parameters()
-            if p.grad is not None
-        }
-        self.optimizer.zero_grad(set_to_none=True)
-        return out
 
     def _maybe_fail(self, round: int) -> None:
         spec = os.environ.get(FAULT_ENV, "")

@@ -99,6 +99,18 @@ def deal_microbatches(lengths: list[int], max_tokens: int, world: int) -> list[l
     return [r + [[]] * (n - len(r)) for r in ranks]
 
 
+def needs_sync(version: int, served: int, max_staleness: int) -> bool:
+    """Must the servers get new weights before this round's rollouts? Only when the weights they hold
+    (``served``) would lag the trainer's ``version`` by more than ``max_staleness`` versions.
+
+    >>> [needs_sync(v, served=2, max_staleness=0) for v in (2, 3)]
+    [False, True]
+    >>> [needs_sync(v, served=2, max_staleness=1) for v in (3, 4)]
+    [False, True]
+    """
+    return version - served > max_staleness
+
+
 def actor_gpus(requested: float) -> float:
     import ray
 
@@ -291,7 +303,7 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
         t_start = time.perf_counter()
         try:
             sync_m = {"time/sync_s": 0.0}
-            if state.step - served > l2.max_staleness:
+            if needs_sync(state.step, served, l2.max_staleness):
                 bar.phase("weight sync")
                 sync_m = system.sync(state.step, out)
                 served = state.step

@@ -136,7 +136,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
     seed_everything(cfg.seed)
     preset, schedule = method_and_schedule(cfg)
     pool = task_pool(cfg.env, cfg.tasks, cfg.n_tasks, cfg.seed, cfg.difficulty)  # bad task files fail here
-    model, tokenizer = load_model(cfg.model, dtype=cfg.optim.dtype, seed=cfg.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # a laptop GPU if there is one
+    model, tokenizer = load_model(cfg.model, dtype=cfg.optim.dtype, device=device, seed=cfg.seed)
     stats = LiveStats()
     policy = CountingPolicy(
         train_policy(cfg, model, tokenizer, max_batch_size=1), stats

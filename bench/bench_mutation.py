@@ -50,8 +50,9 @@ TESTS_OF = {  # the tests that concern each file (a mutant runs these, stopping 
     "common/rl/schedule.py": [T + "schedule.py", T + "doctests.py"],
     "common/agent/judge.py": [T + "judge.py"],
 }
-LEVEL0_FIXTURE = ["tests/test_level0.py::test_fixture_loss_and_grad_norm_match_golden"]
-LEVEL1_FIXTURE = ["tests/test_level1.py::test_packed_matches_level0"]
+OFF_POLICY = "tests/test_rl_offpolicy_parity.py"
+LEVEL0_FIXTURE = ["tests/test_level0.py::test_fixture_loss_and_grad_norm_match_golden", OFF_POLICY]
+LEVEL1_FIXTURE = ["tests/test_level1.py::test_packed_matches_level0", OFF_POLICY]
 
 
 @dataclass(frozen=True)

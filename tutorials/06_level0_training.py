@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Tutorial 4 — a level-0 training run
+# # Tutorial 6 — a level-0 training run, end to end
 #
 # `level0_single_process/train.py` is the whole algorithm in one file. Here we run it for two optimizer
 # steps with the random-init `tiny` model. A random model never succeeds, so RL has no signal; the
@@ -11,6 +11,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from common.rl.batch import METRIC_NAMES
 from common.train_config import TrainConfig
 from level0_single_process.train import train
 
@@ -25,4 +26,28 @@ history = train(cfg, progress=False)
 
 # %%
 print(sorted(p.name for p in out.iterdir()))
-print(json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["stage"])
+rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+for r in rows:
+    print(f"round {r['round']} step {r['step']} {r['stage']:<10} loss {r['loss/cispo']:.4f} "
+          f"grad_norm {r['grad_norm']:.4f} root_success {r['reward/root_success']:.2f}")  # fmt: skip
+assert len(rows) == len(history) and all(name in rows[0] for name in METRIC_NAMES)
+updated = [r for r in rows if r["loss/tokens"] > 0]  # a round without a trained token makes no step
+assert [r["stage"] for r in updated] == ["execution", "delegation"]  # the schedule: one step of each
+assert all(r["grad_norm"] > 0 and r["loss/cispo"] == r["loss/cispo"] for r in updated)  # finite, non-zero
+
+# %% [markdown]
+# `curves.png` plots every metric against the step (open it in any image viewer):
+
+# %%
+png = (out / "curves.png").read_bytes()
+print(f"curves.png: {len(png):,} bytes")
+assert png[:8] == b"\x89PNG\r\n\x1a\n"
+print(f"TUTORIAL06 steps {len(updated)} last_loss {updated[-1]['loss/cispo']:.4f}")
+
+# %% [markdown]
+# ## GPU notes
+# On a laptop GPU, `sera train` (SmolLM2-135M) puts the model on the GPU by itself; `--dtype bfloat16`
+# halves memory (fp32 master weights stay in the optimizer). On this CPU one SmolLM2 round takes 100-250 s
+# and a training step on ~20 datums ~20 s (bench/RESULTS.md, "Level 0 with SmolLM2 on CPU"). For more than
+# a few steps use level 1 (tutorial 7): on one H200 its rollouts run 8.9x faster than level 0's with the
+# tiny model (bench/RESULTS.md, "Level 0 vs level 1"). The paper's sizes: `sera train --paper` (GPU).

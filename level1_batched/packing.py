@@ -42,7 +42,13 @@ def packed_logprobs(model, datums: list[Datum]) -> torch.Tensor:
     Row: ``prompt_0 + output_0 + prompt_1 + output_1 + ...`` with position ids ``0..L_0-1, 0..L_1-1, ...``.
     With no attention mask and no cache, transformers reads the restarts as packed sequences and builds a
     block-diagonal causal mask, so each datum sees only itself (exactly level 0's separate forwards).
+    A model prepared by ``efficiency.apply_efficiency`` (``--fast-trainer``) takes the varlen + chunked-head
+    path instead (same values, no dense mask, no [K, V] float32 logits).
     """
+    if getattr(model.config, "_attn_implementation", None) == "sera_varlen":
+        from level1_batched.efficiency import fast_packed_logprobs
+
+        return fast_packed_logprobs(model, datums)
     ids, pos, keep, spans = [], [], [], []
     for d in datums:
         seq = d.prompt_ids + d.output_ids

@@ -262,6 +262,10 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         engine = make_rollout_engine(
             l1.engine, model, tokenizer, seed=cfg.seed, max_batch_size=l1.max_batch_size
         )
+        if l1.fast_trainer:
+            from level1_batched.efficiency import apply_efficiency
+
+            apply_efficiency(model)  # after the engine started: the engine loaded plain weights
     policy = CountingPolicy(
         train_policy(cfg, model, tokenizer, max_batch_size=l1.max_batch_size, engine=engine), stats
     )

@@ -8,8 +8,8 @@ random Llama with head size 64 (vLLM's CPU attention rejects ``tiny``'s 16), flo
    rubrics are sampled at T = 1 in training and the two engines' samplers use different random streams):
    the level-1 loop records the same tree with both engines (every call's prompt ids, output ids, text;
    log-probs within 1e-3).
-2. A run whose round trains (``--oracle-mix``): the vllm engine's weights are synced after the optimizer
-   step (``engine/update_s`` > 0 in the metrics), and the engine then holds the trained weights (its
+2. A run whose round trains (``--oracle-mix``, ``--fast-trainer``: varlen attention, chunked head,
+   checkpointing): the vllm engine's weights are synced after the optimizer step (``engine/update_s`` > 0 in the metrics), and the engine then holds the trained weights (its
    log-probs of a fixed sequence equal the trainer's final model's).
 3. ``sera eval --engine vllm`` (``EvalConfig(engine="vllm")``): an ``hf:PATH`` policy evaluates on the
    vllm engine without errors.
@@ -72,7 +72,7 @@ cfg = TrainConfig.make(
     rollouts_per_task=2, max_steps=3, max_new_tokens=16, rubric_max_new_tokens=16, oracle_mix=0.7,
     score_noise=0.3, difficulty="medium", n_tasks=16, max_task_replacements=3, max_idle_rounds=4, lr=1e-3,
 )
-hist = train(cfg, Level1Config(engine="vllm", max_batch_size=8), progress=False)
+hist = train(cfg, Level1Config(engine="vllm", max_batch_size=8, fast_trainer=True), progress=False)
 out["sync"] = [{"update_s": h.get("engine/update_s"), "grad_norm": h["grad_norm"]} for h in hist]
 engine = made[0]
 out["version"] = engine.version

@@ -22,8 +22,8 @@ reference on CPU:
 4. **bf16 compute, fp32 master weights, fused AdamW**: ``common.run.optim.make_optimizer`` (shared by
    every tier; fused kernels on CUDA). Not repeated here.
 
-Use: ``apply_efficiency(model)`` once, then ``fast_packed_logprobs(model, datums)`` where level 1 calls
-``packed_logprobs``. Only with a separate rollout engine (``--engine vllm``): the model then runs
+Use: ``sera train --level 1 --engine vllm --fast-trainer`` (``apply_efficiency(model)`` once; level 1's
+``packing.packed_logprobs`` then dispatches to ``fast_packed_logprobs``). Only with a separate rollout engine (``--engine vllm``): the model then runs
 ``sera_varlen`` attention in every forward (and in the checkpointed recomputation during backward),
 which cannot serve the hf engine's left-padded generation. Measured on one H200: bench/RESULTS.md ("Trainer efficiency").
 Simplification: models whose head has a bias, a logit scale or soft-capping are refused (Llama / Qwen

@@ -6,7 +6,7 @@
 
 Each mutant is a hand-written, plausible mistake in ``common/rl/*.py``, ``common/agent/judge.py`` or a
 tier's loss path (level 0 ``accumulate_gradients`` / ``datum_logprobs``, level 1
-``accumulate_gradients_packed`` / ``packed_logprobs``): one exact text replacement. For each mutant the
+``accumulate_gradients_packed`` / ``packed_logprobs`` in ``level1_batched/packing.py``): one exact text replacement. For each mutant the
 script copies the repository's source folders into a temporary directory, applies the replacement there
 (the shared checkout is never touched), and runs the tests that concern that file with ``pytest -x``.
 A mutant is KILLED when some test fails, SURVIVED when all pass. A replacement that no longer matches the
@@ -71,7 +71,7 @@ def M(name: str, path: str, old: str, new: str, tests: list[str] | None = None) 
 
 R, W, L, B = "common/rl/rewards.py", "common/rl/weights.py", "common/rl/loss.py", "common/rl/batch.py"
 S, D, SC, J = "common/rl/spans.py", "common/rl/datums.py", "common/rl/schedule.py", "common/agent/judge.py"
-L0, L1 = "level0_single_process/train.py", "level1_batched/train.py"
+L0, L1 = "level0_single_process/train.py", "level1_batched/packing.py"
 
 # A whole-function mutant (``old`` = "def NAME" replaces that function): the rubric LOO taken over the
 # mixed groups of ALL tasks of the batch instead of per task.

@@ -50,7 +50,14 @@ def test_fixture_loss_and_grad_norm_match_golden(stage: str):
         f"{stage}: loss {m['loss/cispo']:.8g} vs {gold['loss']:.8g}; grad norm {norm:.8g} vs {gold['grad_norm']:.8g}"
     )
     assert m["loss/tokens"] == gold["tokens"]
-    assert m["loss/cispo"] == pytest.approx(gold["loss"], rel=1e-4, abs=1e-7)
+    # float32: judge the loss against the size of the terms it sums (sum |w A log pi_b| / |M|), not its
+    # value: Delegation and Rubric losses are differences of nearly equal terms (LOO advantages cancel)
+    scale = sum(
+        abs(w * d.advantage)
+        * sum(abs(b) for b, k in zip(d.behaviour_logprobs, d.loss_mask, strict=True) if k)
+        for d, w in zip(datums, st["weights"], strict=True)
+    ) / max(1, gold["tokens"])
+    assert abs(m["loss/cispo"] - gold["loss"]) <= 1e-5 * scale + 1e-9
     assert norm == pytest.approx(gold["grad_norm"], rel=1e-4, abs=1e-7)
 
 

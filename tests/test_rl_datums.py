@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.rl.datums import CallRecord, Datum, delegation_datum, execution_datums, rubric_datum
+from common.rl.datums import CallTokens, Datum, delegation_datum, execution_datums, rubric_datum
 from common.rl.spans import reply_launch_spans
 
 
@@ -18,9 +18,9 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids)
 
 
-def char_call(text: str, role: str = "act", **kw) -> CallRecord:
+def char_call(text: str, role: str = "act", **kw) -> CallTokens:
     ids = [ord(c) for c in text]
-    return CallRecord(role, [1, 2, 3], ids, [-0.1 * (i + 1) for i in range(len(ids))], text=text, **kw)
+    return CallTokens(role, [1, 2, 3], ids, [-0.1 * (i + 1) for i in range(len(ids))], text=text, **kw)
 
 
 REPLY = "<thought>go</thought><python>a = 1\nr = await launch_subagent({'x': 1})\nprint(r)</python>"
@@ -112,6 +112,6 @@ def test_rubric_datum_and_role_enforcement():
 
 def test_length_checks():
     with pytest.raises(ValueError, match="log-prob"):
-        execution_datums([CallRecord("act", [1], [2, 3], [-1.0])], 0.0, 0, "n")
+        execution_datums([CallTokens("act", [1], [2, 3], [-1.0])], 0.0, 0, "n")
     with pytest.raises(ValueError):
         Datum([1], [2, 3], [-1.0, -1.0], [1], 0.0, 0, "n", True, "execution")

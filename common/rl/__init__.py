@@ -7,14 +7,14 @@
 | weights.py  | depth weights ``w_d = Z / T_d`` with mean 1 over the batch                          |
 | loss.py     | CISPO loss and token log-probs (the only torch module)                             |
 | schedule.py | the ``execution:16,delegation:2,rubric:2`` stage cycle and the method presets (rao_d 12:4) |
-| datums.py   | ``CallRecord`` -> ``Datum`` builders for the three stages (scoring is never trained) |
+| datums.py   | ``CallTokens`` -> ``Datum`` builders for the three stages (scoring is never trained) |
 
 Nothing here imports torch.distributed, Ray or SGLang; only ``loss.py`` imports torch (and importing
 this package therefore does too).
 """
 
 from common.rl.datums import (
-    CallRecord,
+    CallTokens,
     Datum,
     DelegationResult,
     delegation_datum,
@@ -53,7 +53,7 @@ from common.rl.weights import depth_weights
 __all__ = [
     "PRESETS",
     "STAGES",
-    "CallRecord",
+    "CallTokens",
     "Datum",
     "DelegationResult",
     "ExecutionGroup",

@@ -2,7 +2,7 @@
 
 A :class:`Datum` is token-exact: the prompt and output ids the sampler saw, the sampler's behaviour
 log-probs, a 0/1 loss mask over the output tokens, a scalar advantage and the bookkeeping the depth
-weights need. The builders take a minimal :class:`CallRecord` (the runtime's records have the same
+weights need. The builders take a minimal :class:`CallTokens` (the runtime's records have the same
 field names, so they can be passed directly) and enforce which role each stage may train:
 
 | stage       | calls trained        | mask                                   |
@@ -34,8 +34,10 @@ Role = Literal["act", "rubric", "score"]
 
 
 @dataclass
-class CallRecord:
-    """One recorded model call (the subset of the runtime's record the datum builders read)."""
+class CallTokens:
+    """The token view of one recorded model call: the fields of the runtime's
+    :class:`common.agent.tree.CallRecord` that the datum builders read (so the math can be tested without
+    building trees)."""
 
     role: Role
     """``act`` = an agent step; ``rubric`` = rubric generation; ``score`` = scoring a child (never trained)."""
@@ -107,7 +109,7 @@ def execution_datums(
     ``calls`` may be all of a node's records; ``rubric`` and ``score`` calls are skipped here (they are
     separate chats, never execution tokens). ``traj_start`` is set on the first datum.
 
-    >>> calls = [CallRecord("act", [1, 2], [3, 4], [-0.1, -0.2]), CallRecord("score", [5], [6], [-0.3])]
+    >>> calls = [CallTokens("act", [1, 2], [3, 4], [-0.1, -0.2]), CallTokens("score", [5], [6], [-0.3])]
     >>> [(d.output_ids, d.loss_mask, d.traj_start) for d in execution_datums(calls, 0.5, 1, "n1")]
     [([3, 4], [1, 1], True)]
     """
@@ -157,7 +159,7 @@ def delegation_datum(
     lie where the decoded output and ``call.text`` agree, else ``unaligned``). The output is truncated right after the
     last trained token. Refused launches are trained like any other: their reward is 0.
 
-    >>> call = CallRecord("act", [1], [10, 11, 12, 13], [-0.1, -0.2, -0.3, -0.4],
+    >>> call = CallTokens("act", [1], [10, 11, 12, 13], [-0.1, -0.2, -0.3, -0.4],
     ...                   text="<python>x = await launch_subagent(t)\\nprint(x)</python>",
     ...                   token_offsets=[(0, 8), (8, 20), (20, 37), (37, 55)])
     >>> r = delegation_datum(call, advantage=0.25, depth=0, trajectory_id="root")
@@ -208,7 +210,7 @@ def rubric_datum(
 
     ``depth`` is the depth of the agent whose policy wrote the rubric (the delegating parent).
 
-    >>> d = rubric_datum(CallRecord("rubric", [1, 2], [7, 8, 9], [-1.0, -1.0, -1.0]), -0.1, 0, "rubric:g0")
+    >>> d = rubric_datum(CallTokens("rubric", [1, 2], [7, 8, 9], [-1.0, -1.0, -1.0]), -0.1, 0, "rubric:g0")
     >>> d.loss_mask, d.stage
     ([1, 1, 1], 'rubric')
     """

@@ -37,17 +37,12 @@ def stage_runtime_config(
 
 
 def has_signal(trees: list[Any], stage: str, execution_reward: str) -> bool:
-    """Does this task group carry a learning signal in ``stage``? (the zero-variance rule, SPEC.md §4)
+    """Does this task group carry a learning signal in ``stage``? The zero-variance rule of SPEC.md §4,
+    judged on the advantages of ALL the group's datums (roots and children), not only on root rewards:
+    :func:`common.rl.batch.group_has_signal`."""
+    from common.rl.batch import group_has_signal
 
-    Execution: some datum's advantage is non-zero — judged on the advantages of ALL the group's datums
-    (roots and children), not only on the root rewards. Other stages decide per datum in the batch builder.
-    """
-    from common.rl import batch as rl_batch
-
-    rule = getattr(rl_batch, "group_has_signal", None)
-    if rule is not None:
-        return bool(rule(trees, stage, execution_reward))
-    return stage != "execution" or len({t.success for t in trees}) > 1
+    return bool(group_has_signal(trees, stage, execution_reward))
 
 
 def accept_group(

@@ -79,11 +79,14 @@ class EvalConfig:
     """With --best-of-n > 1: world clones allowed per task (the paper: 32)."""
     prompts_dir: str | None = None
     """A directory of prompt templates (NAME.txt) replacing the packaged ones (agent, rubric and score)."""
+    paper: bool = False
+    """The paper's test set: with --env textcraft and no --tasks, its 632 val tasks (written to
+    OUT/paper_val.jsonl); TextWorld-Sync's 1,400-row public file is passed with --tasks."""
 
     def __post_init__(self) -> None:
         problems = []
-        if not self.tasks:
-            problems.append("--tasks is required")
+        if not self.tasks and not (self.paper and self.env == "textcraft"):
+            problems.append("--tasks is required (or --paper with --env textcraft)")
         if not self.out:
             problems.append("--out is required")
         for name, v, lo in (
@@ -146,6 +149,19 @@ def policy_fingerprint(spec: str) -> str:
             if p.suffix in (".json", ".safetensors") and p.stat().st_size < (1 << 30):
                 parts.append(file_sha256(p)[:16])
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def paper_task_file(cfg: EvalConfig) -> EvalConfig:
+    """Write the paper's 632 TextCraft val tasks to ``OUT/paper_val.jsonl`` (once) and point --tasks there."""
+    from dataclasses import replace
+
+    from common.data import write_jsonl
+    from common.envs.textcraft.paper import paper_tasks
+
+    path = Path(cfg.out) / "paper_val.jsonl"
+    if not path.exists():
+        write_jsonl(path, paper_tasks("val"))
+    return replace(cfg, tasks=str(path))
 
 
 def make_manifest(cfg: EvalConfig, runtime_hash: str) -> dict[str, Any]:
@@ -328,9 +344,12 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
     from common.agent.runtime import run_root
     from common.envs import load_tasks
     from common.policy import make_policy
+    from common.run.progress import CountingPolicy, LiveStats, stats_column
     from common.run.rollout import make_env_with_prompts, runtime_config_for
 
     out = Path(cfg.out)
+    if cfg.paper and not cfg.tasks:
+        cfg = paper_task_file(cfg)
     tasks = load_tasks(cfg.env, cfg.tasks)
     if cfg.limit is not None:
         tasks = tasks[: cfg.limit]
@@ -358,6 +377,8 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
         spec = f"{cfg.engine}:{spec[3:]}"  # e.g. vllm:smollm2 (the kind is registered by its tier)
     extra = {"max_batch_size": cfg.batch_size} if spec.startswith(("hf:", "vllm:")) else {}
     pol = policy if policy is not None else make_policy(spec, env=cfg.env, **extra)
+    live = LiveStats()
+    pol = CountingPolicy(pol, live)  # model calls in flight, tokens, tokens/s for the progress line
     # The policy and environment exist and the tasks parsed: only now does the directory get pinned.
     check_manifest(out, manifest)
     t0 = time.perf_counter()
@@ -397,6 +418,7 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
             MofNCompleteColumn(),
             TextColumn("success {task.fields[rate]:.1%}"),
             TimeRemainingColumn(),
+            stats_column(live),
         ) as bar:
             tid = bar.add_task("eval", total=len(tasks), completed=stats["done"], rate=0.0)
 

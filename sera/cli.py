@@ -290,9 +290,9 @@ def _eval(cfg, given: Given) -> None:
     from common.eval import ManifestMismatch, evaluate, render_markdown
 
     out = check_out_dir(Path(cfg.out))
-    if not Path(cfg.tasks).exists():
+    if cfg.tasks and not Path(cfg.tasks).exists():
         raise FileNotFoundError(f"task file {cfg.tasks} does not exist")
-    if Path(cfg.tasks).is_dir():
+    if cfg.tasks and Path(cfg.tasks).is_dir():
         raise IsADirectoryError(f"--tasks {cfg.tasks} is a directory; give a task file (JSONL)")
     check_model_spec(cfg.policy)
     try:

@@ -154,3 +154,32 @@ def test_prompts_dir_replaces_agent_and_rubric_templates(tmp_path: Path, env: st
     rubric_calls = [n.rubric_call for n in tree.nodes.values() if n.rubric_call]
     assert rubric_calls, "the oracle delegates, so a rubric was written"
     assert all("MY-RUBRIC-PROMPT" in c.messages[0]["content"] for c in rubric_calls)
+
+
+def test_metrics_writer_strict_json_and_tensorboard(tmp_path: Path):
+    """metrics.jsonl is strict JSON (NaN -> null, read back as NaN) and --tensorboard writes event files."""
+    import math
+
+    pytest.importorskip("tensorboard", reason="the tensorboard package is an optional extra")
+    from common.run.metrics import MetricsWriter, read_metrics
+
+    w = MetricsWriter(tmp_path, tensorboard=True)
+    w.write(
+        {"round": 0, "step": 0, "stage": "execution", "rubric/pair_accuracy": float("nan"), "loss/cispo": 0.5}
+    )
+    w.close()
+    line = (tmp_path / "metrics.jsonl").read_text()
+    assert "NaN" not in line and json.loads(line)["rubric/pair_accuracy"] is None
+    assert math.isnan(read_metrics(tmp_path / "metrics.jsonl")[0]["rubric/pair_accuracy"])
+    events = list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+
+
+def test_eval_paper_runs_the_papers_textcraft_val_set(tmp_path: Path):
+    """`sera eval --paper` on TextCraft evaluates the paper's 632 val tasks (here the first 3, oracle)."""
+    out = tmp_path / "ev"
+    r = sera("eval", "--env", "textcraft", "--paper", "--policy", "oracle", "--out", str(out), "--limit", "3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = (out / "paper_val.jsonl").read_text().splitlines()
+    report = json.loads((out / "report.json").read_text())
+    assert len(rows) == 632 and report["n_tasks"] == 3 and report["success_rate"] == 1.0

@@ -55,6 +55,20 @@ class CountingPolicy(Policy):
         return getattr(self.inner, name)
 
 
+def stats_column(stats: LiveStats, phase_field: str | None = None) -> Any:
+    """A rich progress column that renders ``stats`` live (rich redraws it from its refresh thread), after
+    the task's ``phase_field`` value if given."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class StatsColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            phase = f"{task.fields.get(phase_field, '')} | " if phase_field else ""
+            return Text(phase + stats.line(), style="dim")
+
+    return StatsColumn()
+
+
 class RunProgress:
     """A step bar plus a live status line; ``log(line)`` prints above it. Plain prints when disabled."""
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.rl.datums import CallRecord, delegation_datum
+from common.rl.datums import CallTokens, delegation_datum
 from common.rl.spans import (
     char_spans_to_token_mask,
     delegate_block_char_spans,
@@ -279,7 +279,7 @@ def test_real_tokenizer_launch_mask(smol_tokenizer):
         "r = await asyncio.gather(launch_subagent({'m0_i3': 2}, context='metal'), launch_subagent({'c1_i2': 1}))"
     )
 
-    call = CallRecord("act", [1, 2, 3], ids, [-0.5] * len(ids), text=CODEACT_REPLY)
+    call = CallTokens("act", [1, 2, 3], ids, [-0.5] * len(ids), text=CODEACT_REPLY)
     result = delegation_datum(call, advantage=0.5, depth=0, trajectory_id="root", tokenizer=tok)
     assert result.status == "ok"
     d = result.datum

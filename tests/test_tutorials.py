@@ -30,7 +30,7 @@ def _check_08(out: str) -> None:
         pytest.skip("tutorial 08 skipped itself: ray is not installed")
     assert _float(r"TUTORIAL08 max_loss_diff (\S+)", out) <= 1e-5
     assert _float(r"max_grad_norm_rel_diff (\S+) sync_gap", out) <= 1e-4
-    assert _float(r"sync_gap (\S+)", out) <= 1e-5
+    assert _float(r"sync_gap (\S+)", out) <= 1e-4
 
 
 KEY_LINES = {

@@ -86,22 +86,19 @@ class NumberEnv(Environment):
 
 # %% [markdown]
 # ## Plugging it in
-# The runtime takes the environment OBJECT (`run_root(task, env, policy, cfg)`), so a new environment needs
-# no registration to be rolled out or trained from Python. The trainers read its rules (zero-variance rule,
-# stop strings) from `common.envs.ENV_SPECS`; the registry has no public registration function, and
-# `make_env(name)` (used by the CLI) is a fixed list, so here we add the spec entry and call `run_root`
-# with our object. (`sera train --env number` would need a `register_env(name, factory, spec)` in
-# `common/envs/__init__.py`.)
+# `register_env(spec, factory)` puts it in the registry: `make_env("number")` builds it, and the trainers
+# read its rules (zero-variance rule, stop strings, how eval averages tiers) from its `EnvSpec`. The runtime
+# itself only needs the environment object: `run_root(task, env, policy, cfg)`.
 
 # %%
 import asyncio
 
 from common.agent.runtime import RuntimeConfig, run_root
-from common.envs import ENV_SPECS, EnvSpec, env_spec
+from common.envs import EnvSpec, env_spec, make_env, register_env
 from common.policy.scripted import OraclePolicy
 
-ENV_SPECS["number"] = EnvSpec("number", (), 4, "keep", False, "task_weighted")
-assert env_spec("number").zero_variance == "keep"
+register_env(EnvSpec("number", (), 4, "keep", False, "task_weighted"), NumberEnv)
+assert env_spec("number").zero_variance == "keep" and isinstance(make_env("number"), NumberEnv)
 
 
 def scripted_reply(session: NumberSession) -> str:
@@ -114,7 +111,7 @@ def scripted_reply(session: NumberSession) -> str:
 
 task = {"start": 2, "target": 6}
 oracle = OraclePolicy(scripted_reply)
-tree = asyncio.run(run_root(task, NumberEnv(), oracle, RuntimeConfig(temperature=0.0)))
+tree = asyncio.run(run_root(task, make_env("number"), oracle, RuntimeConfig(temperature=0.0)))
 root, kids = tree.root, tree.children("0")
 print("root success", tree.success, "| root steps", len(root.steps), "| child", kids[0].node_id,
       "steps", len(kids[0].steps), "score", kids[0].score)  # fmt: skip

@@ -11,6 +11,7 @@ Imports are lazy so that ``textworld`` (an optional extra) is only needed for `t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,8 +20,28 @@ from common.envs.base import Environment
 ENV_NAMES = ("textcraft", "textworld", "textworld-cooking")
 
 
+_FACTORIES: dict[str, Callable[..., Environment]] = {}
+_LOADERS: dict[str, Callable[[str], list[dict[str, Any]]]] = {}
+
+
+def register_env(
+    spec: EnvSpec,
+    factory: Callable[..., Environment],
+    load_tasks: Callable[[str], list[dict[str, Any]]] | None = None,
+) -> None:
+    """Add your own environment: ``make_env(spec.name)`` builds it with ``factory``, the trainers read its
+    rules from ``spec``, and ``load_tasks(spec.name, path)`` uses ``load_tasks`` (default: plain JSONL).
+    See tutorials/10_your_own_environment.py."""
+    ENV_SPECS[spec.name] = spec
+    _FACTORIES[spec.name] = factory
+    if load_tasks is not None:
+        _LOADERS[spec.name] = load_tasks
+
+
 def make_env(name: str, **kwargs: Any) -> Environment:
-    """Build an environment by name (see the table above)."""
+    """Build an environment by name (see the table above, or :func:`register_env`)."""
+    if name in _FACTORIES:
+        return _FACTORIES[name](**kwargs)
     if name == "textcraft":
         from common.envs.textcraft import TextCraftEnv
 
@@ -38,6 +59,10 @@ def make_env(name: str, **kwargs: Any) -> Environment:
 
 def load_tasks(name: str, path: str) -> list[dict[str, Any]]:
     """Load and validate a task file for environment ``name`` (errors name file:line)."""
+    if name in _FACTORIES:
+        from common.data import read_jsonl
+
+        return _LOADERS.get(name, read_jsonl)(path)
     if name == "textcraft":
         from common.envs.textcraft.tasks import load_tasks as load
     elif name == "textworld":
@@ -94,6 +119,8 @@ class EnvSpec:
             if tier == "paper":
                 return gen_tw(split=split, n=n, seed=seed, mix="paper")
             return gen_tw(split=split, n=n, seed=seed, tier=tier)
+        if self.name != "textworld-cooking":
+            raise ValueError(f"environment {self.name!r} has no task generator; pass a task file (--tasks)")
         from common.envs.textworld_cooking import generate_tasks as gen_cooking
 
         return gen_cooking(n=n, seed=seed, settings="medium" if tier in (None, "paper") else tier)

@@ -42,7 +42,6 @@ replicated (no sharding). Level 2 (`level2_distributed/`) removes these.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -55,15 +54,14 @@ import torch.distributed as dist
 
 from common.agent.judge import make_judge
 from common.agent.log import append_tree
-from common.agent.runtime import run_root
 from common.envs import env_spec
 from common.rl.batch import build_stage_batch
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
-from common.run.data import TaskSampler, hash_seed, seed_everything, task_pool
+from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.metrics import NO_UPDATE, MetricsWriter, closing_line, log_line, plot_curves, step_metrics
 from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
-from common.run.rollout import accept_group, make_env_with_prompts, stage_runtime_config
+from common.run.rollout import make_env_with_prompts
 from common.run.setup import idle_hint, method_and_schedule, train_policy
 from common.train_config import TrainConfig
 from level1_batched.config import Level1Config
@@ -73,6 +71,7 @@ from level1_batched.packing import (  # noqa: F401 - re-exported: tests and leve
     pack_microbatches,
     packed_logprobs,
 )
+from level1_batched.rollouts import collect_groups_in_flight, gather_groups, rollout_in_flight  # noqa: F401 (re-exported)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -152,65 +151,6 @@ def balanced_shards(sizes: list[int], world: int) -> list[list[int]]:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Rollouts: every tree of a wave in flight at once; each rank runs its share of the task groups.
-# ----------------------------------------------------------------------------------------------------
-async def rollout_in_flight(jobs: list[tuple[dict, list[Any]]], env, policy, judge) -> list[list[Any]]:
-    """``jobs`` = ``(task, one RuntimeConfig per rollout)``; all their trees run concurrently, one group per job."""
-    coros = [run_root(task, env, policy, rcfg, judge=judge) for task, rcfgs in jobs for rcfg in rcfgs]
-    trees = await asyncio.gather(*coros)
-    groups, i = [], 0
-    for _, rcfgs in jobs:
-        groups.append(list(trees[i : i + len(rcfgs)]))
-        i += len(rcfgs)
-    return groups
-
-
-def gather_groups(mine: list[list[Any]], n_jobs: int, world: int) -> list[list[Any]]:
-    """All ranks' groups in job order (rank r ran jobs r, r + world, ...)."""
-    if world == 1:
-        return mine
-    parts: list[Any] = [None] * world
-    dist.all_gather_object(parts, mine)
-    return [parts[j % world][j // world] for j in range(n_jobs)]
-
-
-def collect_groups_in_flight(
-    cfg: TrainConfig,
-    stage: str,
-    rnd: int,
-    sampler: TaskSampler,
-    env,
-    policy,
-    judge,
-    preset,
-    rank: int = 0,
-    world: int = 1,
-) -> tuple[list[list[Any]], int]:
-    """Level 0's ``collect_groups`` in waves: draw the missing tasks, roll all of them out at once, then
-    accept/replace in draw order. Same tasks, seeds and acceptance rule as level 0 (the sampler and its
-    cursor are identical on every rank); only the schedule differs."""
-    groups, extra = [], 0
-    while len(groups) < cfg.tasks_per_step:
-        jobs = []
-        for _ in range(cfg.tasks_per_step - len(groups)):
-            task = sampler.next()
-            seeds = [hash_seed(cfg.seed, rnd, sampler.cursor, r) for r in range(cfg.rollouts_per_task)]
-            rcfgs = [
-                stage_runtime_config(cfg.env, cfg.rollout, stage, preset.generate_rubrics, s) for s in seeds
-            ]
-            jobs.append((task, rcfgs))
-        mine = asyncio.run(rollout_in_flight(jobs[rank::world], env, policy, judge))
-        for trees in gather_groups(mine, len(jobs), world):
-            if not accept_group(
-                trees, cfg.env, stage, preset.execution_reward, cfg.max_task_replacements - extra
-            ):
-                extra += 1  # no signal: another task in the next wave (SPEC.md §4)
-                continue
-            groups.append(trees)
-    return groups, extra
-
-
-# ----------------------------------------------------------------------------------------------------
 # The loss: packed micro-batches (level 0: one datum at a time), in level1_batched/packing.py so that
 # level 2 trains with the same code: pack_microbatches, packed_logprobs, check_packing,
 # accumulate_gradients_packed.
@@ -283,7 +223,10 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             f"[level1] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | world {world} "
             f"| {l1} | steps {state.step}->{cfg.steps}"
         )
-    env, sampler = make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir), TaskSampler(pool, cfg.seed, state.cursor)
+    env, sampler = (
+        make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir),
+        TaskSampler(pool, cfg.seed, state.cursor),
+    )
     judge = make_judge(cfg.judge, policy)
     writer = MetricsWriter(out, cfg.tensorboard) if rank == 0 else None
     bar = RunProgress(progress and rank == 0, cfg.steps, state.step, stats)

@@ -31,7 +31,6 @@ training (``--max-staleness`` only skips syncs); a failure restarts every actor,
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -41,17 +40,17 @@ from typing import Any
 
 from common.agent.judge import make_judge
 from common.agent.log import append_tree
-from common.agent.runtime import run_root
 from common.envs import env_spec
 from common.rl.batch import build_stage_batch
 from common.run.checkpoint import RunState, prepare_out, truncate_logs
-from common.run.data import TaskSampler, hash_seed, seed_everything, task_pool
+from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.metrics import NO_UPDATE, MetricsWriter, closing_line, log_line, plot_curves, step_metrics
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
-from common.run.rollout import accept_group, make_env_with_prompts, stage_runtime_config
+from common.run.rollout import make_env_with_prompts
 from common.run.setup import idle_hint, method_and_schedule
 from common.train_config import TrainConfig
 from level1_batched.packing import pack_microbatches
+from level1_batched.rollouts import collect_groups_in_flight
 from level2_distributed.config import Level2Config
 from level2_distributed.sync import get_all
 
@@ -222,36 +221,6 @@ class System:
 # ----------------------------------------------------------------------------------------------------
 # Rollouts: every tree of a wave in flight, the agents' calls spread over the servers by the router.
 # ----------------------------------------------------------------------------------------------------
-async def rollout_in_flight(jobs: list[tuple[dict, list[Any]]], env, policy, judge) -> list[list[Any]]:
-    coros = [run_root(task, env, policy, rcfg, judge=judge) for task, rcfgs in jobs for rcfg in rcfgs]
-    trees = await asyncio.gather(*coros)
-    groups, i = [], 0
-    for _, rcfgs in jobs:
-        groups.append(list(trees[i : i + len(rcfgs)]))
-        i += len(rcfgs)
-    return groups
-
-
-def collect_groups(cfg: TrainConfig, stage: str, rnd: int, sampler, env, policy, judge, preset):
-    """Level 1's waves at world size 1 (same tasks, seeds and acceptance rule)."""
-    groups, extra = [], 0
-    while len(groups) < cfg.tasks_per_step:
-        jobs = []
-        for _ in range(cfg.tasks_per_step - len(groups)):
-            task = sampler.next()
-            seeds = [hash_seed(cfg.seed, rnd, sampler.cursor, r) for r in range(cfg.rollouts_per_task)]
-            jobs.append((task, [stage_runtime_config(cfg.env, cfg.rollout, stage, preset.generate_rubrics, s)
-                                for s in seeds]))  # fmt: skip
-        for trees in asyncio.run(rollout_in_flight(jobs, env, policy, judge)):
-            if not accept_group(
-                trees, cfg.env, stage, preset.execution_reward, cfg.max_task_replacements - extra
-            ):
-                extra += 1  # no signal: another task in the next wave (SPEC.md §4)
-                continue
-            groups.append(trees)
-    return groups, extra
-
-
 def rollout_policy(cfg: TrainConfig, router: Any) -> Any:
     """The router, optionally with teacher-forced oracle replies (``--oracle-mix``) as in every tier."""
     if cfg.oracle_mix == 0:
@@ -311,7 +280,9 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
             judge = make_judge(cfg.judge, policy)
             bar.phase(f"{stage} rollouts")
             t0 = time.perf_counter()
-            groups, replaced = collect_groups(cfg, stage, state.round, sampler, env, policy, judge, preset)
+            groups, replaced = collect_groups_in_flight(
+                cfg, stage, state.round, sampler, env, policy, judge, preset
+            )
             t_roll = time.perf_counter() - t0
             off = offpolicy_metrics(system.router.take_records(), state.step)
             trees = [t for g in groups for t in g]

@@ -38,9 +38,12 @@ from common.envs import make_env  # noqa: E402
 from common.policy.hf import HFPolicy  # noqa: E402
 from common.policy.models import load_model  # noqa: E402
 from common.rl.datums import Datum  # noqa: E402
+from common.run.data import hash_seed, task_pool  # noqa: E402
+from common.run.rollout import stage_runtime_config  # noqa: E402
 from common.train_config import TrainConfig  # noqa: E402
-from level0_single_process.train import accumulate_gradients, hash_seed, runtime_config, task_pool  # noqa: E402
-from level1_batched.train import accumulate_gradients_packed, rollout_in_flight  # noqa: E402
+from level0_single_process.train import accumulate_gradients  # noqa: E402
+from level1_batched.packing import accumulate_gradients_packed  # noqa: E402
+from level1_batched.rollouts import rollout_in_flight  # noqa: E402
 
 
 def fixture_batch(repeat: int) -> tuple[list[Datum], list[float]]:
@@ -90,18 +93,18 @@ def bench_loss(model, repeat: int, limits: list[int]) -> None:
     model.eval()
 
 
-def run_rollouts(policy, jobs, env, rcfg, in_flight: bool) -> tuple[float, int, int]:
-    """(seconds, generated tokens, model calls) of all ``jobs``."""
+def run_rollouts(policy, jobs, env, in_flight: bool) -> tuple[float, int, int]:
+    """(seconds, generated tokens, model calls) of all ``jobs`` (``(task, one RuntimeConfig per rollout)``)."""
     t0 = time.perf_counter()
     if in_flight:
-        groups = asyncio.run(rollout_in_flight(jobs, env, policy, programmatic_judge, rcfg))
+        groups = asyncio.run(rollout_in_flight(jobs, env, policy, programmatic_judge))
     else:  # level 0: one tree at a time
         groups = [
             [
-                asyncio.run(rollout_in_flight([(task, [s])], env, policy, programmatic_judge, rcfg))[0][0]
-                for s in seeds
+                asyncio.run(rollout_in_flight([(task, [r])], env, policy, programmatic_judge))[0][0]
+                for r in rcfgs
             ]
-            for task, seeds in jobs
+            for task, rcfgs in jobs
         ]
     seconds = time.perf_counter() - t0
     steps = [s for g in groups for t in g for n in t.nodes.values() for s in n.steps]
@@ -109,12 +112,21 @@ def run_rollouts(policy, jobs, env, rcfg, in_flight: bool) -> tuple[float, int, 
 
 
 def bench_rollouts(model, tok, args) -> None:
-    cfg = TrainConfig(
+    cfg = TrainConfig.make(
         env="textcraft", model=args.model, max_steps=args.max_steps, max_new_tokens=args.new_tokens
     )
-    rcfg = runtime_config(cfg, "execution", generate_rubrics=True)
-    env, tasks = make_env("textcraft"), task_pool(cfg)[: args.tasks]
-    jobs = [(t, [hash_seed(0, i, r) for r in range(args.rollouts)]) for i, t in enumerate(tasks)]
+    env = make_env("textcraft")
+    tasks = task_pool(cfg.env, cfg.tasks, cfg.n_tasks, cfg.seed, cfg.difficulty)[: args.tasks]
+    jobs = [
+        (
+            t,
+            [
+                stage_runtime_config(cfg.env, cfg.rollout, "execution", True, hash_seed(0, i, r))
+                for r in range(args.rollouts)
+            ],
+        )
+        for i, t in enumerate(tasks)
+    ]
     print(
         f"\n## rollouts: {args.tasks} tasks x {args.rollouts} rollouts, {args.max_steps} steps/agent, "
         f"{args.new_tokens} new tokens/step, temperature 1"
@@ -126,8 +138,8 @@ def bench_rollouts(model, tok, args) -> None:
         ("level 1: max_batch_size=32, all in flight", 32, True),
     ):
         policy = HFPolicy(model, tok, max_batch_size=batch, seed=0)
-        run_rollouts(policy, jobs[:1], env, rcfg, in_flight)  # warm-up
-        sec, gen, calls = run_rollouts(policy, jobs, env, rcfg, in_flight)
+        run_rollouts(policy, jobs[:1], env, in_flight)  # warm-up
+        sec, gen, calls = run_rollouts(policy, jobs, env, in_flight)
         base = base or gen / sec
         print(f"{name:<44} {sec:>8.2f} {calls:>6} {gen:>7} {gen / sec:>9.1f} {gen / sec / base:>8.2f}x")
 

@@ -152,3 +152,16 @@ def test_one_json_document_eval_result_or_tree(tmp_path):
         read_trees(report)
     with pytest.raises(IsADirectoryError):
         read_trees(tmp_path)
+
+
+def test_closing_line_names_only_outputs_that_exist(tmp_path: Path):
+    from common.run.metrics import closing_line
+
+    (tmp_path / "metrics.jsonl").write_text("")
+    line = closing_line(tmp_path, 0, 3)
+    assert line.startswith("done: 0 optimizer steps in 3 rounds.")
+    assert "metrics.jsonl" in line and "checkpoints/" not in line and "curves.png" not in line
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "curves.png").write_bytes(b"")
+    line = closing_line(tmp_path, 2, 3)
+    assert "checkpoints/" in line and "curves.png" in line

@@ -85,10 +85,22 @@ def log_line(m: dict[str, Any]) -> str:
 
 
 def closing_line(out: Path, steps: int, rounds: int) -> str:
-    """The last line of a run: what it did and where its outputs are."""
-    return (
-        f"done: {steps} optimizer steps in {rounds} rounds. Outputs in {out}/: metrics.jsonl, trees.jsonl "
-        f"(sera view {out}/trees.jsonl), curves.png, checkpoints/"
+    """The last line of a run: what it did and where its outputs are (only those that exist).
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp()); _ = (d / "metrics.jsonl").write_text("")
+    >>> closing_line(d, 0, 3).replace(str(d), "OUT")
+    'done: 0 optimizer steps in 3 rounds. Outputs in OUT/: metrics.jsonl'
+    """
+    names = {
+        "metrics.jsonl": "metrics.jsonl",
+        "trees.jsonl": f"trees.jsonl (sera view {out}/trees.jsonl)",
+        "curves.png": "curves.png",
+        "checkpoints": "checkpoints/",
+        "tb": "tb/ (tensorboard --logdir ...)".replace("...", str(out / "tb")),
+    }
+    found = [text for name, text in names.items() if (out / name).exists()]
+    return f"done: {steps} optimizer steps in {rounds} rounds. Outputs in {out}/: " + (
+        ", ".join(found) or "none"
     )
 
 

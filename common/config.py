@@ -146,6 +146,25 @@ def build_config(cls: type, base: Any = None, **flat: Any) -> Any:
     return dataclasses.replace(base, **top) if base is not None else cls(**top)
 
 
+def check_ranges(
+    minimums: Iterable[tuple[str, float, float]], units: Iterable[tuple[str, float]] = ()
+) -> None:
+    """Raise one ``ValueError`` naming every option out of range, as the CLI spells it.
+
+    ``minimums`` = ``(field, value, lowest allowed)``; ``units`` = ``(field, value)`` that must lie in [0, 1].
+
+    >>> check_ranges([("steps", 0, 1), ("warmup", 0, 0)], [("oracle_mix", 1.5)])
+    Traceback (most recent call last):
+    ValueError: --steps must be >= 1 (got 0); --oracle-mix must be in [0, 1] (got 1.5)
+    """
+    problems = [f"--{k.replace('_', '-')} must be >= {lo} (got {v})" for k, v, lo in minimums if v < lo]
+    problems += [
+        f"--{k.replace('_', '-')} must be in [0, 1] (got {v})" for k, v in units if not 0.0 <= v <= 1.0
+    ]
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def flatten(cfg: Any) -> dict[str, Any]:
     """The inverse of :func:`build_config`: ``{option name: value}`` of every leaf field."""
     return {name: _get(cfg, path) for name, (path, *_rest) in flat_fields(type(cfg)).items()}

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from common.agent.runtime import RuntimeConfig
-from common.config import build_config
+from common.config import build_config, check_ranges
 
 Method = Literal["rao", "rao_d", "sera_wo_d_rt", "sera_wo_d", "sera"]
 EnvName = Literal["textcraft", "textworld"]
@@ -128,9 +128,8 @@ class TrainConfig:
     """Which fields of the nested configs are options (all of OptimConfig's; ROLLOUT_OPTIONS of RuntimeConfig)."""
 
     def __post_init__(self) -> None:
-        problems = [
-            f"--{k.replace('_', '-')} must be >= {lo} (got {v})"
-            for k, v, lo in (
+        check_ranges(
+            [
                 ("steps", self.steps, 1),
                 ("tasks_per_step", self.tasks_per_step, 1),
                 ("rollouts_per_task", self.rollouts_per_task, 1),
@@ -141,13 +140,9 @@ class TrainConfig:
                 ("max_steps", self.rollout.max_steps, 1),
                 ("max_new_tokens", self.rollout.max_new_tokens, 1),
                 ("counterfactual_k", self.rollout.counterfactual_k, 1),
-            )
-            if v < lo
-        ]
-        if not 0.0 <= self.oracle_mix <= 1.0:
-            problems.append(f"--oracle-mix must be in [0, 1] (got {self.oracle_mix})")
-        if problems:
-            raise ValueError("; ".join(problems))
+            ],
+            [("oracle_mix", self.oracle_mix)],
+        )
 
     @classmethod
     def make(cls, base: TrainConfig | None = None, **flat: Any) -> TrainConfig:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from common.agent.runtime import RuntimeConfig
-from common.config import build_config
+from common.config import build_config, check_ranges
 from common.train_config import ROLLOUT_OPTIONS, EnvName, Tier, laptop_rollout
 
 
@@ -71,9 +71,8 @@ class SFTConfig:
     """Which RuntimeConfig fields are options (the same as `sera train`'s)."""
 
     def __post_init__(self) -> None:
-        problems = [
-            f"--{k.replace('_', '-')} must be >= {lo} (got {v})"
-            for k, v, lo in (
+        check_ranges(
+            [
                 ("steps", self.steps, 1),
                 ("batch_size", self.batch_size, 1),
                 ("n_tasks", self.n_tasks, 1),
@@ -81,16 +80,12 @@ class SFTConfig:
                 ("save_every", self.save_every, 1),
                 ("warmup", self.warmup, 0),
                 ("max_example_tokens", self.max_example_tokens, 2),
-            )
-            if v < lo
-        ]
-        if not 0.0 <= self.child_noise <= 1.0:
-            problems.append(f"--child-noise must be in [0, 1] (got {self.child_noise})")
+            ],
+            [("child_noise", self.child_noise)],
+        )
         bad = [r for r in self.role_list() if r not in ("act", "rubric", "score")]
         if bad or not self.role_list():
-            problems.append(f"--roles must list act | rubric | score (got {self.roles!r})")
-        if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError(f"--roles must list act | rubric | score (got {self.roles!r})")
 
     def role_list(self) -> list[str]:
         """``roles`` as a list."""

@@ -9,8 +9,10 @@ activation checkpointing, fused AdamW — ``common.run.optim.make_optimizer``):
 * **efficient**: ``--datums-per-row`` datums of each row (prompt half / output half), all rows packed
   into ONE micro-batch of ``rows x row_tokens`` tokens, ``sera_varlen`` attention (FlashAttention varlen,
   no mask), log-probs only at output positions through the chunked head
-  (``efficiency.fast_packed_logprobs``); ``efficient-nockpt`` is the same without activation
-  checkpointing.
+  (``efficiency.fast_packed_logprobs``); ``efficient-half`` checkpoints only half of the decoder layers
+  (selective checkpointing); ``efficient-nockpt`` is the same without activation checkpointing.
+  ``--micro-rows R`` splits the efficient variants' step into micro-batches of R rows (gradient
+  accumulation, one token mean over the whole step), trading batch size for activation memory.
 
 MFU = model FLOPs / (seconds x ``--peak-tflops``), model FLOPs = 6 x (non-embedding params) x tokens
 + 6 x V x H x (positions whose logits are computed) + 6 x layers x q_dim x sum(L_i^2) (causal attention,
@@ -111,8 +113,9 @@ def naive_step(model, opt, batch: torch.Tensor, out_from: int) -> None:
     loss.backward()
 
 
-def efficient_step(model, opt, rows: list[list[Datum]], total_out: int) -> None:
-    for ds in [[d for r in rows for d in r]]:  # every datum in ONE packed micro-batch (rows x row_tokens)
+def efficient_step(model, opt, rows: list[list[Datum]], total_out: int, micro_rows: int) -> None:
+    for i in range(0, len(rows), micro_rows):  # micro-batches of micro_rows x row_tokens packed tokens
+        ds = [d for r in rows[i : i + micro_rows] for d in r]
         logp = fast_packed_logprobs(model, ds)  # [D, T_max]
         mask = torch.ones_like(logp)
         loss, _ = cispo_loss(
@@ -148,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         nargs="+",
         default=["naive", "efficient"],
-        choices=["naive", "efficient", "efficient-nockpt"],
+        choices=["naive", "efficient", "efficient-half", "efficient-nockpt"],
     )
+    ap.add_argument("--micro-rows", type=int, default=0, help="rows per micro-batch (0: all rows in one)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -166,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     print(
         f"\n{args.shape} | {res['device']} | {args.rows} x {args.row_tokens} tokens | {args.datums_per_row} datums/row"
+        f" | micro-batches of {args.micro_rows or args.rows} rows"
     )
     print("| variant | s/step | (optimizer s) | tokens/s | MFU | MFU (6N) | peak GiB |")
     print("|---|---|---|---|---|---|---|")
@@ -186,7 +191,11 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
     cuda = device == "cuda"
     model = build(args.shape, device, dtype)
     if variant.startswith("efficient"):
-        apply_efficiency(model, checkpointing=variant != "efficient-nockpt")
+        apply_efficiency(
+            model,
+            checkpointing=variant != "efficient-nockpt",
+            checkpoint_fraction=0.5 if variant == "efficient-half" else 1.0,
+        )
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -202,7 +211,7 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
         total_out = sum(len(d.output_ids) for r in rows for d in r)
         seqs = [len(d.prompt_ids) + len(d.output_ids) for r in rows for d in r]
         head = total_out
-        step = functools.partial(efficient_step, model, opt, rows, total_out)
+        step = functools.partial(efficient_step, model, opt, rows, total_out, args.micro_rows or args.rows)
 
     times, opt_times = [], []
     if cuda:

@@ -206,10 +206,21 @@ def fast_packed_logprobs(model: Any, datums: list[Datum], chunk: int = 2048) -> 
     return grid.index_put((r, c), flat)  # [D, T_max]
 
 
-def apply_efficiency(model: Any, checkpointing: bool = True) -> Any:
-    """Varlen attention and (optionally) activation checkpointing on ``model``, in place; returns it."""
+def apply_efficiency(model: Any, checkpointing: bool = True, checkpoint_fraction: float = 1.0) -> Any:
+    """Varlen attention and (optionally) activation checkpointing on ``model``, in place; returns it.
+
+    ``checkpoint_fraction`` < 1 checkpoints only the first ``round(fraction x layers)`` decoder layers
+    (selective checkpointing: the rest keep their activations, so less of the forward is recomputed in the
+    backward pass, for more memory).
+    """
+    if not 0.0 <= checkpoint_fraction <= 1.0:
+        raise ValueError(f"checkpoint_fraction must be in [0, 1] (got {checkpoint_fraction})")
     model.set_attn_implementation(register_varlen_attention())
-    if checkpointing:
+    if checkpointing and checkpoint_fraction > 0:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+        layers = [m for m in model.modules() if hasattr(m, "gradient_checkpointing") and m is not model]
+        layers = [m for m in layers if type(m).__name__.endswith("DecoderLayer")]
+        for layer in layers[round(checkpoint_fraction * len(layers)) :]:
+            layer.gradient_checkpointing = False
     return model

@@ -52,12 +52,18 @@ def test_chunked_logprobs_equal_full_logprobs_and_grads():
     assert torch.allclose(gh, ch, atol=1e-5) and torch.allclose(gw, cw, atol=1e-5)
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_fast_packed_logprobs_equal_reference(checkpointing):
+@pytest.mark.parametrize("checkpointing,fraction", [(False, 1.0), (True, 1.0), (True, 0.5)])
+def test_fast_packed_logprobs_equal_reference(checkpointing, fraction):
     from level1_batched.train import packed_logprobs
 
-    ref_model, _ = build_tiny_model(0)
-    fast_model = apply_efficiency(copy.deepcopy(ref_model), checkpointing=checkpointing)
+    ref_model, _ = build_tiny_model(0, num_layers=4)
+    fast_model = apply_efficiency(
+        copy.deepcopy(ref_model), checkpointing=checkpointing, checkpoint_fraction=fraction
+    )
+    flags = [layer.gradient_checkpointing for layer in fast_model.model.layers]
+    assert flags == (
+        [False] * 4 if not checkpointing else [True] * 4 if fraction == 1.0 else [True, True, False, False]
+    )
     ref_model.train()
     fast_model.train()
     datums = _datums(ref_model.config.vocab_size)

@@ -4,7 +4,7 @@
     python bench/bench_level1.py --model smollm2 --repeat 4 --tasks 2 --rollouts 4
     python bench/bench_level1.py --skip-rollouts --limits 2048 4096 8192 16384
 
-1. Loss + backward: the recorded fixture's datums (all three stages, 13 real datums of 1.1K-2.3K tokens)
+1. Loss + backward: the recorded fixture's datums (all three stages, 15 real datums of 0.9K-2.3K tokens)
    repeated ``--repeat`` times. Level 0's ``accumulate_gradients`` (one full forward per datum, logits over
    every position) vs level 1's ``accumulate_gradients_packed`` at each ``--limits`` micro-batch size
    (packed rows, logits only where an output token is predicted). Same model, gradients zeroed between
@@ -168,7 +168,7 @@ def main() -> None:
     ap.add_argument("--shape", default=None, help="L,H,HEADS: a random-init Llama of that shape instead")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--repeat", type=int, default=16, help="fixture copies (13 datums each)")
+    ap.add_argument("--repeat", type=int, default=16, help="fixture copies (15 datums each)")
     ap.add_argument(
         "--limits", type=int, nargs="+", default=[1, 2048, 4096, 8192], help="tokens per packed row"
     )

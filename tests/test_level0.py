@@ -25,7 +25,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "rl_fixture.json"
 
 def load_fixture() -> dict:
     fx = json.loads(FIXTURE.read_text())
-    assert fx["version"] == 1, f"fixture version {fx['version']}: regenerate with {fx['regenerate']}"
+    assert fx["version"] == 2, f"fixture version {fx['version']}: regenerate with {fx['regenerate']}"
     return fx
 
 
@@ -68,7 +68,9 @@ def test_fixture_datums_respect_stage_masks():
     _, tok = load_model("tiny", dtype="float32", seed=0)
     for d in fixture_datums(fx["delegation"]):  # only the launch statement is trained, cut after it
         first = d.loss_mask.index(1)
-        assert all(d.loss_mask[first:]), "the trained tokens are one contiguous span that ends the datum"
+        assert d.loss_mask[-1] == 1, "the datum is cut right after its last trained token"
+        gaps = [t for t, m in zip(d.output_ids[first:], d.loss_mask[first:], strict=True) if not m]
+        assert tok.decode(gaps).strip() == "", "only the separators between launch statements are untrained"
         assert first > 0, "the reply before the launch statement (its thought) is not trained"
         assert len(d.output_ids) == len(d.behaviour_logprobs) == len(d.loss_mask)
         span = tok.decode(d.output_ids[first:])

@@ -49,7 +49,7 @@ def one_thread():
 
 def load_stage(stage: str) -> tuple[list[Datum], list[float], dict]:
     fx = json.loads(FIXTURE.read_text())
-    assert fx["version"] == 1, f"fixture version {fx['version']}: regenerate with {fx['regenerate']}"
+    assert fx["version"] == 2, f"fixture version {fx['version']}: regenerate with {fx['regenerate']}"
     st = fx["stages"][stage]
     return [Datum(**d) for d in st["datums"]], st["weights"], st["golden"]
 

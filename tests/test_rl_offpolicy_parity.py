@@ -1,10 +1,11 @@
 """Off-policy parity: level 0 and level 1 agree when behaviour log-probs differ from the trainer's and
 some ratios exceed the CISPO clip (5).
 
-The recorded fixture's behaviour log-probs equal the trainer's (rho = 1 everywhere), so the clip is never
-exercised there. Here the fixture's datums get the deterministic perturbation of
-``tests/fixtures/make_rl_fixture.py: perturb`` (log-prob - 2.5 on every 4th token: rho ~ 12 > 5;
-+ 0.7 on the next: rho ~ 0.5), and level 1's packed loss and gradients must equal level 0's per-datum ones.
+The recorded fixture (version 2) stores OFF-POLICY behaviour log-probs: the sampler's value shifted by
+``tests/fixtures/make_rl_fixture.py: perturb`` (- 2.5 on every 4th token: rho ~ 12 > 5; + 0.7 on the next:
+rho ~ 0.5). Here the datums are split over two packed micro-batches and level 1's loss and gradients must
+equal level 0's per-datum ones, clipped tokens included. A second check shifts them once more (rho up to
+~150) so that the agreement does not depend on the recorded perturbation alone.
 
 Run: pytest tests/test_rl_offpolicy_parity.py
 """
@@ -28,13 +29,16 @@ sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 from make_rl_fixture import perturb  # noqa: E402
 
 
-def _stage(stage: str) -> tuple[list[Datum], list[float]]:
+def _stage(stage: str, shift_again: bool) -> tuple[list[Datum], list[float]]:
     fx = json.loads((ROOT / "tests" / "fixtures" / "rl_fixture.json").read_text())
+    assert fx["version"] >= 2, "the fixture must carry off-policy behaviour log-probs"
     st = fx["stages"][stage]
     datums = [Datum(**d) for d in st["datums"]]
-    return [
-        replace(d, behaviour_logprobs=perturb(k, d.behaviour_logprobs)) for k, d in enumerate(datums)
-    ], st["weights"]
+    if shift_again:
+        datums = [
+            replace(d, behaviour_logprobs=perturb(k, d.behaviour_logprobs)) for k, d in enumerate(datums)
+        ]
+    return datums, st["weights"]
 
 
 def _fresh():
@@ -44,15 +48,16 @@ def _fresh():
     return model.train()
 
 
+@pytest.mark.parametrize("shift_again", [False, True])
 @pytest.mark.parametrize("stage", ["execution", "delegation", "rubric"])
-def test_level1_matches_level0_with_clipped_ratios(stage: str):
+def test_level1_matches_level0_with_clipped_ratios(stage: str, shift_again: bool):
     from level0_single_process.train import accumulate_gradients
     from level1_batched.train import accumulate_gradients_packed
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        datums, weights = _stage(stage)
+        datums, weights = _stage(stage, shift_again)
         m0_model = _fresh()
         m0 = accumulate_gradients(m0_model, datums, weights)
         g0 = {n: p.grad.clone() for n, p in m0_model.named_parameters() if p.grad is not None}

@@ -62,8 +62,8 @@ assert balanced_shards([5, 1, 4, 2], 2) == [[0, 1], [2, 3]]
 # 2-rank data-parallel split (each "rank" computes its shard with the global |M|; the gradients summed).
 # Tolerances are those of `tests/test_level1.py`: loss within 1e-5 x the size of the summed terms, grad
 # norm relative 1e-4, gradients per tensor within 1e-4 x the largest gradient of the same loss with |A|
-# (the rubric fixture's two datums have advantages -0.1 and +0.1 on near-identical tokens: their gradients
-# cancel, so the tolerance is judged against the size of the terms, not of their tiny difference).
+# (datums of one task carry LOO advantages of both signs on near-identical prompts: their gradients partly
+# cancel, so the tolerance is judged against the size of the terms, not of their difference).
 
 # %%
 worst = {"loss": 0.0, "grad_norm_rel": 0.0, "grad_l1_vs_l0": 0.0}

@@ -30,12 +30,9 @@ import typer
 def field_docs(cls: type) -> dict[str, str]:
     """``{field name: docstring}`` of a dataclass whose fields are followed by a string literal.
 
-    >>> @dataclasses.dataclass
-    ... class C:
-    ...     lr: float = 1e-3
-    ...     '''Learning rate.'''
-    >>> field_docs(C)
-    {'lr': 'Learning rate.'}
+    >>> from common.train_config import OptimConfig
+    >>> field_docs(OptimConfig)["lr"]
+    'AdamW learning rate (constant).'
     """
     try:
         source = textwrap.dedent(inspect.getsource(cls))
@@ -77,18 +74,10 @@ def flat_fields(
     a nested group not named there contributes all its fields. Default: the class attribute
     ``OPTION_GROUPS``, if it has one. Names must be unique across groups.
 
-    >>> @dataclasses.dataclass
-    ... class Inner:
-    ...     k: int = 4
-    ...     '''Branches.'''
-    >>> @dataclasses.dataclass
-    ... class Outer:
-    ...     steps: int = 2
-    ...     '''Steps.'''
-    ...     inner: Inner = dataclasses.field(default_factory=lambda: Inner(k=8))
-    ...     '''A group.'''
-    >>> {k: v[:2] for k, v in flat_fields(Outer).items()}
-    {'steps': (('steps',), 2), 'k': (('inner', 'k'), 8)}
+    >>> from common.train_config import TrainConfig
+    >>> fields = flat_fields(TrainConfig)
+    >>> {name: fields[name][0] for name in ("steps", "max_steps", "lr")}
+    {'steps': ('steps',), 'max_steps': ('rollout', 'max_steps'), 'lr': ('optim', 'lr')}
     """
     docs, hints, out = field_docs(cls), typing.get_type_hints(cls), {}
     groups = groups if groups is not None else getattr(cls, "OPTION_GROUPS", None)
@@ -117,15 +106,10 @@ def build_config(cls: type, base: Any = None, **flat: Any) -> Any:
 
     Unknown names raise ``TypeError`` (a typo never silently does nothing).
 
-    >>> @dataclasses.dataclass
-    ... class Inner:
-    ...     k: int = 4
-    >>> @dataclasses.dataclass
-    ... class Outer:
-    ...     steps: int = 2
-    ...     inner: Inner = dataclasses.field(default_factory=Inner)
-    >>> build_config(Outer, steps=5, k=8)
-    Outer(steps=5, inner=Inner(k=8))
+    >>> from common.train_config import TrainConfig
+    >>> cfg = build_config(TrainConfig, steps=5, max_steps=8)
+    >>> cfg.steps, cfg.rollout.max_steps
+    (5, 8)
     """
     fields = flat_fields(cls)
     unknown = sorted(set(flat) - set(fields))

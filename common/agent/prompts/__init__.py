@@ -24,52 +24,18 @@ import functools
 from pathlib import Path
 from string import Template
 
+from common.templates import PromptTemplateError, load_template, pick, user_dir
+
+__all__ = ["PACKAGED_DIR", "PromptTemplateError", "load_templates", "render"]
+
 PACKAGED_DIR = Path(__file__).resolve().parent
 """Where the packaged templates live (shipped as package data: ``*.txt``)."""
 
 
-class PromptTemplateError(ValueError):
-    """A user template is unreadable or uses a placeholder the code does not provide."""
-
-
-def _read(path: Path) -> str:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptTemplateError(f"{path}: cannot read prompt template ({exc})") from None
-    return text[:-1] if text.endswith("\n") else text
-
-
-def _check(path: Path, text: str, allowed: frozenset[str]) -> None:
-    """Every ``$placeholder`` of ``text`` is one of ``allowed``; errors name ``file:line``."""
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        tmpl = Template(line)
-        if not tmpl.is_valid():
-            raise PromptTemplateError(
-                f"{path}:{lineno}: malformed placeholder (write $$ for a literal dollar sign)"
-            )
-        for name in tmpl.get_identifiers():
-            if name not in allowed:
-                raise PromptTemplateError(
-                    f"{path}:{lineno}: unknown placeholder ${name}; this template may use "
-                    + (", ".join(f"${a}" for a in sorted(allowed)) or "no placeholders")
-                )
-
-
 @functools.lru_cache(maxsize=32)
 def _load(spec: tuple[tuple[str, frozenset[str]], ...], prompts_dir: str | None) -> dict[str, str]:
-    user_dir = Path(prompts_dir).expanduser() if prompts_dir else None
-    if user_dir is not None and not user_dir.is_dir():
-        raise PromptTemplateError(f"{user_dir}: prompts directory does not exist")
-    out: dict[str, str] = {}
-    for name, allowed in spec:
-        path = PACKAGED_DIR / f"{name}.txt"
-        if user_dir is not None and (user_dir / f"{name}.txt").is_file():
-            path = user_dir / f"{name}.txt"
-        text = _read(path)
-        _check(path, text, allowed)
-        out[name] = text
-    return out
+    user = user_dir(prompts_dir)
+    return {name: load_template(pick(f"{name}.txt", PACKAGED_DIR, user), allowed) for name, allowed in spec}
 
 
 def load_templates(spec: dict[str, frozenset[str]], prompts_dir: str | Path | None = None) -> dict[str, str]:

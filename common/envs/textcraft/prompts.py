@@ -37,6 +37,10 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from common.templates import PromptTemplateError, load_template, pick, user_dir
+
+__all__ = ["PromptTemplateError", "TextCraftPrompts", "load_prompts"]
+
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 """The packaged templates (``pyproject`` package data must include ``*.txt``)."""
 PREFIX = "textcraft_"
@@ -66,31 +70,6 @@ SPEC: dict[str, frozenset[str]] = {
     "tools_description": frozenset(),
 }
 """Template name -> the placeholders it may use."""
-
-
-class PromptTemplateError(ValueError):
-    """A template is unreadable or uses a placeholder its text may not use."""
-
-
-def _read(path: Path) -> str:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptTemplateError(f"{path}: cannot read prompt template ({exc})") from None
-    return text[:-1] if text.endswith("\n") else text
-
-
-def _check(path: Path, text: str, allowed: frozenset[str]) -> None:
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        tmpl = Template(line)
-        if not tmpl.is_valid():
-            raise PromptTemplateError(f"{path}:{lineno}: malformed placeholder (write $$ for a literal $)")
-        for name in tmpl.get_identifiers():
-            if name not in allowed:
-                names = ", ".join(f"${a}" for a in sorted(allowed)) or "no placeholders"
-                raise PromptTemplateError(
-                    f"{path}:{lineno}: unknown placeholder ${name}; this template may use {names}"
-                )
 
 
 @dataclass(frozen=True)
@@ -170,18 +149,10 @@ class TextCraftPrompts:
 
 @functools.lru_cache(maxsize=16)
 def _load(prompts_dir: str | None) -> TextCraftPrompts:
-    user_dir = Path(prompts_dir).expanduser() if prompts_dir else None
-    if user_dir is not None and not user_dir.is_dir():
-        raise PromptTemplateError(f"{user_dir}: prompts directory does not exist")
-    texts, sources = {}, {}
-    for name, allowed in SPEC.items():
-        path = TEMPLATE_DIR / f"{PREFIX}{name}.txt"
-        if user_dir is not None and (user_dir / f"{PREFIX}{name}.txt").is_file():
-            path = user_dir / f"{PREFIX}{name}.txt"
-        text = _read(path)
-        _check(path, text, allowed)
-        texts[name], sources[name] = text, str(path)
-    return TextCraftPrompts(texts, sources)
+    user = user_dir(prompts_dir)
+    paths = {name: pick(f"{PREFIX}{name}.txt", TEMPLATE_DIR, user) for name in SPEC}
+    texts = {name: load_template(path, SPEC[name]) for name, path in paths.items()}
+    return TextCraftPrompts(texts, {name: str(path) for name, path in paths.items()})
 
 
 def load_prompts(prompts_dir: str | Path | None = None) -> TextCraftPrompts:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.templates import PromptTemplateError, load_template
+
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 FIELDS: dict[str, frozenset[str]] = {
     "system": frozenset({"agent_id", "depth", "delegation_strategy"}),
@@ -74,36 +76,8 @@ FINAL_OBSERVATION_CHARS = 1200
 """A child's final observation is cut to this many characters in the results block (public)."""
 
 
-class PromptTemplateError(ValueError):
-    """A template file is unusable (unknown name, unknown placeholder, bad syntax)."""
-
-
-def _placeholders(t: string.Template) -> set[str]:
-    names = set()
-    for m in t.pattern.finditer(t.template):
-        if m.group("invalid") is not None:
-            line = t.template[: m.start("invalid")].count("\n") + 1
-            raise PromptTemplateError(f"line {line}: a '$' that starts no placeholder (write $$ for '$')")
-        name = m.group("named") or m.group("braced")
-        if name:
-            names.add(name)
-    return names
-
-
 def _load_file(path: Path, name: str) -> string.Template:
-    text = path.read_text(encoding="utf-8")
-    if text.endswith("\n"):
-        text = text[:-1]
-    t = string.Template(text)
-    try:
-        unknown = _placeholders(t) - FIELDS[name]
-    except PromptTemplateError as e:
-        raise PromptTemplateError(f"{path}:{e}") from None
-    if unknown:
-        raise PromptTemplateError(
-            f"{path}: unknown placeholder(s) {sorted(unknown)}; {name}.txt may use {sorted(FIELDS[name])}"
-        )
-    return t
+    return string.Template(load_template(path, FIELDS[name]))
 
 
 @dataclass(frozen=True)

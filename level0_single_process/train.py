@@ -146,7 +146,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
     ckpt = TorchCheckpointer(out)
     state = (ckpt.load_latest(model, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
     truncate_logs(out, state.round)
-    env, sampler = make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir), TaskSampler(pool, cfg.seed, state.cursor)
+    env, sampler = make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir, cfg.codeact_executor), TaskSampler(pool, cfg.seed, state.cursor)
     judge = make_judge(cfg.judge, policy)
     writer = MetricsWriter(out, cfg.tensorboard)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))

@@ -224,7 +224,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             f"| {l1} | steps {state.step}->{cfg.steps}"
         )
     env, sampler = (
-        make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir),
+        make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir, cfg.codeact_executor),
         TaskSampler(pool, cfg.seed, state.cursor),
     )
     judge = make_judge(cfg.judge, policy)

@@ -259,7 +259,7 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
           f"ranks, {l2.servers} {l2.server_engine} servers, sync {l2.weight_sync}, max staleness {l2.max_staleness} "
           f"| steps {state.step}->{cfg.steps}")  # fmt: skip
     env, sampler = (
-        make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir),
+        make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir, cfg.codeact_executor),
         TaskSampler(pool, cfg.seed, state.cursor),
     )
     stats = LiveStats()

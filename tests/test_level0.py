@@ -24,8 +24,15 @@ FIXTURE = ROOT / "tests" / "fixtures" / "rl_fixture.json"
 
 FIXED_REDUCTIONS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MKL_DYNAMIC": "FALSE"}
 """Environment of the resume tests' training processes: one CPU thread, so every float reduction runs in
-one fixed order. With several threads MKL may pick its thread count by machine load (MKL_DYNAMIC), which
-moves last bits of the logits; a sampled token can then flip and two runs part ways (seen in CI)."""
+one fixed order whatever the machine's load."""
+
+REPEATABLE = dict(codeact_executor="inprocess")
+"""What makes a TextCraft run repeat exactly, for the resume tests: with the default worker executor each
+agent's cells run in its own process, so sibling agents that a parent launched in parallel act on the
+shared world in an order set by the OS scheduler (in CI under load, one sibling crafted an intermediate
+before the other read the inventory in one run and after it in the other: the oracle then planned 2 crafts
+instead of 3 and the runs parted). That race is the system's real behaviour; in-process cells run on the
+event loop in one fixed order."""
 
 
 def load_fixture() -> dict:
@@ -169,7 +176,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
     """Every run in a fresh process, as a user runs it (an in-process reference would inherit the test
     session's torch thread count, and a different reduction order is not bit-identical)."""
     # lr 1e-3: another trajectory would move the weights by far more than float32 rounding
-    args = dict(schedule="execution:1", steps=3, tasks_per_step=1, max_new_tokens=12, lr=1e-3)
+    args = dict(schedule="execution:1", steps=3, tasks_per_step=1, max_new_tokens=12, lr=1e-3, **REPEATABLE)
     ref = small_config(tmp_path / "ref", "textcraft", **args)
     killed = small_config(tmp_path / "killed", "textcraft", **args)
     env = {**os.environ, "PYTHONPATH": str(ROOT), **FIXED_REDUCTIONS}

@@ -183,3 +183,14 @@ def test_eval_paper_runs_the_papers_textcraft_val_set(tmp_path: Path):
     rows = (out / "paper_val.jsonl").read_text().splitlines()
     report = json.loads((out / "report.json").read_text())
     assert len(rows) == 632 and report["n_tasks"] == 3 and report["success_rate"] == 1.0
+
+
+def test_codeact_executor_reaches_the_textcraft_env_only():
+    from common.run.rollout import make_env_with_prompts
+
+    cfg = TrainConfig.make(codeact_executor="inprocess")
+    assert make_env_with_prompts("textcraft", None, cfg.codeact_executor).executor == "inprocess"
+    assert make_env_with_prompts("textcraft", None, None).executor == "worker"  # the safe default
+    assert not hasattr(make_env_with_prompts("textworld", None, "inprocess"), "executor")
+    with pytest.raises(ValueError, match="executor must be"):
+        make_env_with_prompts("textcraft", None, "subprocess")

@@ -104,11 +104,15 @@ class RolloutConfig:
         )
 
 
-def make_env_with_prompts(env: str, prompts_dir: str | None):
-    """``make_env`` with the user's prompt templates, where given (one --prompts-dir for every template)."""
+def make_env_with_prompts(env: str, prompts_dir: str | None, codeact_executor: str | None = None):
+    """``make_env`` with the user's prompt templates, where given (one --prompts-dir for every template),
+    and for TextCraft the CodeAct executor (``worker`` | ``inprocess``), where given."""
     from common.envs import make_env
 
-    return make_env(env, prompts_dir=prompts_dir) if prompts_dir else make_env(env)
+    kwargs: dict[str, Any] = {"prompts_dir": prompts_dir} if prompts_dir else {}
+    if codeact_executor is not None and env == "textcraft":
+        kwargs["executor"] = codeact_executor
+    return make_env(env, **kwargs)
 
 
 def pick_task(env: str, task: str | None, seed: int) -> dict[str, Any]:

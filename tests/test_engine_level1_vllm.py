@@ -115,7 +115,7 @@ def report():
         )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run(
-        [str(VLLM_PYTHON), "-c", WORKER], cwd=ROOT, env=env, capture_output=True, text=True, timeout=840
+        [str(VLLM_PYTHON), "-c", WORKER], cwd=ROOT, env=env, capture_output=True, text=True, timeout=420
     )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:

@@ -133,7 +133,7 @@ def report(tmp_path_factory):
         "SERA_CACHE": os.environ.get("SERA_CACHE", str(Path.home() / ".cache" / "sera")),
     }
     proc = subprocess.run(
-        [str(VLLM_PYTHON), "-c", WORKER], cwd=ROOT, env=env, capture_output=True, text=True, timeout=840
+        [str(VLLM_PYTHON), "-c", WORKER], cwd=ROOT, env=env, capture_output=True, text=True, timeout=420
     )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:

@@ -189,7 +189,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
         ]
         return [sys.executable, "-m", "sera", "train", *flags, *extra]
 
-    subprocess.run(command(ref), cwd=ROOT, env=env, check=True, capture_output=True, timeout=900)
+    subprocess.run(command(ref), cwd=ROOT, env=env, check=True, capture_output=True, timeout=400)
     proc = subprocess.Popen(
         command(killed),
         cwd=ROOT,
@@ -199,7 +199,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
         start_new_session=True,
     )
     ckpt = Path(killed.out) / "checkpoints" / "step_000001"
-    deadline = time.time() + 600
+    deadline = time.time() + 300
     while not ckpt.exists() and time.time() < deadline:
         if proc.poll() is not None:
             pytest.fail(f"training exited early: {proc.stderr.read().decode()[-3000:]}")
@@ -209,7 +209,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
     assert not (Path(killed.out) / "checkpoints" / "step_000003").exists()
 
     subprocess.run(
-        command(killed, "--resume"), cwd=ROOT, env=env, check=True, capture_output=True, timeout=900
+        command(killed, "--resume"), cwd=ROOT, env=env, check=True, capture_output=True, timeout=400
     )
     a, b = _params(Path(ref.out), 3), _params(Path(killed.out), 3)
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)

@@ -316,7 +316,7 @@ def test_level1_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
             *extra,
         ]
 
-    subprocess.run(command(ref), cwd=root, env=env, check=True, capture_output=True, timeout=600)
+    subprocess.run(command(ref), cwd=root, env=env, check=True, capture_output=True, timeout=400)
     proc = subprocess.Popen(
         command(killed),
         cwd=root,
@@ -336,7 +336,7 @@ def test_level1_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
     assert not (Path(killed.out) / "checkpoints" / "step_000003").exists()
 
     subprocess.run(
-        command(killed, "--resume"), cwd=root, env=env, check=True, capture_output=True, timeout=600
+        command(killed, "--resume"), cwd=root, env=env, check=True, capture_output=True, timeout=400
     )
     a = torch.load(Path(ref.out) / "checkpoints/step_000003/state.pt", weights_only=False)["model"]
     b = torch.load(Path(killed.out) / "checkpoints/step_000003/state.pt", weights_only=False)["model"]

@@ -64,7 +64,7 @@ def test_there_are_tutorials():
 def test_tutorial_runs(path: Path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
     r = subprocess.run(
-        [sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip(), "a tutorial should show something"

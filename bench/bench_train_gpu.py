@@ -13,6 +13,7 @@ activation checkpointing, fused AdamW — ``common.run.optim.make_optimizer``):
   (selective checkpointing); ``efficient-nockpt`` is the same without activation checkpointing.
   ``--micro-rows R`` splits the efficient variants' step into micro-batches of R rows (gradient
   accumulation, one token mean over the whole step), trading batch size for activation memory.
+  ``--compile`` runs every decoder layer through ``torch.compile`` (the warm-up step pays the compile).
 
 MFU = model FLOPs / (seconds x ``--peak-tflops``), model FLOPs = 6 x (non-embedding params) x tokens
 + 6 x V x H x (positions whose logits are computed) + 6 x layers x q_dim x sum(L_i^2) (causal attention,
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["naive", "efficient", "efficient-half", "efficient-nockpt"],
     )
     ap.add_argument("--micro-rows", type=int, default=0, help="rows per micro-batch (0: all rows in one)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile every decoder layer (inductor)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -171,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{args.shape} | {res['device']} | {args.rows} x {args.row_tokens} tokens | {args.datums_per_row} datums/row"
         f" | micro-batches of {args.micro_rows or args.rows} rows"
+        + (" | torch.compile per layer" if args.compile else "")
     )
     print("| variant | s/step | (optimizer s) | tokens/s | MFU | MFU (6N) | peak GiB |")
     print("|---|---|---|---|---|---|---|")
@@ -198,6 +201,13 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
         )
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.compile:  # torch.compile each decoder layer (fuses RMSNorm / SwiGLU / rope element-wise work)
+        import torch._dynamo
+
+        layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+        torch._dynamo.config.cache_size_limit = max(64, 2 * len(layers))
+        for layer in layers:
+            layer.compile()
     model.train()
     opt, opt_name = optimizer_for(model)
     vocab = model.config.vocab_size
@@ -231,6 +241,7 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
         if i > 0:
             times.append(time.perf_counter() - t)
             opt_times.append(time.perf_counter() - t_opt)
+        print(f"  {variant} step {i}{' (warm-up)' if i == 0 else ''}: {time.perf_counter() - t:.2f} s", flush=True)
     sec = sorted(times)[len(times) // 2]
     model_flops, flops_6n = flops(model, seqs, head, tokens)
     return {

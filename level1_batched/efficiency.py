@@ -206,21 +206,32 @@ def fast_packed_logprobs(model: Any, datums: list[Datum], chunk: int = 2048) -> 
     return grid.index_put((r, c), flat)  # [D, T_max]
 
 
-def apply_efficiency(model: Any, checkpointing: bool = True, checkpoint_fraction: float = 1.0) -> Any:
-    """Varlen attention and (optionally) activation checkpointing on ``model``, in place; returns it.
+def apply_efficiency(
+    model: Any, checkpointing: bool = True, checkpoint_fraction: float = 1.0, compile_layers: bool = False
+) -> Any:
+    """Varlen attention, (optionally) activation checkpointing and per-layer ``torch.compile``, in place.
 
     ``checkpoint_fraction`` < 1 checkpoints only the first ``round(fraction x layers)`` decoder layers
     (selective checkpointing: the rest keep their activations, so less of the forward is recomputed in the
-    backward pass, for more memory).
+    backward pass, for more memory). ``compile_layers`` runs every decoder layer through ``torch.compile``
+    (inductor fuses the RMSNorm / SwiGLU / rope element-wise work; the first step pays the compile). On one
+    H200, Qwen3-4B shape, 16K tokens per step in two micro-batches, no checkpointing and compiled layers
+    reach 47.8 % MFU vs 29.5 % for plain HF training (bench/RESULTS.md). Returns ``model``.
     """
     if not 0.0 <= checkpoint_fraction <= 1.0:
         raise ValueError(f"checkpoint_fraction must be in [0, 1] (got {checkpoint_fraction})")
     model.set_attn_implementation(register_varlen_attention())
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
     if checkpointing and checkpoint_fraction > 0:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-        layers = [m for m in model.modules() if hasattr(m, "gradient_checkpointing") and m is not model]
-        layers = [m for m in layers if type(m).__name__.endswith("DecoderLayer")]
         for layer in layers[round(checkpoint_fraction * len(layers)) :]:
             layer.gradient_checkpointing = False
+    if compile_layers:
+        import torch._dynamo as dynamo
+
+        # one compiled frame per layer instance: room for all of them (the default limit is 8)
+        dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 2 * len(layers))
+        for layer in layers:
+            layer.compile()
     return model

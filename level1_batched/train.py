@@ -205,7 +205,10 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         if l1.fast_trainer:
             from level1_batched.efficiency import apply_efficiency
 
-            apply_efficiency(model)  # after the engine started: the engine loaded plain weights
+            # after the engine started: the engine loaded plain weights
+            apply_efficiency(
+                model, checkpoint_fraction=l1.checkpoint_fraction, compile_layers=l1.compile_layers
+            )
     policy = CountingPolicy(
         train_policy(cfg, model, tokenizer, max_batch_size=l1.max_batch_size, engine=engine), stats
     )

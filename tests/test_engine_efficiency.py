@@ -52,13 +52,19 @@ def test_chunked_logprobs_equal_full_logprobs_and_grads():
     assert torch.allclose(gh, ch, atol=1e-5) and torch.allclose(gw, cw, atol=1e-5)
 
 
-@pytest.mark.parametrize("checkpointing,fraction", [(False, 1.0), (True, 1.0), (True, 0.5)])
-def test_fast_packed_logprobs_equal_reference(checkpointing, fraction):
+@pytest.mark.parametrize(
+    "checkpointing,fraction,compiled",
+    [(False, 1.0, False), (True, 1.0, False), (True, 0.5, False), (False, 1.0, True)],
+)
+def test_fast_packed_logprobs_equal_reference(checkpointing, fraction, compiled):
     from level1_batched.train import packed_logprobs
 
     ref_model, _ = build_tiny_model(0, num_layers=4)
     fast_model = apply_efficiency(
-        copy.deepcopy(ref_model), checkpointing=checkpointing, checkpoint_fraction=fraction
+        copy.deepcopy(ref_model),
+        checkpointing=checkpointing,
+        checkpoint_fraction=fraction,
+        compile_layers=compiled,
     )
     flags = [layer.gradient_checkpointing for layer in fast_model.model.layers]
     assert flags == (
@@ -86,3 +92,14 @@ def test_fast_path_refuses_a_plain_model():
     model, _ = build_tiny_model(0)
     with pytest.raises(ValueError, match="apply_efficiency"):
         fast_packed_logprobs(model, _datums(model.config.vocab_size))
+
+
+def test_level1_options_of_the_fast_trainer_are_checked():
+    from level1_batched.config import Level1Config
+
+    with pytest.raises(ValueError, match="need --fast-trainer"):
+        Level1Config(compile_layers=True)
+    with pytest.raises(ValueError, match="checkpoint-fraction must be in"):
+        Level1Config(engine="vllm", fast_trainer=True, checkpoint_fraction=1.5)
+    cfg = Level1Config(engine="vllm", fast_trainer=True, checkpoint_fraction=0.0, compile_layers=True)
+    assert cfg.compile_layers and cfg.checkpoint_fraction == 0.0

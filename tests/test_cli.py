@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT.parent / "shared" / "sample_tasks" / "textworld_sync_sample.jsonl"
+SAMPLE = ROOT / "common" / "envs" / "textworld_sync" / "public_sample.jsonl"  # shipped with the package
 
 
 def sera(*args: str, ok: bool = True, cwd: Path = ROOT) -> subprocess.CompletedProcess:

@@ -16,9 +16,6 @@ from common.envs.textworld_sync.tasks import FAMILIES, TIERS, generate_tasks, lo
 from common.envs.textworld_sync.world import SyncWorld
 
 SAMPLE = sample_tasks_path()
-needs_sample = pytest.mark.skipif(
-    SAMPLE is None, reason="shared/sample_tasks not found in <repo>/shared or <repo>/../shared"
-)
 
 
 def _check_run(run: OracleRun, task_id: str) -> None:
@@ -31,7 +28,6 @@ def _check_run(run: OracleRun, task_id: str) -> None:
     run.world.check_invariants()
 
 
-@needs_sample
 @pytest.mark.parametrize("delegate", [None, True])
 @pytest.mark.parametrize("interleave", [False, True])
 def test_oracle_solves_every_public_sample_row(delegate, interleave):

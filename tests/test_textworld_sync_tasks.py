@@ -1,7 +1,7 @@
 """Tests of TextWorld-Sync task loading (public rows, manifest form, file:line errors) and generation.
 
-The public sample rows live in ``shared/sample_tasks`` beside the clone (``<clone>/../shared``) or inside
-it; tests that need them are skipped with a message when neither exists.
+The public sample rows ship with the package (``common/envs/textworld_sync/public_sample.jsonl``, a copy of
+the four rows of ``shared/sample_tasks/textworld_sync_sample.jsonl``).
 
 Run: ``pytest tests/test_textworld_sync_tasks.py -q``.
 """
@@ -29,12 +29,8 @@ from common.envs.textworld_sync.tasks import (
 from common.envs.textworld_sync.world import SyncWorld
 
 SAMPLE = sample_tasks_path()
-needs_sample = pytest.mark.skipif(
-    SAMPLE is None, reason="shared/sample_tasks not found in <repo>/shared or <repo>/../shared"
-)
 
 
-@needs_sample
 def test_public_sample_rows_load_unchanged():
     rows = load_tasks(SAMPLE)
     raw = [json.loads(line) for line in Path(SAMPLE).read_text().splitlines() if line.strip()]
@@ -44,7 +40,6 @@ def test_public_sample_rows_load_unchanged():
     assert w.spec.capacity == 1 and w.spec.cooldown == 1 and w.spec.max_steps == 82
 
 
-@needs_sample
 def test_manifest_form_is_lifted_to_the_flat_form(tmp_path):
     rows = load_tasks(SAMPLE)
     manifest_rows = []
@@ -85,7 +80,6 @@ V9_GEN_KEYS = (
 )
 
 
-@needs_sample
 def test_the_public_1400_row_manifest_shape_loads_unchanged(tmp_path):
     """Dataset/eval/textworld_multidish_test_1400_v9.json (OliverLeeXZ/SERA): a manifest object whose rows
     keep ``game_params`` as a JSON string and the recipe under ``generation_properties``. Rebuilt here in
@@ -199,7 +193,6 @@ def test_generation_is_deterministic_and_seeded():
     assert len({r["task_id"] for r in generate_tasks("test", 28, seed=0)}) == 28
 
 
-@needs_sample
 def test_generated_rows_have_the_public_schema():
     public_keys = set(json.loads(Path(SAMPLE).read_text().splitlines()[0]))
     dish_keys = {"dish_id", "estimated_branch_work", "ingredient_names", "recipe"}
@@ -293,7 +286,6 @@ def test_generate_tasks_with_the_paper_mix():
         generate_tasks("train", 2, seed=0, mix="balanced")
 
 
-@needs_sample
 def test_task_texts_follow_the_public_generator_format():
     from common.envs.textworld_sync.tasks import describe_dishes
 

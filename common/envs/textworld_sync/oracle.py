@@ -279,11 +279,15 @@ def solve(task: dict[str, Any], **kwargs: Any) -> OracleRun:
     return asyncio.run(run_oracle_episode(task, **kwargs))
 
 
+PUBLIC_SAMPLE = Path(__file__).resolve().with_name("public_sample.jsonl")
+"""Four public TextWorld-Sync rows (the paper's released format, unchanged), shipped with the package so
+that the loader and the rules are checked against real rows on every machine."""
+
+
 def sample_tasks_path() -> Path | None:
-    """The shared public sample rows: ``<repo>/shared/...`` or ``<repo>/../shared/...`` (CI), else None."""
+    """The public sample rows: the copy shipped with the package (else ``<repo>/../shared/...``, else None)."""
     repo = Path(__file__).resolve().parents[3]
-    for base in (repo / "shared", repo.parent / "shared"):
-        p = base / "sample_tasks" / "textworld_sync_sample.jsonl"
+    for p in (PUBLIC_SAMPLE, repo.parent / "shared" / "sample_tasks" / "textworld_sync_sample.jsonl"):
         if p.exists():
             return p
     return None

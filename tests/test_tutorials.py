@@ -49,6 +49,7 @@ KEY_LINES = {
         and _float(r"max_grad_norm_rel_diff (\S+)", out) <= 1e-4
     ),
     "08_level2_on_one_machine": lambda out: _check_08(out) or True,
+    "09_learning_demo": lambda out: 0.0 <= _float(r"TUTORIAL09 sera_rubric_pair_accuracy (\S+)", out) <= 1.0,
     "10_your_own_environment": lambda out: _float(r"TUTORIAL10 last_objective_gain (\S+)", out) > 0,
 }
 """Per tutorial: a predicate on its stdout (tutorials not listed only have to run and print something)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.config import check_ranges
+
 
 @dataclass
 class Level1Config:
@@ -41,8 +43,7 @@ class Level1Config:
             raise ValueError(
                 "--fast-trainer needs --engine vllm (the hf engine generates with the trained model)"
             )
-        if not 0.0 <= self.checkpoint_fraction <= 1.0:
-            raise ValueError(f"--checkpoint-fraction must be in [0, 1] (got {self.checkpoint_fraction})")
+        check_ranges([], [("checkpoint_fraction", self.checkpoint_fraction)])
         if (self.compile_layers or self.checkpoint_fraction != 1.0) and not self.fast_trainer:
             raise ValueError("--compile-layers and --checkpoint-fraction need --fast-trainer")
         if self.max_tokens_per_microbatch < 1 or self.max_batch_size < 1:

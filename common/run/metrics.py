@@ -96,7 +96,7 @@ def closing_line(out: Path, steps: int, rounds: int) -> str:
         "trees.jsonl": f"trees.jsonl (sera view {out}/trees.jsonl)",
         "curves.png": "curves.png",
         "checkpoints": "checkpoints/",
-        "tb": "tb/ (tensorboard --logdir ...)".replace("...", str(out / "tb")),
+        "tb": f"tb/ (tensorboard --logdir {out / 'tb'})",
     }
     found = [text for name, text in names.items() if (out / name).exists()]
     return f"done: {steps} optimizer steps in {rounds} rounds. Outputs in {out}/: " + (

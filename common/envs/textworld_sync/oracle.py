@@ -284,20 +284,16 @@ PUBLIC_SAMPLE = Path(__file__).resolve().with_name("public_sample.jsonl")
 that the loader and the rules are checked against real rows on every machine."""
 
 
-def sample_tasks_path() -> Path | None:
-    """The public sample rows: the copy shipped with the package (else ``<repo>/../shared/...``, else None)."""
-    repo = Path(__file__).resolve().parents[3]
-    for p in (PUBLIC_SAMPLE, repo.parent / "shared" / "sample_tasks" / "textworld_sync_sample.jsonl"):
-        if p.exists():
-            return p
-    return None
+def sample_tasks_path() -> Path:
+    """The public sample rows shipped with the package (:data:`PUBLIC_SAMPLE`)."""
+    return PUBLIC_SAMPLE
 
 
 def main(argv: list[str]) -> int:  # pragma: no cover - manual check
     from common.envs.textworld_sync.tasks import load_tasks
 
     path = Path(argv[0]) if argv else sample_tasks_path()
-    if path is None or not path.exists():
+    if not path.exists():
         print(f"no task file at {path}; pass one as the first argument")
         return 2
     ok = 0

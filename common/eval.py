@@ -367,6 +367,8 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
     )
     manifest = make_manifest(cfg, rcfg.hash())
     check_manifest(out, manifest, write=False)  # refuse a mismatch early, write nothing yet
+    for torn in (out / "results").glob(".*.tmp"):  # a write a killed run never finished: redone below
+        torn.unlink()
     done = load_results(out)
     todo = [i for i in range(len(tasks)) if i not in done or done[i].get("error")]
     env = make_env_with_prompts(cfg.env, cfg.prompts_dir)

@@ -128,6 +128,16 @@ def test_errored_tasks_are_failures_and_are_retried(tmp_path: Path, textcraft_ta
     assert report["success_rate"] == 1.0 and report["errors"] == 0
 
 
+def test_resume_removes_the_torn_write_of_a_killed_run(tmp_path: Path, textcraft_tasks: Path):
+    out = tmp_path / "eval"
+    cfg = EvalConfig(env="textcraft", tasks=str(textcraft_tasks), policy="oracle", out=str(out), limit=2)
+    asyncio.run(evaluate(cfg, progress=False))
+    torn = out / "results" / ".00002.json.abc123.tmp"  # what a SIGKILL inside write_json_atomic leaves
+    torn.write_text('{"index": 2, "succ')
+    report = asyncio.run(evaluate(cfg, progress=False))
+    assert not torn.exists() and report["n_done"] == 2
+
+
 def test_a_manifest_pins_its_directory_only_after_a_task_finished(tmp_path: Path, textcraft_tasks: Path):
     """A run that died before any task finished cleanly (a typo'd policy, a model erroring on every call)
     leaves a directory the corrected command may reuse; one clean result pins it."""

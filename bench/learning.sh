@@ -26,10 +26,10 @@ log() { echo "[$(el) s] $*" | tee -a "$O/times.txt"; }
 # The agent's sizes, the same in SFT, RL and eval (TextCraft easy tasks need 1-3 crafts).
 AGENT="--max-steps 4 --max-new-tokens 320"
 EVAL_TASKS="$O/tc_val_easy.jsonl"
-EV="$SERA eval --env textcraft --tasks $EVAL_TASKS --concurrency $N_EVAL --batch-size $BATCH $AGENT"
+EV="$SERA eval --env textcraft --tasks $EVAL_TASKS --limit ${EVAL_LIMIT:-$N_EVAL} --concurrency $N_EVAL --batch-size $BATCH $AGENT"
 RL="$SERA train --level 1 --model $O/sft/model --tasks-per-step 4 --rollouts-per-task 4 $AGENT \
  --rubric-max-new-tokens 384 --score-max-new-tokens 128 --lr $RL_LR --steps $RL_STEPS --save-every 1 \
- --max-batch-size $BATCH --difficulty easy --n-tasks 256 --max-idle-rounds 6 ${RL_EXTRA:-}"
+ --max-batch-size $BATCH --difficulty easy --n-tasks 256 --max-idle-rounds ${RL_IDLE:-4} ${RL_EXTRA:-}"
 
 # phase NAME TIMEOUT_S CMD...: run unless done; an RL phase that times out is resumed by the next call.
 # UNTIL (default BUDGET_S) is the elapsed second of this call the phase may not run past.

@@ -17,9 +17,18 @@ from typing import Any
 
 import typer
 
+from common.eval import aggregate, load_results
 from common.run.metrics import read_metrics
 
-EVALS = {"base": "base model", "sft": "SFT", "sera": "SFT + SERA", "rao": "SFT + RAO"}
+EVALS = {
+    "base": "base model",
+    "sft_ungrounded": "SFT, oracle without look-up",
+    "sft": "SFT",
+    "sera": "SFT + SERA",
+    "rao": "SFT + RAO",
+}
+"""Evaluation directories OUT_DIR/eval_<key>; ``sft_ungrounded`` is optional (the run of an SFT whose
+oracle crafted without looking recipes up, kept beside the grounded one for comparison)."""
 RUNS = {"sera": "SFT + SERA", "rao": "SFT + RAO"}
 
 
@@ -29,19 +38,34 @@ def finite(v: Any) -> bool:
 
 def load(out: Path) -> dict[str, Any]:
     """Everything the table and the figure need, from the run's files (missing phases are absent)."""
-    res: dict[str, Any] = {"eval": {}, "rl": {}, "sft": []}
+    res: dict[str, Any] = {"eval": {}, "rl": {}, "sft": [], "sft_ungrounded": []}
     for k in EVALS:
-        p = out / f"eval_{k}" / "report.json"
-        if p.is_file():
-            res["eval"][k] = json.loads(p.read_text())
+        d = out / f"eval_{k}"
+        if (d / "report.json").is_file():
+            res["eval"][k] = json.loads((d / "report.json").read_text())
+        elif (d / "manifest.json").is_file() and any((d / "results").glob("*.json")):
+            res["eval"][k] = partial_report(d)
     for k in RUNS:
         p = out / f"rl_{k}" / "metrics.jsonl"
         if p.is_file():
             res["rl"][k] = read_metrics(p)
-    p = out / "sft" / "metrics.jsonl"
-    if p.is_file():
-        res["sft"] = read_metrics(p)
+    for k in ("sft", "sft_ungrounded"):
+        p = out / k / "metrics.jsonl"
+        if p.is_file():
+            res[k] = read_metrics(p)
     return res
+
+
+def partial_report(d: Path) -> dict[str, Any]:
+    """The report of an evaluation cut off before its last task: the finished tasks only, marked partial
+    (``n_done`` < ``n_tasks``; unfinished tasks count as not done, not as failures)."""
+    manifest = json.loads((d / "manifest.json").read_text())
+    done = list(load_results(d).values())
+    n_tasks = int(manifest.get("n_tasks") or manifest.get("limit") or len(done))
+    report = aggregate(done, manifest.get("env", "textcraft"), n_tasks=n_tasks)
+    report["wall_seconds"] = float("nan")
+    report["partial"] = True
+    return report
 
 
 def rl_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -64,10 +88,13 @@ def markdown(res: dict[str, Any], out: Path) -> str:
              "|---|---|---|---|"]  # fmt: skip
     for k, name in EVALS.items():
         r = res["eval"].get(k)
+        if r is None and k == "sft_ungrounded":
+            continue
         if r is None:
             lines.append(f"| {name} | not run | | |")
             continue
-        lines.append(f"| {name} | {100 * r['success_rate']:.2f} % ({r['successes']}/{r['n_done']}) | "
+        part = f", {r['n_done']} of {r['n_tasks']} done" if r["n_done"] < r["n_tasks"] else ""
+        lines.append(f"| {name} | {100 * r['success_rate']:.2f} % ({r['successes']}/{r['n_done']}{part}) | "
                      f"{r['n_tasks']} | {r.get('wall_seconds', float('nan')):.0f} |")  # fmt: skip
     if res["sft"]:
         s0, s1 = res["sft"][0], res["sft"][-1]
@@ -99,9 +126,12 @@ def figure(res: dict[str, Any], png: Path, title: str) -> None:
 
     fig, ax = plt.subplots(1, 4, figsize=(16, 3.8))
     a = ax[0]
-    if res["sft"]:
-        a.plot([r["step"] for r in res["sft"]], [r["loss/sft"] for r in res["sft"]], color="C0")
-    a.set(title="SFT loss (nats / reply token)", xlabel="SFT step")
+    for i, k in enumerate(("sft", "sft_ungrounded")):
+        if res[k]:
+            a.plot([r["step"] for r in res[k]], [r["loss/sft"] for r in res[k]], color=f"C{i}", label=EVALS[k])
+    a.set(title="SFT loss (nats / reply token)", xlabel="SFT step", yscale="log")
+    if res["sft"] or res["sft_ungrounded"]:
+        a.legend(fontsize=7)
     a = ax[1]
     names = [k for k in EVALS if k in res["eval"]]
     vals = [100 * res["eval"][k]["success_rate"] for k in names]
@@ -117,7 +147,10 @@ def figure(res: dict[str, Any], png: Path, title: str) -> None:
             a.plot(range(len(rows)), [r["reward/root_success"] for r in rows], "o-", ms=3, color=f"C{i + 2}",
                    label=name)  # fmt: skip
     a.set(title="training-task root success per round", xlabel="rollout round", ylim=(-0.05, 1.05))
-    a.legend(fontsize=7)
+    if res["rl"]:
+        a.legend(fontsize=7)
+    else:
+        a.text(0.5, 0.5, "no RL run", ha="center", va="center", transform=a.transAxes)
     a = ax[3]
     pa = rl_summary(res["rl"]["sera"])["pair_accuracy"] if "sera" in res["rl"] else []
     if pa:

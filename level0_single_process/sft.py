@@ -56,6 +56,7 @@ def build_examples(cfg: SFTConfig, tokenizer: Any, max_context_tokens: int, out:
     trees = oracle_trees(
         cfg.env, pool, tokenizer, max_context_tokens, cfg.rollout,
         seed=cfg.seed, trees_per_task=cfg.trees_per_task, child_noise=cfg.child_noise,
+        look_up=cfg.look_up,
     )  # fmt: skip
     examples = [e for t in trees for e in tree_examples(t, cfg.role_list())]
     kept = [e for e in examples if len(e.input_ids) <= cfg.max_example_tokens]

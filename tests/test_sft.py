@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 import torch
@@ -134,3 +135,26 @@ def test_resume_equals_one_run_and_model_dir_loads(tmp_path):
     policy = HFPolicy(str(tmp_path / "a" / "model"), dtype="float32")
     req = GenerationRequest([{"role": "user", "content": "hi"}], SamplingParams(4, temperature=0))
     assert len(asyncio.run(policy.generate(req)).output_ids) >= 1
+
+
+def test_look_up_trajectories_ground_every_agent(tiny):
+    """``look_up`` (the SFT default): every agent's first trained reply is the recipe walk, and the replies
+    after it never name an item the agent's own observations have not shown; without it the first reply
+    already crafts (what a model copies then is recipes it never saw)."""
+    from common.run.data import task_pool
+
+    _, tok = tiny
+    pool = task_pool("textcraft", None, 2, 0, "easy")
+    assert SFTConfig.make(out="x").look_up is True
+    for look_up in (True, False):
+        trees = oracle_trees("textcraft", pool, tok, 8192, laptop_rollout(), seed=0, look_up=look_up)
+        assert all(t.success for t in trees)
+        for t in trees:
+            for n in t.nodes.values():
+                first = n.steps[0].call.text
+                assert ("get_info(todo)" in first) is look_up, first
+                if look_up and len(n.steps) > 1:
+                    seen = n.steps[0].observation
+                    for s in n.steps[1:]:
+                        for name in re.findall(r"\b[a-z]\d+_i\d+(?:_\d+)?\b", s.call.text):
+                            assert name in seen or name in n.goal, (name, seen)

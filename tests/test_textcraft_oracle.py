@@ -12,8 +12,8 @@ import collections
 import pytest
 
 from common.envs.textcraft.env import TextCraftEnv
-from common.envs.textcraft.oracle import oracle_reply, run_episode
-from common.envs.textcraft.tasks import generate_tasks
+from common.envs.textcraft.oracle import lookup_reply, oracle_reply, run_episode
+from common.envs.textcraft.tasks import generate_tasks, plan_crafts
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +93,37 @@ def test_oracle_replans_after_interference():
 
     s = asyncio.run(go())
     assert s.success()
+
+
+
+
+def test_look_up_prints_every_recipe_the_plan_then_uses(tasks):
+    """With look_up an agent's first cell walks its recipe tree with get_info; its output holds every
+    recipe (item, result count, ingredients) of the craft plan the next reply runs, so a model trained on
+    these trajectories can copy the plan's facts from its own context instead of inventing them."""
+
+    async def no_launch(request):  # this test's agents never delegate
+        raise AssertionError("unexpected launch")
+
+    async def go(task):
+        env = TextCraftEnv()
+        session = env.root_session(env.make_world(task), task, no_launch)
+        first = await session.step(oracle_reply(session, look_up=True))
+        plan = plan_crafts(session.world.book, session.world.inventory, dict(session.targets))
+        rest = [await session.step(oracle_reply(session, look_up=True))]
+        while not rest[-1].done:
+            rest.append(await session.step(oracle_reply(session, look_up=True)))
+        return session, first, plan
+
+    for task in tasks[::20]:
+        session, first, plan = asyncio.run(go(task))
+        assert session.success(), task["id"]
+        assert session.steps_used >= 2  # the look-up, then the work
+        assert "get_info(todo)" in lookup_reply(session)
+        for st in plan.steps:
+            item = st["target"][0]
+            rec = session.world.book.recipe(item)
+            line = f"{item} x {rec.result_count} <- {dict(rec.ingredients)}"
+            assert line in first.observation, (line, first.observation)
+    # without look_up nothing changes: one step per agent, as before
+    assert all(o.root.steps_used == 1 for o in run_all(tasks[::20], oracle_reply))

@@ -39,6 +39,11 @@ class SFTConfig:
     """Probability that a CHILD agent (depth >= 1) is played by the random policy instead of the oracle,
     so some children fail and the scoring examples hold truthful failures too. Those random steps are
     never trained on; the parent's oracle steps react to the failed child."""
+    look_up: bool = True
+    """TextCraft: every oracle agent's first step looks its recipes up with ``get_info`` (a cell that walks
+    the recipe tree), so every later step is grounded in what the agent saw. Off: the oracle crafts from
+    the recipe book at once, and a model trained on that learns to invent recipes (measured: token
+    accuracy 0.98, held-out success 0/32; bench/RESULTS.md)."""
     roles: str = "act,rubric,score"
     """Which calls to train on (comma list of act | rubric | score)."""
     steps: int = 60

@@ -109,16 +109,19 @@ def oracle_trees(
     seed: int = 0,
     trees_per_task: int = 1,
     child_noise: float = 0.0,
+    look_up: bool = False,
 ) -> list[Tree]:
     """One oracle tree per task and per ``trees_per_task`` (rollout seed ``hash(seed, task, r)``), run by the
-    real runtime with the training rollout settings (Execution-stage shape: rubrics on, K=1)."""
+    real runtime with the training rollout settings (Execution-stage shape: rubrics on, K=1). ``look_up``
+    (TextCraft): every agent first looks its recipes up (``oracle.lookup_reply``)."""
     from common.envs import make_env
     from common.policy import make_policy
     from common.run.data import hash_seed
     from common.run.rollout import stage_runtime_config
 
     env = make_env(env_name)
-    teacher = make_policy("oracle", env=env_name, delegate=True)
+    extra = {"look_up": True} if look_up and env_name == "textcraft" else {}
+    teacher = make_policy("oracle", env=env_name, delegate=True, **extra)
     noise = make_policy("random", seed=seed) if child_noise > 0 else None
     policy = RecordingTeacher(teacher, tokenizer, max_context_tokens, noise, child_noise, seed)
     trees = []

@@ -77,8 +77,37 @@ def _delegable(session: TextCraftSession, todo: dict[str, int]) -> dict[str, int
     return {i: out[i] for i in best}
 
 
-def oracle_reply(session: TextCraftSession, delegate: bool = False, max_delegation_depth: int = 1) -> str:
-    """The next CodeAct reply of the oracle for ``session`` (see the module docstring)."""
+def lookup_reply(session: TextCraftSession) -> str:
+    """A cell that walks the recipe tree of the targets with ``get_info`` and prints every recipe: the same
+    code for every task but the target names, which are in the goal. After it, everything the craft plan
+    needs (recipes, result counts, held counts) is in the agent's own context."""
+    code = (
+        f"todo = {json.dumps(list(session.targets))}\n"
+        "seen = set(todo)\n"
+        "while todo:\n"
+        "    infos, todo = get_info(todo), []\n"
+        "    for info in infos:\n"
+        "        if not info['recipes']:\n"
+        "            print(info['item'], 'base, held', info['in_inventory'])\n"
+        "        for rec in info['recipes']:\n"
+        "            print(info['item'], 'x', rec['result_count'], '<-', rec['ingredients'], 'held', info['in_inventory'])\n"
+        "            for ing in rec['ingredients']:\n"
+        "                if ing not in seen:\n"
+        "                    seen.add(ing)\n"
+        "                    todo.append(ing)"
+    )
+    return _reply("First I look up the recipes of my targets and their ingredients.", code)
+
+
+def oracle_reply(
+    session: TextCraftSession, delegate: bool = False, max_delegation_depth: int = 1, look_up: bool = False
+) -> str:
+    """The next CodeAct reply of the oracle for ``session`` (see the module docstring). With ``look_up``
+    every agent's first reply is :func:`lookup_reply`, so that what follows is grounded in what the agent
+    saw (the oracle itself plans from the recipe book, which a model never sees: a model trained on
+    trajectories that craft without looking learns to invent recipes)."""
+    if look_up and session.steps_used == 0:
+        return lookup_reply(session)
     todo = remaining_targets(session)
     if not todo:
         return _reply(
@@ -221,10 +250,11 @@ if __name__ == "__main__":
     ap.add_argument("--split", default="val")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--delegate", action="store_true")
+    ap.add_argument("--look-up", action="store_true", help="every agent first looks its recipes up")
     a = ap.parse_args()
 
     def fn(s: TextCraftSession) -> str:
-        return oracle_reply(s, delegate=a.delegate)
+        return oracle_reply(s, delegate=a.delegate, look_up=a.look_up)
 
     async def main() -> None:
         env = TextCraftEnv()
@@ -232,7 +262,7 @@ if __name__ == "__main__":
         outs = [await run_episode(env, t, fn) for t in tasks]
         ok = sum(o.success for o in outs)
         print(
-            f"oracle (delegate={a.delegate}): {ok}/{len(outs)} solved; mean agents/task "
+            f"oracle (delegate={a.delegate}, look_up={a.look_up}): {ok}/{len(outs)} solved; mean agents/task "
             f"{sum(len(o.sessions) for o in outs) / len(outs):.2f}; mean steps {sum(o.steps for o in outs) / len(outs):.2f}"
         )
 

@@ -15,7 +15,7 @@
 # true outcome. Then RL starts from that checkpoint with two of the paper's presets, SERA and RAO, and
 # shows what differs between them at this scale: which stages train and whether rubrics are written and
 # ranked. It does not show one beating the other (that needs a real model and many steps: the SmolLM2 /
-# GPU version is `bash bench/learning_h200.sh`, see `bench/RESULTS.md`).
+# GPU version is `bash bench/learning.sh`, see `bench/RESULTS.md`).
 #
 #     python tutorials/09_learning_demo.py         # ~2-4 min on 2 cores
 

@@ -3,7 +3,10 @@
 # start -> held-out eval of each. TextCraft-Synth, easy tasks; training draws the `train` split, every eval
 # the held-out `val` split (other target items: the paper's item split), never trained on.
 #
-#   bash bench/learning.sh OUT_DIR                       # SmolLM2 sizes (one H200: ~15 min with the hf engine)
+#   bash bench/learning.sh OUT_DIR                       # SmolLM2 sizes, one H200
+#   ENGINE=vllm bash bench/learning.sh OUT_DIR           # evals and RL rollouts on the in-process vLLM engine
+# Measured on one H200 with the hf engine (bench/RESULTS.md): SFT 110 steps ~190 s with its data; a greedy
+# eval of 16 held-out tasks over 530 s (160-270 s per delegating task), so RL needs ENGINE=vllm to fit.
 #   MODEL=tiny SFT_STEPS=4 RL_STEPS=2 N_EVAL=4 bash bench/learning.sh runs/learning_dry   # CPU dry run
 #
 # Every phase is resumable and skipped once done (OUT_DIR/<phase>.done), so the job can span several
@@ -18,7 +21,7 @@ MODEL=${MODEL:-smollm2}
 SFT_STEPS=${SFT_STEPS:-120}; SFT_TASKS=${SFT_TASKS:-64}; SFT_LR=${SFT_LR:-1e-4}
 RL_STEPS=${RL_STEPS:-12}; RL_LR=${RL_LR:-1e-5}; N_EVAL=${N_EVAL:-32}
 BUDGET_S=${BUDGET_S:-100000}; PHASES=${PHASES:-"data eval_base sft eval_sft rl_sera rl_rao eval_sera eval_rao"}
-BATCH=${BATCH:-64}; RL_SLICE_S=${RL_SLICE_S:-180}; RL_UNTIL_S=${RL_UNTIL_S:-$BUDGET_S}
+BATCH=${BATCH:-64}; ENGINE=${ENGINE:-hf}; RL_SLICE_S=${RL_SLICE_S:-180}; RL_UNTIL_S=${RL_UNTIL_S:-$BUDGET_S}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY=${PYTHON:-python3}; SERA="$PY -m sera"
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -26,10 +29,10 @@ log() { echo "[$(el) s] $*" | tee -a "$O/times.txt"; }
 # The agent's sizes, the same in SFT, RL and eval (TextCraft easy tasks need 1-3 crafts).
 AGENT="--max-steps 4 --max-new-tokens 320"
 EVAL_TASKS="$O/tc_val_easy.jsonl"
-EV="$SERA eval --env textcraft --tasks $EVAL_TASKS --limit ${EVAL_LIMIT:-$N_EVAL} --concurrency $N_EVAL --batch-size $BATCH $AGENT"
+EV="$SERA eval --env textcraft --tasks $EVAL_TASKS --limit ${EVAL_LIMIT:-$N_EVAL} --concurrency $N_EVAL --batch-size $BATCH --engine $ENGINE $AGENT"
 RL="$SERA train --level 1 --model $O/sft/model --tasks-per-step 4 --rollouts-per-task 4 $AGENT \
  --rubric-max-new-tokens 384 --score-max-new-tokens 128 --lr $RL_LR --steps $RL_STEPS --save-every 1 \
- --max-batch-size $BATCH --difficulty easy --n-tasks 256 --max-idle-rounds ${RL_IDLE:-4} ${RL_EXTRA:-}"
+ --max-batch-size $BATCH --engine $ENGINE --difficulty easy --n-tasks 256 --max-idle-rounds ${RL_IDLE:-4} ${RL_EXTRA:-}"
 
 # phase NAME TIMEOUT_S CMD...: run unless done; an RL phase that times out is resumed by the next call.
 # UNTIL (default BUDGET_S) is the elapsed second of this call the phase may not run past.

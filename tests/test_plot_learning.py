@@ -1,0 +1,58 @@
+"""bench/plot_learning.py reads a bench/learning.sh run directory: finished and cut-off evaluations, SFT
+and RL metrics; a phase that did not run is reported as missing, never as zero."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_module():
+    spec = importlib.util.spec_from_file_location("plot_learning", ROOT / "bench" / "plot_learning.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def rl_row(round_, step, stage, success, pair, skipped=0.0):
+    return {"round": round_, "step": step, "stage": stage, "reward/root_success": success,
+            "rubric/pair_accuracy": pair, "train/skipped": skipped, "tokens_per_s": 100.0,
+            "time/rollout_s": 2.0, "time/train_s": 1.0, "loss/tokens": 50.0}  # fmt: skip
+
+
+def test_table_and_figure_from_a_partial_run(tmp_path):
+    pl = load_module()
+    (tmp_path / "eval_base").mkdir()
+    (tmp_path / "eval_base" / "report.json").write_text(json.dumps(
+        {"success_rate": 0.0, "successes": 0, "n_done": 4, "n_tasks": 4, "wall_seconds": 9.0}))  # fmt: skip
+    cut = tmp_path / "eval_sft"
+    (cut / "results").mkdir(parents=True)
+    (cut / "manifest.json").write_text(json.dumps({"env": "textcraft", "limit": 3}))
+    for i, ok in enumerate((True, False)):  # 2 of 3 tasks finished when the run was cut
+        (cut / "results" / f"{i:05d}.json").write_text(
+            json.dumps({"index": i, "success": ok, "tier": "easy", "error": None, "tree": {}})
+        )
+    write_jsonl(tmp_path / "sft" / "metrics.jsonl",
+                [{"step": s, "loss/sft": 2.0 / (s + 1), "sft/token_acc": 0.5, "t_train": 1.0} for s in range(3)])  # fmt: skip
+    write_jsonl(tmp_path / "rl_sera" / "metrics.jsonl", [
+        rl_row(0, 0, "execution", 0.25, None), rl_row(1, 1, "rubric", 0.5, 0.6), rl_row(2, 2, "rubric", 0.5, 0.8),
+        rl_row(3, 3, "execution", 0.0, None, skipped=1.0)])  # fmt: skip
+    res = pl.load(tmp_path)
+    text = pl.markdown(res, tmp_path)
+    assert "| base model | 0.00 % (0/4) |" in text
+    assert "| SFT | 50.00 % (1/2, 2 of 3 done) |" in text  # the cut-off eval: finished tasks only
+    evals = text.split("RL run")[0]
+    assert "| SFT + SERA | not run |" in evals and "| SFT + RAO | not run |" in evals  # never as zero
+    assert "| SFT + SERA | 3 (4) | 0.42 -> 0.33 | 0.60, 0.80 |" in text  # steps, rounds, success, pair acc
+    assert "oracle without look-up" not in text  # optional row, absent here
+    png = tmp_path / "l.png"
+    pl.figure(res, png, "t")
+    assert png.stat().st_size > 10_000

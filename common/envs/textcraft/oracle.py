@@ -11,13 +11,17 @@ targets are delegated, so no child's plan double-counts another child's work; pl
 other on the shared inventory add up to the single plan's amounts (round-ups carry over as leftovers),
 while plans made at the same moment round up twice, which is why deeper levels launch sequentially.
 
+With ``look_up=True`` every agent's first reply is a recipe walk with ``get_info`` (``lookup_reply``), so a
+trajectory shows the facts it then uses; ``sera sft`` trains on such trajectories (the plain oracle plans
+from the recipe book, which a model never sees).
+
 It is a policy for tests, benchmarks and smoke runs (the lead wraps it into the Policy interface), and it
 proves that the tools, the prompts' contract and delegation can solve every generated task.
 
 ``run_episode`` is a tiny stand-in for the runtime (children on the shared world, depth limit, budgets)
 used by tests and benchmarks; the real runtime with rubrics lives in ``common/agent``.
 
-Run: ``python -m common.envs.textcraft.oracle --n 40 [--delegate]`` prints the success rate.
+Run: ``python -m common.envs.textcraft.oracle --n 40 [--delegate] [--look-up]`` prints the success rate.
 """
 
 from __future__ import annotations

@@ -45,7 +45,10 @@ t_start = time.perf_counter()
 # The paper's item split: training tasks come from the `train` split, these come from `val` (other target
 # items), so the model never trains on them. Each delegation in an oracle tree yields one score call; half
 # of the children's steps are random (`child_noise=0.5`) so some children fail and the truthful verdict is
-# sometimes `false`.
+# sometimes `false`. This scoring demo uses the plain oracle's shorter trees (no look-up step, section 1b)
+# for both its training and its held-out prompts: with the look-up the children's trajectories, and so the
+# score prompts, are longer, and 40 steps no longer teach the tiny model the verdict format (parse rate
+# 0.00 after SFT, measured). What is trained here is the verdict, which needs no recipe.
 
 # %%
 tok = load_tokenizer("smollm2")
@@ -125,7 +128,7 @@ print(f"before SFT: parse rate {before[0]:.2f}, verdict right {before[1]:.2f}")
 
 # %%
 out = Path(tempfile.mkdtemp()) / "sft"
-cfg = SFTConfig.make(model="tiny", out=str(out), n_tasks=8, child_noise=0.5, roles="score",
+cfg = SFTConfig.make(model="tiny", out=str(out), n_tasks=8, child_noise=0.5, roles="score", look_up=False,
                      steps=40, batch_size=4, lr=3e-3, warmup=2, save_every=40)  # fmt: skip
 history = sft(cfg, progress=False)
 first, last = history[0]["loss/sft"], history[-1]["loss/sft"]

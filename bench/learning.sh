@@ -7,6 +7,7 @@
 #   ENGINE=vllm bash bench/learning.sh OUT_DIR           # evals and RL rollouts on the in-process vLLM engine
 # Measured on one H200 with the hf engine (bench/RESULTS.md): SFT 110 steps ~190 s with its data; a greedy
 # eval of 16 held-out tasks over 530 s (160-270 s per delegating task), so RL needs ENGINE=vllm to fit.
+#   SFT_EXTRA=--no-look-up bash bench/learning.sh OUT_DIR   # SFT on the plain oracle (it invents recipes)
 #   MODEL=tiny SFT_STEPS=4 RL_STEPS=2 N_EVAL=4 bash bench/learning.sh runs/learning_dry   # CPU dry run
 #
 # Every phase is resumable and skipped once done (OUT_DIR/<phase>.done), so the job can span several
@@ -53,7 +54,7 @@ phase data 60 $SERA data textcraft --split val --n "$N_EVAL" --seed 0 --difficul
 phase eval_base 300 $EV --policy "hf:$MODEL" --out "$O/eval_base"
 phase sft 900 $SERA sft --model "$MODEL" --n-tasks "$SFT_TASKS" --difficulty easy --child-noise 0.5 \
   --steps "$SFT_STEPS" --batch-size 8 --lr "$SFT_LR" $AGENT --rubric-max-new-tokens 384 \
-  --save-every 20 --resume --out "$O/sft"
+  --save-every 20 --resume ${SFT_EXTRA:-} --out "$O/sft"
 phase eval_sft 300 $EV --policy "hf:$O/sft/model" --out "$O/eval_sft"
 # Same warm start, tasks, seeds and step count; SERA cycles its three stages, RAO has Execution only.
 for turn in 1 2 3 4 5 6 7 8 9 10 11 12; do

@@ -5,10 +5,11 @@
 #
 #   bash bench/learning.sh OUT_DIR                       # SmolLM2 sizes, one H200
 #   ENGINE=vllm bash bench/learning.sh OUT_DIR           # evals and RL rollouts on the in-process vLLM engine
-# Measured on one H200 with the hf engine (bench/RESULTS.md): SFT 110 steps ~190 s with its data; a greedy
-# eval of 16 held-out tasks over 530 s (160-270 s per delegating task), so RL needs ENGINE=vllm to fit.
 #   SFT_EXTRA=--no-look-up bash bench/learning.sh OUT_DIR   # SFT on the plain oracle (it invents recipes)
 #   MODEL=tiny SFT_STEPS=4 RL_STEPS=2 N_EVAL=4 bash bench/learning.sh runs/learning_dry   # CPU dry run
+#
+# Measured on one H200 with the hf engine (bench/RESULTS.md): SFT 110 steps ~190 s with its data; a greedy
+# eval of 16 held-out tasks over 530 s (160-270 s per delegating task), so RL needs ENGINE=vllm to fit.
 #
 # Every phase is resumable and skipped once done (OUT_DIR/<phase>.done), so the job can span several
 # machine calls of at most 10 minutes each: run the same command again and it continues (RL with

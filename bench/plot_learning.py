@@ -61,10 +61,12 @@ def partial_report(d: Path) -> dict[str, Any]:
     (``n_done`` < ``n_tasks``; unfinished tasks count as not done, not as failures)."""
     manifest = json.loads((d / "manifest.json").read_text())
     done = list(load_results(d).values())
-    n_tasks = int(manifest.get("n_tasks") or manifest.get("limit") or len(done))
-    report = aggregate(done, manifest.get("env", "textcraft"), n_tasks=n_tasks)
-    report["wall_seconds"] = float("nan")
-    report["partial"] = True
+    n_tasks = manifest.get("limit")
+    tasks_file = Path(manifest.get("tasks_file") or "")
+    if n_tasks is None and tasks_file.is_file():  # no --limit: every row of the task file
+        n_tasks = sum(1 for line in tasks_file.read_text().splitlines() if line.strip())
+    report = aggregate(done, manifest.get("env", "textcraft"), n_tasks=int(n_tasks or len(done)))
+    report["wall_seconds"] = float("nan")  # the eval never wrote its total
     return report
 
 

@@ -56,3 +56,15 @@ def test_table_and_figure_from_a_partial_run(tmp_path):
     png = tmp_path / "l.png"
     pl.figure(res, png, "t")
     assert png.stat().st_size > 10_000
+
+
+def test_partial_eval_without_limit_counts_the_task_file(tmp_path):
+    pl = load_module()
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": 0}\n{"id": 1}\n{"id": 2}\n{"id": 3}\n')
+    d = tmp_path / "eval_x"
+    (d / "results").mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps({"env": "textcraft", "limit": None, "tasks_file": str(tasks)}))
+    (d / "results" / "00000.json").write_text(json.dumps({"index": 0, "success": True, "tier": "easy"}))
+    r = pl.partial_report(d)
+    assert (r["n_done"], r["n_tasks"], r["successes"]) == (1, 4, 1)  # 3 tasks not done, not failed

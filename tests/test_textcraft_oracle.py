@@ -12,7 +12,7 @@ import collections
 import pytest
 
 from common.envs.textcraft.env import TextCraftEnv
-from common.envs.textcraft.oracle import lookup_reply, oracle_reply, run_episode
+from common.envs.textcraft.oracle import drive, lookup_reply, oracle_reply, run_episode
 from common.envs.textcraft.tasks import generate_tasks, plan_crafts
 
 
@@ -95,8 +95,6 @@ def test_oracle_replans_after_interference():
     assert s.success()
 
 
-
-
 def test_look_up_prints_every_recipe_the_plan_then_uses(tasks):
     """With look_up an agent's first cell walks its recipe tree with get_info; its output holds every
     recipe (item, result count, ingredients) of the craft plan the next reply runs, so a model trained on
@@ -110,9 +108,7 @@ def test_look_up_prints_every_recipe_the_plan_then_uses(tasks):
         session = env.root_session(env.make_world(task), task, no_launch)
         first = await session.step(oracle_reply(session, look_up=True))
         plan = plan_crafts(session.world.book, session.world.inventory, dict(session.targets))
-        rest = [await session.step(oracle_reply(session, look_up=True))]
-        while not rest[-1].done:
-            rest.append(await session.step(oracle_reply(session, look_up=True)))
+        await drive(session, lambda s: oracle_reply(s, look_up=True))  # the rest, until it halts
         return session, first, plan
 
     for task in tasks[::20]:

@@ -86,6 +86,9 @@ class _Zygote:
     def __init__(self) -> None:
         self.owner = os.getpid()
         self.lock = threading.Lock()
+        self.pending_stops: list[int] = []
+        """Stops asked for while the lock was held (a finalizer run by the garbage collector in the middle of
+        a send, on the same thread); the next send delivers them."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", str(WORKER_FILE), "zygote", str(theirs.fileno()), str(self.SPARES)],
@@ -130,6 +133,11 @@ class _Zygote:
 
     def _send(self, req: dict[str, Any], fds: list[int] | None = None, want_reply: bool = True) -> int:
         self._take(block=False)  # keep the zygote's replies from piling up in the socket
+        while self.pending_stops:
+            ticket = self.pending_stops.pop()
+            self.discard.add(self.sent)
+            self.sock.sendall(dumps({"op": "stop", "ticket": ticket}))
+            self.sent += 1
         if fds:
             socket.send_fds(self.sock, [dumps(req)], fds)
         else:
@@ -177,11 +185,17 @@ class _Zygote:
         if wait:
             reply = self._request({"op": "stop", "ticket": ticket})
             return reply.get("status") if reply else None
+        # Never wait for the lock here: this is also the finalizer of a forgotten worker, which the garbage
+        # collector can run on a thread that holds the lock mid-send (seen: a spawn deadlocked on itself).
+        if not self.lock.acquire(blocking=False):
+            self.pending_stops.append(ticket)
+            return None
         try:
-            with self.lock:
-                self._send({"op": "stop", "ticket": ticket}, want_reply=False)
+            self._send({"op": "stop", "ticket": ticket}, want_reply=False)
         except OSError:
             pass
+        finally:
+            self.lock.release()
         return None
 
 

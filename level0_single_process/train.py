@@ -91,11 +91,15 @@ def datum_logprobs(model, datum) -> torch.Tensor:
     return token_logprobs(logits[:, P - 1 : -1], ids[:, P:])  # [1, T]: position t predicts token t+1
 
 
-def accumulate_gradients(model, datums, weights) -> dict[str, float]:
+def accumulate_gradients(model, datums, weights, optimizer=None) -> dict[str, float]:
     """Backpropagate the CISPO loss of a whole batch, datum by datum. Each datum's loss is divided by the
     batch's trained-token count |M|, so the accumulated gradient is that of the token-mean over the batch:
 
         L = -(1/|M|) sum_t sg(clip(rho_t, 0, 5)) * A_t * w_d * log pi_theta(y_t)    (common/rl/loss.py)
+
+    With ``optimizer`` (a :class:`~common.run.optim.MasterWeightAdamW`), each datum's gradient is moved
+    into the fp32 master gradients right after its backward, so the batch sum is taken in fp32 even when
+    the model computes in bf16 (as the public trainer reduces); without it, grads add up in ``.grad``.
     """
     n_tokens = sum(sum(d.loss_mask) for d in datums)
     total, clipped = 0.0, 0.0
@@ -110,6 +114,8 @@ def accumulate_gradients(model, datums, weights) -> dict[str, float]:
             num_tokens=n_tokens,
         )  # this datum's share
         loss.backward()  # grads add up
+        if optimizer is not None:
+            optimizer.accumulate_model_grads()  # ... in fp32, on the masters (no-op for an fp32 model)
         total += loss.item()
         clipped += m["loss/clip_frac"] * sum(d.loss_mask)
     return {"loss/cispo": total, "loss/tokens": float(n_tokens), "loss/clip_frac": clipped / max(1, n_tokens)}
@@ -119,7 +125,7 @@ def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float
     """One optimizer step: gradients of the whole batch, global-norm clip, AdamW (fp32 master weights)."""
     model.train()
     optimizer.zero_grad()
-    metrics = accumulate_gradients(model, batch.datums, batch.weights)
+    metrics = accumulate_gradients(model, batch.datums, batch.weights, optimizer)
     grad_norm = optimizer.clip_and_step(cfg.optim.grad_clip)
     model.eval()
     return {**metrics, "grad_norm": grad_norm, "train/skipped": 0.0}
@@ -146,7 +152,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
     ckpt = TorchCheckpointer(out)
     state = (ckpt.load_latest(model, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
     truncate_logs(out, state.round)
-    env, sampler = make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir, cfg.codeact_executor), TaskSampler(pool, cfg.seed, state.cursor)
+    env, sampler = (
+        make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir, cfg.codeact_executor),
+        TaskSampler(pool, cfg.seed, state.cursor),
+    )
     judge = make_judge(cfg.judge, policy)
     writer = MetricsWriter(out, cfg.tensorboard)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))

@@ -116,3 +116,141 @@ def test_state_dict_round_trip_restores_masters():
     opt2.load_state_dict(state)
     assert all(torch.equal(x, y) for x, y in zip(opt.masters, opt2.masters, strict=True))
     assert all(torch.equal(x, y) for x, y in zip(model.parameters(), model2.parameters(), strict=True))
+
+
+# ---- AdamW itself, the clip and the fp32 reduction (issue #20 item 11: surviving mutants) -------------
+def _linear(dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4)).to(dtype)
+
+
+def _grads(model, step: int, scale: float = 1.0) -> list[torch.Tensor]:
+    """Deterministic fp32 gradients of step ``step`` (one per parameter)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    return [scale * torch.randn(p.shape, generator=g) for p in model.parameters()]
+
+
+def _reference(model) -> tuple[list[torch.Tensor], torch.optim.AdamW]:
+    """fp32 copies of the parameters under torch's AdamW with the paper's settings, written out."""
+    ref = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
+    return ref, torch.optim.AdamW(ref, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.017)
+
+
+PAPER_LIKE = OptimConfig(lr=1e-3)  # the paper's betas (0.9, 0.95) and weight decay 0.017; a visible lr
+
+
+def test_fp32_step_is_torch_adamw_with_the_paper_betas_exactly():
+    model = _linear(torch.float32)
+    opt = MasterWeightAdamW(list(model.parameters()), PAPER_LIKE)
+    ref, ref_opt = _reference(model)
+    for step in range(4):
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        for p, r, g in zip(model.parameters(), ref, _grads(model, step), strict=True):
+            p.grad, r.grad = g.clone(), g.clone()
+        norm = opt.clip_and_step(grad_clip=1.0)
+        ref_norm = float(torch.nn.utils.clip_grad_norm_(ref, 1.0))
+        ref_opt.step()
+        assert norm == ref_norm
+        assert all(torch.equal(p, r) for p, r in zip(model.parameters(), ref, strict=True)), step
+
+
+def test_bf16_masters_are_fp32_adamw_on_the_same_grads():
+    """bf16 model + fp32 masters: the masters follow torch's fp32 AdamW fed the same (bf16) gradients
+    bit for bit, and the model holds the masters rounded to bf16."""
+    model = _linear(torch.bfloat16)
+    opt = MasterWeightAdamW(list(model.parameters()), PAPER_LIKE)
+    ref, ref_opt = _reference(model)
+    for step in range(4):
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        for p, r, g in zip(model.parameters(), ref, _grads(model, step, scale=0.3), strict=True):
+            p.grad = g.to(torch.bfloat16)
+            r.grad = p.grad.float().clone()  # never an alias (fp32: .float() is the same tensor)
+        norm = opt.clip_and_step(grad_clip=1.0)
+        ref_norm = float(torch.nn.utils.clip_grad_norm_(ref, 1.0))
+        ref_opt.step()
+        assert norm == ref_norm
+        assert all(torch.equal(m, r) for m, r in zip(opt.masters, ref, strict=True)), step
+        assert all(torch.equal(p, r.to(torch.bfloat16)) for p, r in zip(model.parameters(), ref, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_gradient_spike_is_clipped_on_the_fp32_masters(dtype):
+    """A spike (norm ~1e4) between normal steps: clipped to norm 1 on the fp32 master gradients, so Adam's
+    second moment is not blown up and the later steps match torch's AdamW after an fp32 clip exactly.
+    Clipping the bf16 model gradients instead (in place, before or after they reach the masters) fails."""
+    model = _linear(dtype)
+    opt = MasterWeightAdamW(list(model.parameters()), PAPER_LIKE)
+    ref, ref_opt = _reference(model)
+    for step, scale in enumerate([0.1, 1e4, 0.1, 0.1]):
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        for p, r, g in zip(model.parameters(), ref, _grads(model, step, scale), strict=True):
+            p.grad = g.to(dtype)
+            r.grad = p.grad.float().clone()  # never an alias (fp32: .float() is the same tensor)
+        norm = opt.clip_and_step(grad_clip=1.0)
+        ref_norm = float(torch.nn.utils.clip_grad_norm_(ref, 1.0))
+        ref_opt.step()
+        assert norm == ref_norm, step
+        assert (norm > 1e3) == (scale > 1)  # the spike's pre-clip norm is reported
+        masters = opt.masters if opt.low_precision else list(model.parameters())
+        assert all(torch.equal(m, r) for m, r in zip(masters, ref, strict=True)), step
+
+
+def test_level0_sums_bf16_datum_gradients_in_fp32():
+    """Level 0 with a bf16 model: the step's gradient on the fp32 masters equals the fp32 sum of the
+    per-datum bf16 gradients exactly (a running sum in bf16 is about 1 % off)."""
+    from common.rl.datums import Datum
+    from level0_single_process.train import accumulate_gradients
+
+    g = torch.Generator().manual_seed(0)
+    datums = [  # short synthetic datums (bf16 on a CPU is slow): 8 prompt, 6 output tokens
+        Datum(
+            prompt_ids=torch.randint(5, 200, (8,), generator=g).tolist(),
+            output_ids=torch.randint(5, 200, (6,), generator=g).tolist(),
+            behaviour_logprobs=[-5.0] * 6,
+            loss_mask=[1] * 6,
+            advantage=(-1.0) ** k * (0.25 + 0.1 * k),
+            depth=0,
+            trajectory_id=f"t{k}",
+            traj_start=True,
+            stage="execution",
+        )
+        for k in range(6)
+    ]
+    weights = [1.0] * len(datums)
+    model = tiny("bfloat16")
+
+    class Recorder:  # takes each datum's bf16 gradient off the model, as the optimizer would
+        def __init__(self):
+            self.parts: list[list[torch.Tensor | None]] = []
+
+        def accumulate_model_grads(self):
+            self.parts.append([None if p.grad is None else p.grad.float() for p in model.parameters()])
+            model.zero_grad(set_to_none=True)
+
+    rec = Recorder()
+    accumulate_gradients(model, datums, weights, optimizer=rec)
+    assert len(rec.parts) == len(datums)
+    reference = []  # the fp32 sum, datum by datum
+    for grads in zip(*rec.parts, strict=True):
+        acc = None
+        for g in grads:
+            if g is not None:
+                acc = g.clone() if acc is None else acc + g
+        reference.append(acc)
+    opt = make_optimizer(model, OptimConfig(dtype="bfloat16"))
+    accumulate_gradients(model, datums, weights, optimizer=opt)
+    assert all(p.grad is None for p in model.parameters())  # moved onto the fp32 masters
+    pairs = [(m.grad, r) for m, r in zip(opt.masters, reference, strict=True) if r is not None]
+    assert pairs and all(torch.equal(g, r) for g, r in pairs)
+    model.zero_grad(set_to_none=True)
+    accumulate_gradients(model, datums, weights)  # without the optimizer: a running sum in bf16
+    bf16_off = max(
+        float((p.grad.float() - r).norm() / r.norm())
+        for p, r in zip(model.parameters(), reference, strict=True)
+        if r is not None and r.norm() > 0
+    )
+    print(f"a bf16 running sum is {bf16_off:.2%} off the fp32 sum (worst tensor)")
+    assert bf16_off > 1e-3

@@ -371,7 +371,7 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
         torn.unlink()
     done = load_results(out)
     todo = [i for i in range(len(tasks)) if i not in done or done[i].get("error")]
-    env = make_env_with_prompts(cfg.env, cfg.prompts_dir)
+    env = make_env_with_prompts(cfg.env, cfg.prompts_dir, prompt_set="evaluation")
     spec = cfg.policy
     if cfg.engine != "hf" and policy is None:
         if not spec.startswith("hf:"):

@@ -201,7 +201,7 @@ def _rollout(cfg, given: Given) -> None:
     rcfg = cfg.runtime()
     stats = LiveStats()
     pol = CountingPolicy(make_policy(cfg.policy, env=cfg.env), stats)
-    the_env = make_env_with_prompts(cfg.env, cfg.prompts_dir)
+    the_env = make_env_with_prompts(cfg.env, cfg.prompts_dir, prompt_set="evaluation")
 
     async def run_with_status():
         task = asyncio.ensure_future(run_root(row, the_env, pol, rcfg))

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from common.envs.textcraft import codeact
 from common.envs.textcraft.codeact import ParsedReply, format_cell_observation, parse_codeact_reply
-from common.envs.textcraft.prompts import load_prompts
 from common.sandbox import CellResult
 
 CODE = "inv = view_inventory()\nprint(craft({'log': 1}, ('stick', 4)))"
@@ -114,17 +113,21 @@ def test_parse_never_raises_on_tag_soup(parts: list[str]):
 
 
 def test_cell_observation_layout_is_the_public_one():
-    nxt = load_prompts().texts["next_action"]
+    """platoon's ``user-observation`` (trim_blocks): ``[Cell i Output]``, the output as printed or ``(No
+    output)``, ``Error: ...`` right after it (no separator of its own), then the template's last line."""
+    last = "Write your next step."
     ok = format_cell_observation(3, CellResult(stdout="Successfully crafted 4 stick(s)\n", error=None))
-    assert ok.split("\n") == ["[Cell 3 Output]", "Successfully crafted 4 stick(s)", "", nxt]
+    assert ok == "[Cell 3 Output]\nSuccessfully crafted 4 stick(s)\n\n" + last
     err = format_cell_observation(4, CellResult(stdout="", error="NameError: name 'x' is not defined"))
-    assert err.split("\n") == ["[Cell 4 Output]", "Error: NameError: name 'x' is not defined", "", nxt]
+    assert err == "[Cell 4 Output]\n(No output)Error: NameError: name 'x' is not defined\n" + last
     both = format_cell_observation(
         5, CellResult(stdout="partial\n", error="TimeoutError: ...", timed_out=True)
     )
-    assert both.startswith("[Cell 5 Output]\npartial\nError: TimeoutError: ...\n\n")
-    empty = format_cell_observation(0, CellResult(stdout="  \n", error=None))
-    assert empty.split("\n")[:2] == ["[Cell 0 Output]", "(No output)"]
+    assert both == "[Cell 5 Output]\npartial\nError: TimeoutError: ...\n" + last
+    nothing = format_cell_observation(0, CellResult(stdout="", error=None))
+    assert nothing == "[Cell 0 Output]\n(No output)\n" + last
+    blank = format_cell_observation(0, CellResult(stdout="  \n", error=None))  # printed blanks are output
+    assert blank == "[Cell 0 Output]\n  \n\n" + last
 
 
 def test_docstring_examples():

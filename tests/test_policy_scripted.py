@@ -70,9 +70,9 @@ def test_replay_bad_files(tmp_path):
 def test_template_rubric_and_score_parse():
     rubric = parse_rubric(rubric_json("Craft 2x a1_i5"))
     assert len(rubric.items) == 4 and abs(sum(i.weight for i in rubric.items) - 1) < 1e-9
-    ok = parse_score(score_json(True), n_items=4)
+    ok = parse_score(score_json(True))
     assert ok.success and ok.final_score == 1.0
-    bad = parse_score(score_json(False, n_items=6), n_items=6)
+    bad = parse_score(score_json(False, n_items=6))
     assert not bad.success and bad.final_score == 0.0
 
 

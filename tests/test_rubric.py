@@ -213,8 +213,7 @@ def test_rubric_lists_become_tuples():
 def test_parse_score_ok():
     s = parse_score(
         'I think: ```json\n{"success": true, "criterion_scores": [1, 0.5, {"name": "c", "score": 0}],'
-        ' "final_score": 0.75, "reason": " fine "}\n```',
-        n_items=3,
+        ' "final_score": 0.75, "reason": " fine "}\n```'
     )
     assert s == Score(True, (1.0, 0.5, 0.0), 0.75, "fine")
 
@@ -237,10 +236,11 @@ def test_parse_score_ok():
         ({"success": True, "final_score": "high"}, False),
         ({"success": True, "final_score": None}, False),
         ({"final_score": 0.4}, False),
-        ({"success": True, "final_score": 0.4, "reason": 5}, False),
-        ({"success": True, "final_score": 0.4, "criterion_scores": "1,2"}, False),
-        ({"success": True, "final_score": 0.4, "criterion_scores": [{"name": "x"}]}, False),
-        ({"success": True, "final_score": 0.4, "criterion_scores": ["NaN"]}, False),
+        # informational fields never reject a score (public parse_policy_score ignores them)
+        ({"success": True, "final_score": 0.4, "reason": 5}, True),
+        ({"success": True, "final_score": 0.4, "criterion_scores": "1,2"}, True),
+        ({"success": True, "final_score": 0.4, "criterion_scores": [{"name": "x"}]}, True),
+        ({"success": True, "final_score": 0.4, "criterion_scores": ["NaN"]}, True),
     ],
 )
 def test_parse_score_rules(obj, ok):
@@ -261,11 +261,24 @@ def test_parse_score_non_finite(text):
         parse_score(text)
 
 
-def test_parse_score_n_items():
-    text = '{"success": true, "criterion_scores": [1, 1], "final_score": 1}'
-    assert parse_score(text, n_items=2).criterion_scores == (1.0, 1.0)
-    with pytest.raises(ScoreParseError, match="expected 3"):
-        parse_score(text, n_items=3)
+def test_a_criterion_without_a_numeric_score_keeps_the_overall_score():
+    """Issue #20 item 4: public ``scoring.py: parse_policy_score`` ignores ``criterion_scores``, so one
+    criterion scored "high" (or a count that differs from the rubric's items) does not drop the child."""
+    text = (
+        '{"success": true, "criterion_scores": [{"name": "a", "score": "high"}, {"name": "b", "score": 0.5}],'
+        ' "final_score": 0.7, "reason": "mostly done"}'
+    )
+    s = parse_score(text)
+    assert s == Score(True, (0.5,), 0.7, "mostly done")
+    one = parse_score(
+        '{"success": true, "criterion_scores": [{"name": "a", "score": "high"}], "final_score": 1}'
+    )
+    assert one.final_score == 1.0 and one.success and one.criterion_scores == ()
+    # the overall score's own rules still hold
+    with pytest.raises(ScoreParseError):
+        parse_score(
+            '{"success": true, "criterion_scores": [{"name": "a", "score": 1}], "final_score": "high"}'
+        )
 
 
 def test_negative_zero_is_normalised():
@@ -627,16 +640,14 @@ score_obj = st.one_of(good_score, any_score)
 
 
 @FUZZ
-@given(score_obj, wrappers, st.one_of(st.none(), st.integers(0, 5)))
-def test_fuzz_parse_score_structured(obj, wrap, n_items):
+@given(score_obj, wrappers)
+def test_fuzz_parse_score_structured(obj, wrap):
     text = wrap.replace("{}", _dump(obj), 1)
     try:
-        s = parse_score(text, n_items=n_items)
+        s = parse_score(text)
     except ScoreParseError:
         return
     _score_ok(s)
-    if n_items is not None:
-        assert len(s.criterion_scores) == n_items
 
 
 @FUZZ

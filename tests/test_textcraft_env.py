@@ -66,6 +66,9 @@ def test_prompts_follow_the_public_structure_and_state_the_enforced_budget():
     sp = s.system_prompt()
     for needle in ("<thought>", "<python>", "on top of what you hold", "sub-agents"):
         assert needle in sp, needle
+    # the depth-aware prompt's <TIPS> block: crafting and delegation strategy, launches without a budget
+    assert sp.index("<TIPS>\nCRAFTING STRATEGY:") < sp.index("DELEGATION STRATEGY:") < sp.index("</TIPS>")
+    assert 'await launch_subagent({"item": 1})' in sp and "steps" not in sp.split("</TIPS>")[0]
     fm = s.first_user_message()
     assert fm.startswith("# Task\n\nYour Goal: Craft the following items: 2x torch\n")
     assert "Budget: You have a total budget of 7 steps to complete this task." in fm
@@ -169,10 +172,16 @@ def test_malformed_reply_costs_a_step_and_is_the_empty_cell():
         s = root()
         r = await s.step("I think I should craft a torch.")
         assert not r.done and s.steps_used == 1 and s.cell_index == 0
-        assert r.observation.startswith("[Cell 0 Output]\nError: No code available to execute.\n\n")
-        assert "<python>" in r.observation and r.info["parse_error"] and r.info["rejected"] == "empty"
+        # platoon's layout: "(No output)", the error right after it, then the next line
+        assert (
+            r.observation
+            == "[Cell 0 Output]\n(No output)Error: No code available to execute.\nWrite your next step."
+        )
+        assert r.info["parse_error"] and r.info["rejected"] == "empty"
         r = await s.step(reply("print(1"))
-        assert r.observation.startswith("[Cell 1 Output]\nError: Execution failed. Traceback:\nSyntax error")
+        assert r.observation.startswith(
+            "[Cell 1 Output]\n(No output)Error: Execution failed. Traceback:\nSyntax error"
+        )
         s.close()
 
     run(go())
@@ -182,9 +191,9 @@ def test_last_expression_is_echoed_and_stdlib_imports_work():
     async def go():
         s = root()
         r = await s.step(reply("import math, collections\ninv = view_inventory()\ninv"))
-        assert r.observation.startswith("[Cell 0 Output]\n{'log': 3, 'coal': 2}\n"), r.observation
+        assert r.observation == "[Cell 0 Output]\n{'log': 3, 'coal': 2}\n\nWrite your next step."
         r = await s.step(reply("x = math.gcd(12, 18); x;"))  # a trailing ';' suppresses the echo
-        assert r.observation.startswith("[Cell 1 Output]\n(No output)")
+        assert r.observation == "[Cell 1 Output]\n(No output)\nWrite your next step."
         s.close()
 
     run(go())
@@ -209,8 +218,12 @@ def test_launch_builds_request_and_formats_report():
         (req,) = hook.requests
         assert req.goal == "Craft the following items: 4x stick"
         assert req.context == "for torches" and req.max_steps == 20 and req.targets == {"stick": 4}
-        assert "made the sticks" in r.observation
-        assert "Budget used by subagent: 3/20 steps" in r.observation
+        # the child's message, its budget, and the parent's own steps left (20, the current step not yet
+        # counted, as the public depth-aware tracker reports it); the report ends in a newline, print adds one
+        assert r.observation == (
+            "[Cell 0 Output]\nmade the sticks\n\nBudget used by subagent: 3/20 steps. Total remaining budget "
+            "for the current task is 20 steps.\n\n\nWrite your next step."
+        )
         assert r.info["launches"] == [
             {"targets": {"stick": 4}, "error": None, "refused": False, "returned": True}
         ]
@@ -254,14 +267,20 @@ def test_child_that_did_not_finish_and_refusal():
     [
         ('launch_subagent(["stick"])', "Error: targets must be a non-empty dict"),
         ("launch_subagent({})", "Error: targets must be a non-empty dict"),
-        ('launch_subagent({"gold": 1})', "Error: unknown item 'gold' in targets"),
-        ('launch_subagent({"log": 1})', "Error: log is a base item"),
         ('launch_subagent({"stick": 0})', "Error: count for stick must be a positive int"),
+        ('launch_subagent({"stick": -2})', "Error: count for stick must be a positive int"),
+        ('launch_subagent({"stick": True})', "Error: count for stick must be a positive int"),
         ('launch_subagent({"stick": "4"})', "Error: count for stick must be a positive int"),
+        ('launch_subagent({"stick": 2.0})', "Error: count for stick must be a positive int"),
+        ("launch_subagent({3: 1})", "Error: target item names must be non-empty strings"),
         ('launch_subagent({"stick": 4}, context=5)', "Error: context must be a string"),
     ],
 )
 def test_launch_argument_errors_never_reach_the_hook(call, expected):
+    """The ledgered deviation (docs/fidelity/codeact.md): public platoon runs a child for any dict, but for
+    these its goal string names no target (the child inherits the parent's targets) or a zero target (a
+    free success), so no child runs here and the cell reads the error."""
+
     async def go():
         hook = Recorder(returned=True)
         s = root(hook)
@@ -270,6 +289,48 @@ def test_launch_argument_errors_never_reach_the_hook(call, expected):
         assert s.launches[0].error and s.launches[0].request is None
 
     run(go())
+
+
+@pytest.mark.parametrize("targets", [{"gold": 1}, {"log": 1}])
+def test_unknown_and_base_item_targets_run_a_child_as_the_public_code(targets):
+    """Public ``launch_subagent`` runs a child for these; it fails on its own (it cannot craft them)."""
+
+    async def go():
+        hook = Recorder(returned=False, steps_used=20)
+        s = root(hook)
+        r = await s.step(reply(f"print(await launch_subagent({targets!r}))"))
+        (req,) = hook.requests
+        (item, n) = next(iter(targets.items()))
+        assert req.targets == targets and req.goal == f"Craft the following items: {n}x {item}"
+        assert "Budget used by subagent: 20/20 steps" in r.observation
+        env = TextCraftEnv()
+        world = env.make_world(TASK)
+        child = env.child_session(world, s, req, "0.1", echo_launch_hook)
+        await child.step(reply(f'finish("tried {item}")'))
+        assert child.finished and not child.success()  # it could not craft the target
+        s.close()
+
+    run(go())
+
+
+def test_depth_refusal_and_history_rebuild_use_the_templates():
+    """The text ``await launch_subagent`` returns past the depth limit (public: "Not enough budget to launch
+    subagent for goal G. <tracker's reason> <guidance>") and the rebuilt past reply."""
+    s = root()
+    req = LaunchRequest(
+        goal="Craft the following items: 4x stick", targets={"stick": 4}, context="for torches"
+    )
+    text = s.depth_refusal(req, 3, 3)
+    assert text.startswith(
+        "Not enough budget to launch subagent for goal Craft the following items: 4x stick\n\n"
+        "Context provided from parent agent: for torches. "
+    )
+    assert "depth 3" in text and "maximum depth of 3" in text
+    raw = "Some preamble <thought> craft sticks </thought>\n<python>\n    x = 1\n    print(x)\n</python> trailing"
+    assert s.assistant_turn(raw) == "<thought> craft sticks </thought>\n<python>x = 1\nprint(x)</python>"
+    assert s.assistant_turn("no tags at all") == ""
+    assert s.assistant_turn("<python>print(2)") == "<python>print(2)</python>"  # stopped at </python>
+    s.close()
 
 
 def test_unawaited_launch_is_rejected_before_the_cell_runs():

@@ -49,9 +49,10 @@ Parsing rules (what "strict but sensible" means here):
 * **Score.** ``final_score`` = s must be a JSON number, or a string holding a number (``"0.7"``), and
   finite in [0, 1]. ``success`` must be a JSON boolean or the string ``"true"``/``"false"`` (any case,
   surrounding spaces ignored); numbers such as 0/1 are rejected. ``success=false`` requires s == 0 and
-  ``success=true`` requires s > 0; anything else is a parse failure. ``criterion_scores`` is a list of
-  finite numbers or of objects with a numeric ``score`` (missing = ()); when ``n_items`` is given its
-  length must equal ``n_items``. ``reason`` must be a string when present (missing = "").
+  ``success=true`` requires s > 0; anything else is a parse failure. ``criterion_scores`` and ``reason``
+  never reject a score (the public ``parse_policy_score`` ignores them): the numeric entries of a
+  ``criterion_scores`` list (numbers, or objects with a numeric ``score``) are kept, every other entry is
+  skipped; a ``reason`` that is not a string is kept as its JSON text (missing = "").
 
 Simplifications (deviations, each in docs/fidelity/rubric_and_protocol.md): the trajectory payload
 is environment-agnostic (``raw_response`` / ``observation`` per step, as the public TextWorld adapter;
@@ -613,8 +614,15 @@ def _parse_number(x: Any, what: str) -> float:
     return value
 
 
-def parse_score(text: str, n_items: int | None = None) -> Score:
-    """Parse the scorer's reply (rules in the module docstring). Raises ScoreParseError only."""
+def parse_score(text: str) -> Score:
+    """Parse the scorer's reply (rules in the module docstring). Raises ScoreParseError only.
+
+    ``criterion_scores`` and ``reason`` are informational, as in the public ``parse_policy_score`` (which
+    ignores them): a criterion without a numeric score never rejects the overall score.
+
+    >>> parse_score('{"success": true, "final_score": 0.6, "criterion_scores": [{"name": "a", "score": "high"}]}')
+    Score(success=True, criterion_scores=(), final_score=0.6, reason='')
+    """
     obj = find_json_object(text, "final_score")
     if obj is None:
         raise ScoreParseError("no JSON object with 'final_score' found")
@@ -628,24 +636,19 @@ def parse_score(text: str, n_items: int | None = None) -> Score:
         raise ScoreParseError(f"success=false requires final_score 0, got {s}")
     if success and s <= 0.0:
         raise ScoreParseError("success=true requires final_score > 0")
-    raw = obj.get("criterion_scores", [])
-    if raw is None:
-        raw = []
-    if not isinstance(raw, list):
-        raise ScoreParseError(f"'criterion_scores' must be a list, got {type(raw).__name__}")
+    raw = obj.get("criterion_scores")
     scores = []
-    for k, c in enumerate(raw):
+    for k, c in enumerate(raw if isinstance(raw, list) else []):
         if isinstance(c, dict):
-            if "score" not in c:
-                raise ScoreParseError(f"criterion_scores[{k}] has no 'score'")
-            c = c["score"]
-        scores.append(_parse_number(c, f"criterion_scores[{k}]"))
-    if n_items is not None and len(scores) != n_items:
-        raise ScoreParseError(f"expected {n_items} criterion scores, got {len(scores)}")
-    reason = obj.get("reason", "")
+            c = c.get("score")
+        try:
+            scores.append(_parse_number(c, f"criterion_scores[{k}]"))
+        except ScoreParseError:
+            continue  # informational only: a criterion the scorer did not score numerically is skipped
+    reason = obj.get("reason")
     if reason is None:
         reason = ""
-    if not isinstance(reason, str):
-        raise ScoreParseError(f"'reason' must be a string, got {type(reason).__name__}")
+    elif not isinstance(reason, str):
+        reason = json.dumps(reason, ensure_ascii=False, default=str)
     s += 0.0  # -0.0 -> 0.0
     return Score(success=success, criterion_scores=tuple(scores), final_score=s, reason=reason.strip())

@@ -19,10 +19,13 @@
    d. asks the policy to score the finished child against the frozen rubric (fresh chat, greedy; the
       payload holds the child's trajectory and the child's own final view of the environment),
    e. returns the child's result to the parent's session, which turns it into text.
-3. Counterfactual branches (Rubric-stage rollouts, ``counterfactual_k > 1``): at a delegation, the live
-   world is snapshotted, branches 1..K-1 of the same child (same goal, same frozen rubric) run on
-   isolated forks of the snapshot, branch 0 runs on the live world (so its final state is the one the
-   parent continues from, i.e. it is "committed"). Every branch gets a verified label and a score.
+3. Counterfactual branches (Rubric-stage rollouts, ``counterfactual_k > 1``), as the public
+   ``CounterfactualCollector``: at a delegation the live world is snapshotted and ALL K branches of the
+   same child (same goal, same frozen rubric) run concurrently on isolated forks of the snapshot; when
+   every branch has ended, branch 0's final world is committed to the parent's world (branch 0 is the
+   "committed" branch) and the parent is told ``<branch 0's finish message>`` followed by
+   ``Selected branch: 0; counterfactual branches collected: K.`` (:data:`COUNTERFACTUAL_REPORT`). Every
+   branch then gets a verified label and a score, all K judge and K score calls in one concurrent wave.
 4. Test-time selection (``best_of_n > 1``, public ``TestTimeScale/textworld_bestofn``): every delegation
    reserves ``best_of_n`` forks from the task's budget (``max_forks_per_task``, 32; when it is spent the
    launch is refused with a message), clones the world ``best_of_n`` times, runs every candidate subtree
@@ -48,7 +51,7 @@ import json
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from common.agent.prompts import load_templates
@@ -81,6 +84,10 @@ SelectionMode = Literal["first", "random", "oracle", "rubric"]
 SELECTION_MODES: tuple[str, ...] = ("first", "random", "oracle", "rubric")
 FORK_BUDGET_MESSAGE = "Fork budget exhausted; complete this delegation locally."
 """What a parent is told when test-time selection has no forks left for its launch (public wording)."""
+COUNTERFACTUAL_REPORT = "{message}\n\nSelected branch: 0; counterfactual branches collected: {k}.\n"
+"""What a parent's launch returns after a counterfactual group (public ``CounterfactualCollector``,
+``verbose=True``): branch 0's finish message (else its error, else ``Subagent branch 0 completed.``) and the
+group size, with no budget line."""
 
 
 @dataclass
@@ -296,8 +303,9 @@ class _Rollout:
                         refused_launches=st.refused,
                     )
                 )
+                rebuild = getattr(session, "assistant_turn", None)  # e.g. TextCraft: from the parsed parts
                 st.messages = st.messages + [
-                    {"role": "assistant", "content": call.text},
+                    {"role": "assistant", "content": rebuild(call.text) if rebuild else call.text},
                     {"role": "user", "content": result.observation},
                 ]
                 st.last_observation = result.observation
@@ -442,11 +450,14 @@ class _Rollout:
         async def launch(request: LaunchRequest) -> ChildResult:
             if parent.node.depth + 1 > self.cfg.max_depth:
                 parent.refused += 1
+                refusal = getattr(parent.session, "depth_refusal", None)  # the environment's own text
                 return ChildResult(
                     request=request,
                     returned=False,
                     refused=True,
-                    error=(
+                    error=refusal(request, parent.node.depth, self.cfg.max_depth)
+                    if refusal
+                    else (
                         f"Launch refused: this agent is at depth {parent.node.depth} and the maximum depth is "
                         f"{self.cfg.max_depth}, so it cannot delegate. Do the work yourself."
                     ),
@@ -484,12 +495,13 @@ class _Rollout:
         return _result(request, node)
 
     async def launch_counterfactual(self, parent: _AgentState, request: LaunchRequest, k: int) -> ChildResult:
-        """K branches of one child from one snapshot; branch 0 is the live one (committed)."""
+        """K branches of one child, each on its own fork of one snapshot (public ``CounterfactualCollector``);
+        branch 0's final world is then committed to the parent's world."""
         self.envs_used += k - 1
         self.n_groups += 1
         group = f"g{self.n_groups}"
         snapshot = parent.world.fork()
-        worlds = [parent.world] + [snapshot.fork() for _ in range(k - 1)]
+        worlds = [snapshot.fork() for _ in range(k)]
         nodes = [self.new_child_node(parent, request, suffix="" if b == 0 else f"~b{b}") for b in range(k)]
         parent.launched.append(nodes[0].node_id)
         rubric = (
@@ -502,13 +514,21 @@ class _Rollout:
             node.branch_group, node.branch_index, node.committed = group, b, b == 0
             if b > 0:  # one rubric per group, written from the pre-delegation context only
                 node.rubric, node.rubric_error = nodes[0].rubric, nodes[0].rubric_error
+            # branch 0 is committed (its own delegations may form groups); the others are branches
             children.append(self.start_child(parent, node, request, world, in_branch=b > 0))
         await asyncio.gather(*(self.run_agent(c) for c in children))
-        for c in children:
+        parent.world.commit(worlds[0])  # the parent continues from branch 0's final state
+
+        async def label(c: _AgentState) -> None:
             c.node.branch_label = await self.judge(request, c.node, c.session, c.world)
-            if self.cfg.use_rubrics:
-                await self.score_child(rubric, request, c, self.cfg.score_max_new_tokens)
-        return _result(request, nodes[0])
+
+        jobs = [label(c) for c in children]
+        if self.cfg.use_rubrics:
+            jobs += [self.score_child(rubric, request, c, self.cfg.score_max_new_tokens) for c in children]
+        await asyncio.gather(*jobs)  # one wave; each result lands on its own node (order-independent)
+        head = nodes[0]
+        message = head.finish_message or head.error or "Subagent branch 0 completed."
+        return replace(_result(request, head), report=COUNTERFACTUAL_REPORT.format(message=message, k=k))
 
     async def launch_best_of_n(self, parent: _AgentState, request: LaunchRequest) -> ChildResult:
         """Test-time selection (module docstring, item 4): n candidates on clones, commit one."""
@@ -549,8 +569,11 @@ class _Rollout:
                     )
                 )
             if cfg.selection_mode == "oracle":
-                for c in children:
-                    c.node.branch_label = await self.judge(request, c.node, c.session, c.world)
+                labels = await asyncio.gather(
+                    *(self.judge(request, c.node, c.session, c.world) for c in children)
+                )
+                for c, y in zip(children, labels, strict=True):
+                    c.node.branch_label = y
             rng = random.Random(_seed(cfg.seed, nodes[0].node_id, -2))
             best = select_candidate(
                 cfg.selection_mode,

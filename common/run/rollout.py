@@ -104,12 +104,24 @@ class RolloutConfig:
         )
 
 
-def make_env_with_prompts(env: str, prompts_dir: str | None, codeact_executor: str | None = None):
+def make_env_with_prompts(
+    env: str,
+    prompts_dir: str | None,
+    codeact_executor: str | None = None,
+    prompt_set: Literal["training", "evaluation"] = "training",
+):
     """``make_env`` with the user's prompt templates, where given (one --prompts-dir for every template),
-    and for TextCraft the CodeAct executor (``worker`` | ``inprocess``), where given."""
+    for TextCraft the CodeAct executor (``worker`` | ``inprocess``), where given, and the prompt set:
+    ``training`` (the default: every training tier builds its environment here) or ``evaluation``
+    (``sera eval``, ``sera rollout``). The public code has two TextWorld builders
+    (``textworld_training.py`` / ``textworld_evaluation.py``); TextCraft uses one set for both."""
     from common.envs import make_env
 
+    if prompt_set not in ("training", "evaluation"):
+        raise ValueError(f"prompt_set must be 'training' or 'evaluation', got {prompt_set!r}")
     kwargs: dict[str, Any] = {"prompts_dir": prompts_dir} if prompts_dir else {}
+    if env == "textworld":
+        kwargs["prompt_set"] = prompt_set
     if codeact_executor is not None and env == "textcraft":
         kwargs["executor"] = codeact_executor
     return make_env(env, **kwargs)

@@ -12,8 +12,8 @@ commonly produce:
 Only the first ``<python>`` block is run; a bare Markdown fence without the tags is NOT run (the
 error says so), so the reply format stays the one the system prompt teaches.
 :func:`format_cell_observation` turns a :class:`~common.sandbox.CellResult` into the next observation
-with the template ``templates/textcraft_observation.txt`` (the paper's layout: ``[Cell i Output]``, the output,
-``Error: ...`` or ``(No output)``, then the next-action line).
+with the template ``templates/textcraft_observation.txt`` (platoon's layout: ``[Cell i Output]``, the output or
+``(No output)``, ``Error: ...`` right after it, then the next line).
 
 Run the tests with ``python -m pytest tests/test_codeact_parse.py -q``.
 """
@@ -50,6 +50,9 @@ class ParsedReply:
     """Why no code could be taken from the reply (tells the model the expected format); None if ok."""
     code_span: tuple[int, int] | None = None
     """Character offsets ``(start, end)`` of the raw block content in the reply (between the tags)."""
+    thought_raw: str | None = None
+    """The text between ``<thought>`` and ``</thought>`` as written (not stripped); None when the thought is
+    not closed. Past turns are rebuilt from it, as platoon's ``extract_code_and_thought`` keeps it."""
 
 
 def _clean_code(raw: str) -> str:
@@ -80,7 +83,7 @@ def parse_codeact_reply(text: str) -> ParsedReply:
     """
     if not isinstance(text, str):
         return ParsedReply(None, None, f"the reply is not text ({type(text).__name__}). {FORMAT_HINT}")
-    thought = None
+    thought = thought_raw = None
     search_from = 0
     t_open = _THOUGHT_OPEN.search(text)
     if t_open is not None:
@@ -92,7 +95,8 @@ def parse_codeact_reply(text: str) -> ParsedReply:
             if inside is not None and _PY_OPEN.search(text, t_close.end()) is None:
                 t_close = None
         if t_close is not None:
-            thought = text[t_open.end() : t_close.start()].strip()
+            thought_raw = text[t_open.end() : t_close.start()]
+            thought = thought_raw.strip()
             search_from = t_close.end()
         else:
             py = _PY_OPEN.search(text, t_open.end())
@@ -101,24 +105,28 @@ def parse_codeact_reply(text: str) -> ParsedReply:
     py_open = _PY_OPEN.search(text, search_from)
     if py_open is None:
         hint = " A Markdown ```python fence alone is not run." if _BARE_FENCE.search(text) else ""
-        return ParsedReply(thought, None, f"no <python>...</python> code block found.{hint} {FORMAT_HINT}")
+        return ParsedReply(
+            thought, None, f"no <python>...</python> code block found.{hint} {FORMAT_HINT}", None, thought_raw
+        )
     start = py_open.end()
     py_close = _PY_CLOSE.search(text, start)
     end = py_close.start() if py_close is not None else len(text)
     code = _clean_code(text[start:end])
     if not code.strip():
-        return ParsedReply(thought, None, f"the <python> block is empty. {FORMAT_HINT}", (start, end))
-    return ParsedReply(thought, code, None, (start, end))
+        return ParsedReply(
+            thought, None, f"the <python> block is empty. {FORMAT_HINT}", (start, end), thought_raw
+        )
+    return ParsedReply(thought, code, None, (start, end), thought_raw)
 
 
 def format_cell_observation(index: int, result: CellResult, prompts: TextCraftPrompts | None = None) -> str:
-    """The observation after a cell (``textcraft_observation.txt``): ``[Cell index Output]``, the output, the error
-    as ``Error: ...`` (or ``(No output)``), then the next-action line. ``index`` is the step's index from 0.
+    """The observation after a cell (``textcraft_observation.txt``): ``[Cell index Output]``, the output (or
+    ``(No output)``), the error as ``Error: ...`` right after it, then the next line. ``index`` is the step's
+    index from 0.
 
     >>> print(format_cell_observation(2, CellResult(stdout="", error="NameError: name 'x' is not defined")))
     [Cell 2 Output]
-    Error: NameError: name 'x' is not defined
-    <BLANKLINE>
-    Give your next step: a brief <thought> </thought>, then the code to run in <python> </python>.
+    (No output)Error: NameError: name 'x' is not defined
+    Write your next step.
     """
     return (prompts or load_prompts()).observation(index, result.stdout, result.error)

@@ -8,9 +8,13 @@ the fork the runtime gave the child), when the cell calls them:
 * ``craft`` / ``get_info`` / ``view_inventory`` -- :class:`TextCraftWorld` methods;
 * ``finish(message)`` -- ends the agent after the current cell;
 * ``await launch_subagent(targets, context="")`` -- validates the arguments (clear ``Error: ...``
-  strings), builds a :class:`LaunchRequest` (``goal="Craft the following items: ..."``), awaits the
-  runtime's ``launch`` hook and returns the child's report (its finish message and
-  ``Budget used by subagent: u/N steps.``). Several launches may be gathered.
+  strings for a non-dict, an empty dict or a count that is not a positive int), builds a
+  :class:`LaunchRequest` (``goal="Craft the following items: ..."``), awaits the runtime's ``launch`` hook
+  and returns the child's report (its finish message, ``Budget used by subagent: u/N steps.`` and the
+  parent's own remaining steps), or the depth-limit refusal. Several launches may be gathered.
+
+Past replies appear in the agent's later prompts rebuilt from their parsed parts (``assistant_turn``:
+``<thought>t</thought>`` and ``<python>code</python>`` on two lines), as platoon's prompt builder does.
 
 ``step(reply)`` = one model call, as the paper's CodeAct environment: parse
 ``<thought>...</thought><python>...</python>``; check the cell before it runs (syntax, empty,
@@ -178,19 +182,20 @@ class TextCraftSession(AgentSession):
                 self.world.root_finish_message = msg
 
     def _validate_targets(self, targets: Any, context: Any) -> str | None:
+        """The arguments no child is run for (a ledgered deviation, docs/fidelity/codeact.md): not a dict,
+        an empty dict, an item name that is not a string, or a count that is not a positive int (booleans
+        included). Public platoon builds a goal string from ANY dict and runs a child; for these cases that
+        goal names no target (the child then inherits its parent's targets) or a zero target (a free
+        success), so they are refused here with an error. Unknown and base items are NOT refused: a child
+        runs for them as in the public code and fails on its own (it cannot craft them)."""
         if not isinstance(targets, dict) or not targets:
             return (
                 "Error: targets must be a non-empty dict {item_name: count}, e.g. "
                 'launch_subagent({"a1_i4": 2})'
             )
-        book = self.world.book
         for item, n in targets.items():
-            if not isinstance(item, str):
-                return f"Error: target item names must be strings, got {type(item).__name__}"
-            if not book.knows(item):
-                return f"Error: unknown item {item!r} in targets"
-            if book.recipe(item) is None:
-                return f"Error: {item} is a base item; it cannot be crafted, so it cannot be delegated"
+            if not isinstance(item, str) or not item:
+                return f"Error: target item names must be non-empty strings, got {item!r}"
             if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
                 return f"Error: count for {item} must be a positive int, got {n!r}"
         if not isinstance(context, str):
@@ -219,9 +224,14 @@ class TextCraftSession(AgentSession):
         record.result = result
         if result.refused:
             return result.error or "Launch refused."
+        if result.report is not None:  # a counterfactual group: "Selected branch: 0; ..." (runtime)
+            return result.report
         text = result.message if result.returned else self.prompts.child_did_not_finish(result.error)
         budget = result.request.max_steps if result.request is not None else request.max_steps
-        return self.prompts.launch_report(text, result.steps_used, budget)
+        # The parent's own steps left, counting the current step as not yet taken (the public depth-aware
+        # tracker counts the trajectory's recorded steps; the step whose cell is running is recorded after it).
+        remaining = self.max_steps - (self.steps_used - 1)
+        return self.prompts.launch_report(text, result.steps_used, budget, remaining)
 
     def _close_unawaited_launches(self) -> int:
         """In-process executor: close launch coroutines the cell created but never awaited."""
@@ -239,6 +249,16 @@ class TextCraftSession(AgentSession):
 
     def first_user_message(self) -> str:
         return self.prompts.first_user_message(self.goal, self.max_steps, self.context)
+
+    def assistant_turn(self, reply: str) -> str:
+        """How ``reply`` appears in this agent's later prompts: rebuilt from its parsed thought and code
+        (platoon's ``_format_action_for_history``), not the raw text."""
+        parsed = parse_codeact_reply(reply)
+        return self.prompts.assistant_turn(parsed.thought_raw, parsed.code)
+
+    def depth_refusal(self, request: LaunchRequest, depth: int, max_depth: int) -> str:
+        """What ``await launch_subagent(...)`` returns when the runtime refuses the launch at the depth limit."""
+        return self.prompts.depth_refusal(self.prompts.goal(request.goal, request.context), depth, max_depth)
 
     def visible_state(self) -> dict[str, Any]:
         """What a rubric writer or scorer may see of the world now (the public payload)."""

@@ -1,31 +1,45 @@
 """Every text a TextCraft-Synth agent reads that is not a tool result, as template files in one place.
 
 The templates live in ``templates/textcraft_*.txt`` beside this module (shipped as package data). Their structure
-follows the paper's CodeAct agent (public platoon/SERA code): the conversation grows turn by turn
+and fixed formats follow the paper's CodeAct agent as platoon renders it (``prompt_builder.py`` with the Jinja
+templates ``user-initial``, ``user-observation``, ``user-next-action-str``; the depth-aware TextCraft agent and
+budget tracker); the instructions are in this project's words. The conversation grows turn by turn
 ("sequence extension"):
 
-* **system** (``textcraft_system.txt``): the crafting role, "craft on top of what you hold", ``<thought>`` then
-  ``<python>``, the notebook-style execution, the recommendation to delegate;
+* **system** (``textcraft_system.txt``): the crafting role, "craft on top of what you hold", a ``<TIPS>`` block
+  (crafting strategy, delegation strategy), then ``<thought>`` / ``<python>`` and the notebook-style execution;
 * **first user message** (``textcraft_user_initial.txt``): ``# Task`` (``textcraft_task.txt``: ``Your Goal: ...`` and
   ``Budget: You have a total budget of N steps ...`` with the budget the session enforces),
   ``# Action Space`` (``textcraft_action_space.txt``: the five functions, signatures and examples) and the
   next-action line (``textcraft_next_action.txt``). A child's goal carries its parent's context
   (``textcraft_child_goal.txt``: ``Context provided from parent agent: ...``);
-* **each observation** (``textcraft_observation.txt``): ``[Cell i Output]`` (``i`` counts steps from 0), the
-  output, ``Error: ...`` (``textcraft_error.txt``) or ``(No output)``, then the next-action line;
+* **each observation** (``textcraft_observation.txt``, placeholders ``$index``, ``$output``, ``$error``,
+  ``$next_action``): ``[Cell i Output]`` (``i`` counts steps from 0), then ``$output`` = the cell's output
+  exactly as printed, or ``textcraft_no_output.txt`` (``(No output)``) when it printed nothing, then
+  ``$error`` = ``textcraft_error.txt`` (``Error: ...``) when the cell failed, else empty; the error follows the
+  output with no separator of its own, as platoon's ``user-observation`` renders it;
+* **past assistant turns** are rebuilt from the parsed reply (``textcraft_history_thought.txt`` and
+  ``textcraft_history_code.txt``, joined by a newline; a part the reply lacks is left out), as platoon's
+  ``_format_action_for_history``; the runtime asks the session for them (``assistant_turn``);
 * **errors of a cell that never ran**: syntax error, empty cell, unawaited ``launch_subagent``, task
   introspection (``textcraft_syntax_error.txt``, ``textcraft_empty_cell.txt``, ``textcraft_unawaited.txt``, ``textcraft_introspection.txt``);
 * **what a parent reads back** from a child (``textcraft_launch_report.txt``: the child's finish message, then
-  ``Budget used by subagent: u/N steps.``) and the loop detector's finish message (``textcraft_loop_finish.txt``).
+  ``Budget used by subagent: u/N steps. Total remaining budget for the current task is R steps.`` and a final
+  newline, R = the parent's own budget minus its steps before the current one), a launch refused at the depth
+  limit (``textcraft_depth_refusal.txt``: ``Not enough budget to launch subagent for goal ...``) and the loop
+  detector's finish message (``textcraft_loop_finish.txt``);
+* **the child's tools as the rubric writer reads them** (``textcraft_tools_description.txt``: the short list
+  of tool names, as public ``stages/common.py: rubric_context``).
 
 ``load_prompts(prompts_dir)`` reads them; a file of the same name in ``prompts_dir`` (the CLI's
-``--prompts DIR``) replaces the packaged one, so a user holding the original texts can evaluate the
-released checkpoints with them. Rules (``string.Template``): ``$name`` / ``${name}`` are placeholders,
-``$$`` is a literal dollar; the file's final newline is dropped; a placeholder a template may not use is
-an error naming ``file:line``.
+``--prompts-dir DIR``) replaces the packaged one, so a user holding the original texts can evaluate the
+released checkpoints with them and get the public rendering byte for byte. Rules (``string.Template``):
+``$name`` / ``${name}`` are placeholders, ``$$`` is a literal dollar; the file's final newline is dropped (a
+file that ends in two newlines yields a text that ends in one); a placeholder a template may not use is an
+error naming ``file:line``.
 
 Simplifies: one system prompt for every depth (the runtime refuses launches past the maximum depth and
-says so); no Jinja conditionals.
+says so); no Jinja conditionals (the code chooses what fills ``$output`` and ``$error``).
 Run: ``python -m common.envs.textcraft.prompts`` prints a root agent's first two messages.
 """
 
@@ -54,7 +68,7 @@ SPEC: dict[str, frozenset[str]] = {
     "user_initial": frozenset({"task", "action_space", "next_action", "max_steps"}),
     "action_space": frozenset(),
     "next_action": frozenset(),
-    "observation": frozenset({"index", "body", "next_action"}),
+    "observation": frozenset({"index", "output", "error", "next_action"}),
     "no_output": frozenset(),
     "error": frozenset({"error"}),
     "syntax_error": frozenset({"line", "message"}),
@@ -62,7 +76,10 @@ SPEC: dict[str, frozenset[str]] = {
     "unawaited": frozenset({"name"}),
     "introspection": frozenset({"name"}),
     "unawaited_runtime": frozenset({"count"}),
-    "launch_report": frozenset({"message", "used", "budget"}),
+    "launch_report": frozenset({"message", "used", "budget", "remaining"}),
+    "depth_refusal": frozenset({"goal", "depth", "max_depth"}),
+    "history_thought": frozenset({"thought"}),
+    "history_code": frozenset({"code"}),
     "child_not_finished": frozenset({"reason"}),
     "child_no_reason": frozenset(),
     "finish_recorded": frozenset({"message"}),
@@ -103,14 +120,25 @@ class TextCraftPrompts:
         )
 
     def observation(self, index: int, output: str, error: str | None) -> str:
-        """``[Cell index Output]``, the output, ``Error: ...`` or ``(No output)``, the next-action line."""
+        """``[Cell index Output]``, the output as printed (or ``(No output)``), ``Error: ...`` right after it
+        when the cell failed, then the next line of the template (platoon's ``user-observation``)."""
+        return self._fill(
+            "observation",
+            index=index,
+            output=output if output else self.texts["no_output"],
+            error=self._fill("error", error=error) if error else "",
+            next_action=self.texts["next_action"],
+        )
+
+    def assistant_turn(self, thought: str | None, code: str | None) -> str:
+        """A past reply as the next prompts show it: rebuilt from its parsed parts (platoon's
+        ``_format_action_for_history``); a missing or empty part is left out."""
         parts = []
-        if output and output.strip():
-            parts.append(output.rstrip("\n"))
-        if error:
-            parts.append(self._fill("error", error=error.rstrip("\n")))
-        body = "\n".join(parts) if parts else self.texts["no_output"]
-        return self._fill("observation", index=index, body=body, next_action=self.texts["next_action"])
+        if thought:
+            parts.append(self._fill("history_thought", thought=thought))
+        if code:
+            parts.append(self._fill("history_code", code=code))
+        return "\n".join(parts)
 
     # --- errors of cells that never ran -----------------------------------------------------------------
     def syntax_error(self, line: str, message: str) -> str:
@@ -129,8 +157,15 @@ class TextCraftPrompts:
         return self._fill("unawaited_runtime", count=count)
 
     # --- delegation and finishing -----------------------------------------------------------------------
-    def launch_report(self, message: str, steps_used: int, max_steps: int) -> str:
-        return self._fill("launch_report", message=message, used=steps_used, budget=max_steps)
+    def launch_report(self, message: str, steps_used: int, max_steps: int, remaining: int) -> str:
+        """The child's message, its steps out of its budget, and ``remaining``: the parent's own steps left."""
+        return self._fill(
+            "launch_report", message=message, used=steps_used, budget=max_steps, remaining=remaining
+        )
+
+    def depth_refusal(self, goal: str, depth: int, max_depth: int) -> str:
+        """What ``await launch_subagent(...)`` returns past the maximum depth (no child runs)."""
+        return self._fill("depth_refusal", goal=goal, depth=depth, max_depth=max_depth)
 
     def child_did_not_finish(self, reason: str | None) -> str:
         return self._fill("child_not_finished", reason=reason or self.texts["child_no_reason"])
@@ -161,11 +196,15 @@ def load_prompts(prompts_dir: str | Path | None = None) -> TextCraftPrompts:
     >>> p = load_prompts()
     >>> print(p.first_user_message("Craft the following items: 2x m1_i3", 25).split("\\n")[2:4])
     ['Your Goal: Craft the following items: 2x m1_i3', 'Budget: You have a total budget of 25 steps to complete this task.']
-    >>> print(p.observation(0, "", "NameError: name 'x' is not defined"))
+    >>> print(p.observation(0, "5\\n", None))
     [Cell 0 Output]
-    Error: NameError: name 'x' is not defined
+    5
     <BLANKLINE>
-    Give your next step: a brief <thought> </thought>, then the code to run in <python> </python>.
+    Write your next step.
+    >>> print(p.observation(1, "", "NameError: name 'x' is not defined"))
+    [Cell 1 Output]
+    (No output)Error: NameError: name 'x' is not defined
+    Write your next step.
     """
     return _load(str(prompts_dir) if prompts_dir is not None else None)
 
@@ -179,8 +218,8 @@ def first_user_message(goal: str, max_steps: int, context: str = "") -> str:
     return load_prompts().first_user_message(goal, max_steps, context)
 
 
-def launch_report(message: str, steps_used: int, max_steps: int) -> str:
-    return load_prompts().launch_report(message, steps_used, max_steps)
+def launch_report(message: str, steps_used: int, max_steps: int, remaining: int) -> str:
+    return load_prompts().launch_report(message, steps_used, max_steps, remaining)
 
 
 def child_did_not_finish(reason: str | None) -> str:

@@ -282,14 +282,6 @@ class TextWorldSyncEnv(Environment):
     ``prompts_dir``: a directory of template files replacing the packaged ones (see ``prompts.py``)."""
 
     name = "textworld"
-    tools_description = (
-        "One text command per reply from the current Valid Actions list, inside <action>...</action>: "
-        "look around | inventory (free: no shared step) | read cookbook | go to {room} | move {direction} | "
-        "open door | take {ingredient} | chop/slice/dice/mince {ingredient} | cook {ingredient} in stove/in "
-        "oven/on grill | prepare {dish} | eat {dish}; "
-        '<delegate>{"goal": ...}</delegate> launches sub-agents; <finish>message</finish> returns. Every '
-        "world action, valid or not, spends one step of the shared global budget."
-    )
 
     def __init__(
         self,
@@ -299,15 +291,23 @@ class TextWorldSyncEnv(Environment):
         rules: str = "public",
         prompts_dir: str | None = None,
         allow_subagents: bool = True,
+        prompt_set: str = "evaluation",
     ):
+        """``prompt_set``: ``evaluation`` (the public evaluation texts, the default) or ``training`` (the
+        public training texts: no decomposition and budget paragraphs, no budget lines); see ``prompts.py``."""
         if rules not in RULES:
             raise ValueError(f"unknown TextWorld-Sync rules {rules!r}; use one of {RULES}")
         self.max_depth = max_depth
         self.max_child_steps = max_child_steps
         self.root_agent_id = root_agent_id
         self.rules = rules
-        self.prompts = load_prompts(prompts_dir) if prompts_dir else default_prompts()
+        self.prompts = load_prompts(prompts_dir, prompt_set) if prompts_dir else default_prompts(prompt_set)
         self.allow_subagents = allow_subagents
+
+    @property
+    def tools_description(self) -> str:  # type: ignore[override]
+        """The child's tools as the rubric writer reads them (``templates/tools_description.txt``)."""
+        return self.prompts.tools_description
 
     def make_world(self, task: dict[str, Any]) -> SyncWorld:
         return SyncWorld(task, root_agent=self.root_agent_id, rules=self.rules)

@@ -10,11 +10,21 @@ header (``[Step i Observation]``), the same per-turn lines (``Budget used by cur
 (``goal``, ``delegations``, ``max_steps``), the same ``[SubAgent Results]`` and ``[Inventory Lookup]``
 blocks. The prose is our own wording.
 
+Two sets, as the public code has two builders: the EVALUATION set (``system.txt``, ``initial_user.txt``,
+``turn.txt``: ``Runtime/prompts/textworld_evaluation.py``, with the decomposition advice, the
+``BUDGET-AWARE COLLABORATION:`` paragraph, the ``Budget:`` line of the first message and the per-turn budget
+lines) and the TRAINING set (``train_system.txt``, ``train_initial_user.txt``, ``train_turn.txt``:
+``Runtime/prompts/textworld_training.py``, without them). ``load_prompts(DIR, prompt_set=...)`` picks one;
+every other template is shared. Training rollouts use the training set, ``sera eval`` / ``sera rollout`` the
+evaluation set (``common/run/rollout.py: make_env_with_prompts``). ``tools_description.txt`` is the child's
+tool list the rubric writer reads (public ``textworld_continuous_policy/adapter.py: available_tools``).
+
 Templates use ``string.Template`` placeholders (``${name}``; ``$$`` is a literal dollar sign), so JSON
 braces need no escaping. Each file loses exactly one trailing newline when loaded. To evaluate with
 other texts (for example the original ones), put files with the same names in a directory and call
-``load_prompts(DIR)`` (``--prompts DIR`` on the CLI): a file found there replaces the default, a missing
-one keeps the default, an unknown file name or an unknown placeholder is an error naming the file.
+``load_prompts(DIR)`` (``--prompts-dir DIR`` on the CLI): a file found there replaces the default, a missing
+one keeps the default, an unknown file name or an unknown placeholder is an error naming the file (files of
+the other template families, ``rubric_*``, ``score_*``, ``textcraft_*``, are left to their own loaders).
 
 Print the prompts of a sample task: ``python -m common.envs.textworld_sync.prompts [DIR]``.
 """
@@ -30,30 +40,36 @@ from typing import Any
 from common.templates import PromptTemplateError, load_template
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
+_SYSTEM = frozenset({"agent_id", "depth", "delegation_strategy"})
+_INITIAL_USER = frozenset(
+    {"task", "agent_max_steps", "observation", "valid_actions", "action_space", "delegation_section"}
+)
+_TURN = frozenset(
+    {
+        "index",
+        "observation",
+        "steps_used",
+        "agent_max_steps",
+        "remaining_steps",
+        "valid_actions",
+        "score",
+        "task_success",
+        "task_failure",
+        "done",
+        "subagent_note",
+    }
+)
 FIELDS: dict[str, frozenset[str]] = {
-    "system": frozenset({"agent_id", "depth", "delegation_strategy"}),
+    "system": _SYSTEM,
+    "train_system": _SYSTEM,
     "delegation_strategy": frozenset({"max_depth", "depth"}),
     "action_space_delegate": frozenset(),
     "action_space_act": frozenset(),
-    "initial_user": frozenset(
-        {"task", "agent_max_steps", "observation", "valid_actions", "action_space", "delegation_section"}
-    ),
+    "initial_user": _INITIAL_USER,
+    "train_initial_user": _INITIAL_USER,
     "delegation_section": frozenset(),
-    "turn": frozenset(
-        {
-            "index",
-            "observation",
-            "steps_used",
-            "agent_max_steps",
-            "remaining_steps",
-            "valid_actions",
-            "score",
-            "task_success",
-            "task_failure",
-            "done",
-            "subagent_note",
-        }
-    ),
+    "turn": _TURN,
+    "train_turn": _TURN,
     "subagent_note": frozenset(),
     "inventory_lookup": frozenset({"inventory", "observation"}),
     "delegation_results": frozenset({"results", "observation"}),
@@ -70,8 +86,13 @@ FIELDS: dict[str, frozenset[str]] = {
         }
     ),
     "delegation_rejected": frozenset({"depth", "max_depth", "observation"}),
+    "tools_description": frozenset(),
 }
 """Template name -> the placeholders it may use (all optional)."""
+PROMPT_SETS = ("evaluation", "training")
+"""``evaluation``: the public evaluation builder's texts; ``training``: the public training builder's."""
+TRAINING_NAMES = {"system": "train_system", "initial_user": "train_initial_user", "turn": "train_turn"}
+"""The templates the training set takes from other files (every other template is shared)."""
 FINAL_OBSERVATION_CHARS = 1200
 """A child's final observation is cut to this many characters in the results block (public)."""
 
@@ -87,9 +108,19 @@ class PromptSet:
     templates: dict[str, string.Template]
     source: str
     """Where they came from (``default`` or the user's directory)."""
+    prompt_set: str = "evaluation"
+    """``evaluation`` or ``training`` (which system / first-message / turn templates are used)."""
+
+    def _name(self, name: str) -> str:
+        return TRAINING_NAMES.get(name, name) if self.prompt_set == "training" else name
 
     def render(self, name: str, **fields: Any) -> str:
-        return self.templates[name].substitute({k: str(v) for k, v in fields.items()})
+        return self.templates[self._name(name)].substitute({k: str(v) for k, v in fields.items()})
+
+    @property
+    def tools_description(self) -> str:
+        """The child's tools as the rubric writer reads them (``tools_description.txt``)."""
+        return self.render("tools_description")
 
     # ---- the agent's messages -------------------------------------------------------------------
     def system(self, agent_id: str, depth: int, max_depth: int, allow_subagents: bool = True) -> str:
@@ -193,30 +224,33 @@ def _defaults() -> dict[str, string.Template]:
     return {n: _load_file(TEMPLATE_DIR / f"{n}.txt", n) for n in FIELDS}
 
 
-def load_prompts(directory: str | Path | None = None) -> PromptSet:
-    """The default templates, with any ``NAME.txt`` found in ``directory`` replacing its default."""
+def load_prompts(directory: str | Path | None = None, prompt_set: str = "evaluation") -> PromptSet:
+    """The default templates, with any ``NAME.txt`` found in ``directory`` replacing its default;
+    ``prompt_set`` = ``evaluation`` (``sera eval``) or ``training`` (training rollouts)."""
+    if prompt_set not in PROMPT_SETS:
+        raise ValueError(f"prompt_set must be one of {PROMPT_SETS}, got {prompt_set!r}")
     templates = dict(_defaults())
     if directory is None:
-        return PromptSet(templates, "default")
+        return PromptSet(templates, "default", prompt_set)
     d = Path(directory)
     if not d.is_dir():
         raise FileNotFoundError(f"prompt directory not found: {d} (pass a directory of NAME.txt templates)")
     for path in sorted(d.glob("*.txt")):
         name = path.stem
-        if name.startswith(("rubric_", "score_")):  # the rubric writer's/scorer's (common/agent/prompts)
+        if name.startswith(("rubric_", "score_", "textcraft_")):  # other loaders' templates
             continue
         if name not in FIELDS:
             raise PromptTemplateError(
                 f"{path}: unknown template name {name!r}; expected one of {sorted(FIELDS)}"
             )
         templates[name] = _load_file(path, name)
-    return PromptSet(templates, str(d))
+    return PromptSet(templates, str(d), prompt_set)
 
 
 @functools.cache
-def default_prompts() -> PromptSet:
-    """The packaged templates (loaded once)."""
-    return load_prompts(None)
+def default_prompts(prompt_set: str = "evaluation") -> PromptSet:
+    """The packaged templates (loaded once per set)."""
+    return load_prompts(None, prompt_set)
 
 
 if __name__ == "__main__":  # pragma: no cover - manual check

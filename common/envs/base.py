@@ -52,6 +52,9 @@ class ChildResult:
     """Error text when the child crashed, or the refusal text when the launch was refused."""
     refused: bool = False
     """True when the launch was refused (depth limit); the parent paid its step, nothing else."""
+    report: str | None = None
+    """When set, the exact text the parent's launch call returns instead of the session's own launch
+    report (a Rubric-stage counterfactual launch: the public collector's ``Selected branch: 0; ...``)."""
 
 
 LaunchHook = Callable[[LaunchRequest], Awaitable[ChildResult]]

@@ -1,0 +1,129 @@
+"""Counterfactual branches as the public ``CounterfactualCollector`` (issue #20 item 8) and their judge and
+score calls in one concurrent wave (issue #21).
+
+Public ``three_stage_train/counterfactual.py``: all K branches run on isolated copies of one snapshot; once
+every branch has ended, branch 0's final state is committed to the parent's environment and the launch
+returns ``<branch 0's finish message>\\n\\nSelected branch: 0; counterfactual branches collected: K.\\n``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from common.agent.runtime import COUNTERFACTUAL_REPORT, RuntimeConfig, run_root
+from common.envs import make_env
+from common.envs.textcraft.oracle import oracle_reply as tc_oracle
+from common.envs.textcraft.tasks import generate_tasks as tc_tasks
+from common.policy.base import Completion, GenerationRequest, Policy
+from common.policy.scripted import rubric_json, score_json
+
+K = 4
+
+
+class Scripted(Policy):
+    """Deterministic replies: the root delegates its first target at step 0 and finishes at step 1; branch
+    0 and branch 2 craft with the oracle, branches 1 and 3 give up. ``delays`` (per branch index) make the
+    judge-free score calls return in another order; ``barrier`` holds every score call until all K are in
+    flight (they must reach the policy in one wave)."""
+
+    def __init__(self, world_log: list, live: list, delays: dict[int, int] | None = None, barrier: bool = False):
+        self.world_log, self.live, self.delays, self.barrier = world_log, live, delays or {}, barrier
+        self.scores_in_flight, self.max_scores_in_flight = 0, 0
+        self.all_scores_arrived = asyncio.Event() if barrier else None
+        self.item: tuple[str, int] | None = None
+
+    @staticmethod
+    def branch(node_id: str) -> int:
+        return int(node_id.split("~b")[1]) if "~b" in node_id else 0
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        nid = str(request.meta.get("node_id"))
+        if request.role == "score":
+            self.scores_in_flight += 1
+            self.max_scores_in_flight = max(self.max_scores_in_flight, self.scores_in_flight)
+            if self.barrier:
+                if self.scores_in_flight == K:
+                    self.all_scores_arrived.set()
+                await asyncio.wait_for(self.all_scores_arrived.wait(), timeout=5)
+            for _ in range(self.delays.get(self.branch(nid), 0)):
+                await asyncio.sleep(0)
+            self.scores_in_flight -= 1
+            text = score_json(bool(request.meta.get("child_success")))
+        elif request.role == "rubric":
+            text = rubric_json("crafted")
+        elif nid == "0":
+            if request.meta["step"] == 0:
+                item, n = next(iter(request.session.targets.items()))
+                self.item = (item, n)
+                text = f"<python>r = await launch_subagent({{'{item}': {n}}})\nprint(r)</python>"
+            else:
+                text = "<python>finish('done')</python>"
+        else:
+            # what the LIVE world holds while a branch acts: never a branch's craft
+            self.world_log.append(dict(self.live[0].view_inventory()))
+            text = tc_oracle(request.session) if self.branch(nid) in (0, 2) else "<python>finish('gave up')</python>"
+        return Completion(text=text, prompt_ids=[1], output_ids=[2, 3], logprobs=[-0.1, -0.2])
+
+
+def run_counterfactual(**policy_kw):
+    task = tc_tasks("train", 1, seed=4, difficulty="medium")[0]
+    env = make_env("textcraft")
+    live: list = []
+    make_world = env.make_world
+    env.make_world = lambda t: live.append(make_world(t)) or live[-1]
+    log: list = []
+    policy = Scripted(log, live, **policy_kw)
+    cfg = RuntimeConfig(counterfactual_k=K, max_steps=6, temperature=0.0)
+    tree = asyncio.run(run_root(task, env, policy, cfg))
+    return tree, live[0], log, policy
+
+
+def test_all_branches_run_on_forks_and_the_parent_continues_from_branch_zero():
+    tree, live, seen_live, policy = run_counterfactual()
+    item, n = policy.item
+    branches = sorted((nd for nd in tree.nodes.values() if nd.branch_group == "g1"), key=lambda b: b.branch_index)
+    assert [b.branch_index for b in branches] == list(range(K))
+    assert [b.committed for b in branches] == [True, False, False, False]
+    assert [b.branch_label for b in branches] == [True, False, True, False]
+    # no branch, branch 0 included, touched the live world while the group ran
+    assert seen_live and all(inv.get(item, 0) == 0 for inv in seen_live)
+    # then branch 0's final state was committed: the parent's world holds its craft, and the root succeeded
+    assert live.view_inventory().get(item, 0) >= n and tree.success
+    # the parent is told branch 0's finish message and the public group line, no budget line
+    root_step = tree.root.steps[0]
+    expected = COUNTERFACTUAL_REPORT.format(message=branches[0].finish_message, k=K)
+    assert expected.endswith(f"\n\nSelected branch: 0; counterfactual branches collected: {K}.\n")
+    assert expected.rstrip("\n") in root_step.observation
+    assert "Budget used by subagent" not in root_step.observation
+
+
+def test_judge_and_score_calls_go_out_in_one_wave():
+    """All K score calls are in flight together (a barrier that needs all K would time out otherwise)."""
+    tree, *_, policy = run_counterfactual(barrier=True)
+    assert policy.max_scores_in_flight == K
+    assert all(nd.score is not None for nd in tree.nodes.values() if nd.branch_group)
+
+
+def _stable(tree) -> str:
+    """The tree without wall-clock fields (call durations and end times)."""
+    d = tree.to_dict()
+
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in ("seconds", "ended")}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+
+    return json.dumps(strip(d), sort_keys=True)
+
+
+def test_recorded_tree_does_not_depend_on_the_order_the_calls_return():
+    """Concurrent judging/scoring keeps every result on its own branch: the tree recorded when the score
+    calls return in branch order equals the tree recorded when they return in reverse order."""
+    in_order, *_ = run_counterfactual(delays={b: b for b in range(K)})
+    reversed_, *_ = run_counterfactual(delays={b: K - b for b in range(K)})
+    assert _stable(in_order) == _stable(reversed_)
+    scores = [nd.score for nd in sorted(in_order.nodes.values(), key=lambda x: x.node_id) if nd.branch_group]
+    assert sorted(scores) == [0.0, 0.0, 1.0, 1.0]

@@ -27,7 +27,9 @@ class Scripted(Policy):
     judge-free score calls return in another order; ``barrier`` holds every score call until all K are in
     flight (they must reach the policy in one wave)."""
 
-    def __init__(self, world_log: list, live: list, delays: dict[int, int] | None = None, barrier: bool = False):
+    def __init__(
+        self, world_log: list, live: list, delays: dict[int, int] | None = None, barrier: bool = False
+    ):
         self.world_log, self.live, self.delays, self.barrier = world_log, live, delays or {}, barrier
         self.scores_in_flight, self.max_scores_in_flight = 0, 0
         self.all_scores_arrived = asyncio.Event() if barrier else None
@@ -62,7 +64,11 @@ class Scripted(Policy):
         else:
             # what the LIVE world holds while a branch acts: never a branch's craft
             self.world_log.append(dict(self.live[0].view_inventory()))
-            text = tc_oracle(request.session) if self.branch(nid) in (0, 2) else "<python>finish('gave up')</python>"
+            text = (
+                tc_oracle(request.session)
+                if self.branch(nid) in (0, 2)
+                else "<python>finish('gave up')</python>"
+            )
         return Completion(text=text, prompt_ids=[1], output_ids=[2, 3], logprobs=[-0.1, -0.2])
 
 
@@ -82,7 +88,9 @@ def run_counterfactual(**policy_kw):
 def test_all_branches_run_on_forks_and_the_parent_continues_from_branch_zero():
     tree, live, seen_live, policy = run_counterfactual()
     item, n = policy.item
-    branches = sorted((nd for nd in tree.nodes.values() if nd.branch_group == "g1"), key=lambda b: b.branch_index)
+    branches = sorted(
+        (nd for nd in tree.nodes.values() if nd.branch_group == "g1"), key=lambda b: b.branch_index
+    )
     assert [b.branch_index for b in branches] == list(range(K))
     assert [b.committed for b in branches] == [True, False, False, False]
     assert [b.branch_label for b in branches] == [True, False, True, False]

@@ -652,4 +652,3 @@ async def run_root(
             selection_groups=ro.n_groups, forks_used=ro.forks_used, fork_refusals=ro.fork_refusals
         )
     return ro.tree
-

@@ -158,3 +158,75 @@ def test_look_up_trajectories_ground_every_agent(tiny):
                     for s in n.steps[1:]:
                         for name in re.findall(r"\b[a-z]\d+_i\d+(?:_\d+)?\b", s.call.text):
                             assert name in seen or name in n.goal, (name, seen)
+
+
+def _score_prompts(trees):
+    """(child node, its score call) for every scored child."""
+    return [(n, n.score_call) for t in trees for n in t.nodes.values() if n.score_call is not None]
+
+
+def test_failed_children_read_like_the_oracle_and_are_labelled_failed(tiny):
+    """Issue #21.4: SFT score examples teach the VERIFIED outcome, and a failure is not given away by who
+    wrote it. Random-policy children announced themselves ('<thought>Random step.</thought>' in every
+    failed child, in no successful one), so the SFT'd scorer learned the writer and called 358 of 359
+    failed RL children (written in the oracle's style) successful. Flawed-oracle children fail in the
+    oracle's own words: the same look-up cell, and false ``finish`` claims worded as the real ones."""
+    from common.envs.textcraft.oracle import FLAWS
+    from common.run.data import task_pool
+    from common.sft.data import FlawedOracle
+
+    _, tok = tiny
+    pool = task_pool("textcraft", None, 3, 0, "easy")
+    trees = oracle_trees(
+        "textcraft", pool, tok, 8192, laptop_rollout(), seed=0, child_noise=0.5, look_up=True
+    )
+    scored = _score_prompts(trees)
+    failed = [(n, c) for n, c in scored if not n.success]
+    ok = [(n, c) for n, c in scored if n.success]
+    assert failed and ok
+    for n, c in scored:  # the target is the verified outcome (success and a zero score for a failure)
+        target = json.loads(c.text)
+        assert target["success"] is bool(n.success)
+        assert (target["final_score"] > 0) is bool(n.success)
+        assert c.finish_reason == TEACHER and not c.prompt_truncated
+    oracle_thoughts = ("<thought>First I look up", "<thought>Crafting ", "<thought>All my targets")
+    for n, c in failed:  # a failed child reads like the oracle: no random writer, the oracle's cells
+        assert "Random step." not in c.messages[-1]["content"]
+        assert "get_info(todo)" in n.steps[0].call.text
+        assert all(s.call.text.startswith(oracle_thoughts) for s in n.steps), [s.call.text for s in n.steps]
+    # finishing with the oracle's "Crafted ..." message no longer means success
+    claims = [n for n, _ in failed if (n.finish_message or "").startswith("Crafted ")]
+    assert claims and all((n.finish_message or "").startswith("Crafted ") for n, _ in ok)
+    # every flaw is reachable and deterministic per (seed, agent)
+    f = FlawedOracle(seed=0)
+    assert {f.flaw(f"0.{i}") for i in range(1, 40)} == set(FLAWS) and f.flaw("0.3") == f.flaw("0.3")
+
+
+def test_sft_score_prompt_equals_the_rubric_stage_prompt_for_the_same_child(tiny):
+    """The score example of a failed child is token for token the prompt the runtime sends when the same
+    child is scored as branch 0 of a Rubric-stage counterfactual group (K=4) in RL: same layout, same
+    trajectory serialisation, same caps; only the target differs in origin (the verified outcome)."""
+    from common.agent.runtime import run_root
+    from common.envs import make_env
+    from common.policy import make_policy
+    from common.run.data import hash_seed, task_pool
+    from common.run.rollout import stage_runtime_config
+    from common.sft.data import FlawedOracle, RecordingTeacher
+    from common.train_config import TrainConfig
+
+    _, tok = tiny
+    rollout = TrainConfig().rollout  # what `sera train` rolls out with (and `sera sft` by default)
+    assert rollout == SFTConfig.make(out="x").rollout
+    task = task_pool("textcraft", None, 1, 0, "easy")
+    (sft_tree,) = oracle_trees("textcraft", task, tok, 8192, rollout, seed=0, child_noise=1.0, look_up=True)
+    example = next(e for e in tree_examples(sft_tree, ("score",)) if e.node_id == "0.1")
+    rcfg = stage_runtime_config("textcraft", rollout, "rubric", True, hash_seed(0, 0, 0))
+    assert rcfg.counterfactual_k > 1
+    teacher = make_policy("oracle", env="textcraft", delegate=True, look_up=True)
+    policy = RecordingTeacher(teacher, tok, 8192, FlawedOracle(True, rcfg.seed), 1.0, rcfg.seed)
+    rl_tree = asyncio.run(run_root(task[0], make_env("textcraft"), policy, rcfg))
+    child = rl_tree.nodes["0.1"]
+    assert child.branch_group == "g1" and child.branch_index == 0 and not child.success
+    assert child.score_call.messages == sft_tree.nodes["0.1"].score_call.messages
+    assert child.score_call.prompt_ids == example.prompt_ids
+    assert json.loads(child.score_call.text)["success"] is False

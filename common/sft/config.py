@@ -36,9 +36,11 @@ class SFTConfig:
     trees_per_task: int = 1
     """Oracle trees per task (different rollout seeds, so different noisy children)."""
     child_noise: float = 0.25
-    """Probability that a CHILD agent (depth >= 1) is played by the random policy instead of the oracle,
-    so some children fail and the scoring examples hold truthful failures too. Those random steps are
-    never trained on; the parent's oracle steps react to the failed child."""
+    """Probability that a CHILD agent (depth >= 1) is played by a flawed writer instead of the oracle, so
+    some children fail and the scoring examples hold truthful failures too (TextCraft: the oracle with one
+    mistake, a wrong amount or a false ``finish`` claim, so failures read like successes; other
+    environments: the random policy). Those steps are never trained on; the parent's oracle steps react
+    to the failed child."""
     look_up: bool = True
     """TextCraft: every oracle agent's first step looks its recipes up with ``get_info`` (a cell that walks
     the recipe tree), so every later step is grounded in what the agent saw. Off: the oracle crafts from

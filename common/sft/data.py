@@ -12,9 +12,16 @@ example is exactly ``(what the model is sent, what it should answer)``, and the 
 Every role is covered: agent steps (``act``: CodeAct cells / actions, delegations included, since the
 oracle delegates), rubrics written before a child runs (the oracle's 4-item rubric naming the delegated
 goal) and scores of children against their frozen rubric (success = the child's REAL outcome). So that
-scoring examples contain failures too, ``child_noise`` of the children's steps are written by the random
-policy (seeded per tree and agent: a noisy child is random at every step, so it usually fails); those steps
-are tagged ``noise`` and never become examples.
+scoring examples contain failures too, ``child_noise`` of the children are played by a *flawed* writer
+(chosen per tree and agent, at every step of that agent); those steps are tagged ``noise`` and never become
+examples. In TextCraft the flawed writer is the oracle itself with one realistic mistake per agent
+(:class:`FlawedOracle`: a wrong ingredient amount, or a ``finish`` that claims the targets are crafted when
+they are not), so a failed child reads like a successful one (same look-up cell, thoughts, code template
+and finish message) and only its observations and final inventory show the failure: the scorer has to read
+the outcome. (Children played by the random policy, the earlier design and still the writer in the other
+environments, announce themselves with ``<thought>Random step.</thought>``: in those data that string
+predicted the label perfectly, and a scorer SFT'd on them called 358 of 359 failed RL children successful;
+docs/fidelity/sft.md.)
 
     trees = oracle_trees("textcraft", tasks, tokenizer, max_context_tokens=8192, rollout=RuntimeConfig())
     examples = [e for t in trees for e in tree_examples(t)]
@@ -99,6 +106,31 @@ class RecordingTeacher(Policy):
         )
 
 
+class FlawedOracle(Policy):
+    """TextCraft: the oracle's replies with one mistake per agent (``oracle.FLAWS``, picked by a hash of
+    ``(seed, node_id)``; ``oracle.flawed_reply``). Acting only: the noise writer of failed children."""
+
+    name = "flawed-oracle"
+    trainable = False
+
+    def __init__(self, look_up: bool = True, seed: int = 0):
+        self.look_up, self.seed = look_up, seed
+
+    def flaw(self, node_id: str) -> str:
+        """The mistake agent ``node_id`` makes in this tree."""
+        from common.envs.textcraft.oracle import FLAWS
+
+        return FLAWS[int(_u01("flaw", self.seed, node_id) * len(FLAWS))]
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        from common.envs.textcraft.oracle import flawed_reply
+
+        if request.role != "act" or request.session is None:
+            raise ValueError("FlawedOracle only writes agent steps (role 'act' with a session)")
+        flaw = self.flaw(str(request.meta.get("node_id")))
+        return Completion(text=flawed_reply(request.session, flaw, self.look_up), finish_reason="scripted")
+
+
 def oracle_trees(
     env_name: str,
     tasks: list[dict[str, Any]],
@@ -122,13 +154,17 @@ def oracle_trees(
     env = make_env(env_name)
     extra = {"look_up": True} if look_up and env_name == "textcraft" else {}
     teacher = make_policy("oracle", env=env_name, delegate=True, **extra)
-    noise = make_policy("random", seed=seed) if child_noise > 0 else None
+    noise = None
+    if child_noise > 0:
+        noise = FlawedOracle(look_up, seed) if env_name == "textcraft" else make_policy("random", seed=seed)
     policy = RecordingTeacher(teacher, tokenizer, max_context_tokens, noise, child_noise, seed)
     trees = []
     for i, task in enumerate(tasks):
         for r in range(trees_per_task):
             rcfg = stage_runtime_config(env_name, rollout, "execution", True, hash_seed(seed, i, r))
             policy.seed = rcfg.seed  # which children are noisy differs from tree to tree
+            if isinstance(noise, FlawedOracle):
+                noise.seed = rcfg.seed  # and which mistake each makes
             trees.append(asyncio.run(run_root(task, env, policy, rcfg)))
     return trees
 
@@ -233,6 +269,7 @@ def batch_at(n: int, batch_size: int, step: int, seed: int) -> list[int]:
 
 __all__ = [
     "NOISE",
+    "FlawedOracle",
     "TEACHER",
     "RecordingTeacher",
     "SFTExample",

@@ -160,6 +160,41 @@ def oracle_reply(
     return _reply(f"Crafting {len(plan.steps)} batched recipes bottom-up from the current inventory.", code)
 
 
+FLAWS = ("wrong_amount", "false_finish", "wrong_then_finish")
+"""The mistakes :func:`flawed_reply` makes (one per agent): a plan with one wrong ingredient amount at every
+craft cell (the craft fails, ``ok=False``, no finish); a ``finish`` that claims the targets are crafted
+right after the look-up (nothing was crafted); the wrong plan once, then the same false claim."""
+
+
+def flawed_reply(session: TextCraftSession, flaw: str, look_up: bool = True) -> str:
+    """The oracle's reply with one realistic mistake (:data:`FLAWS`), for scoring examples that FAIL in the
+    oracle's own words: the same look-up cell, thoughts, code template and finish message as a successful
+    child, so only the observations and the final inventory show that the child failed. (Children played
+    by the random policy fail in another style, ``<thought>Random step.</thought>``, so a scorer trained
+    on them learns who wrote a trajectory instead of whether it succeeded.)"""
+    if flaw not in FLAWS:
+        raise ValueError(f"unknown flaw {flaw!r}; expected one of {FLAWS}")
+    if look_up and session.steps_used == 0:
+        return lookup_reply(session)
+    first_craft = session.steps_used == (1 if look_up else 0)
+    if flaw == "false_finish" or (flaw == "wrong_then_finish" and not first_craft):
+        return _reply(
+            "All my targets are crafted.", f"finish({json.dumps('Crafted ' + _goal_list(session))})"
+        )
+    reply = oracle_reply(session)
+    if "plan = [" not in reply:  # nothing left to craft or infeasible: the oracle's own reply
+        return reply
+    # one wrong amount: the first ingredient of the plan's last craft, one more than the recipe needs
+    todo = remaining_targets(session)
+    plan = plan_crafts(session.world.book, session.world.inventory, todo)
+    last = plan.steps[-1]
+    ing, n = next(iter(last["ingredients"].items()))
+    right = f"({json.dumps(last['ingredients'])}, ({json.dumps(last['target'][0])}, {last['result_count']}))"
+    wrong = f"({json.dumps({**last['ingredients'], ing: n + 1})}, ({json.dumps(last['target'][0])}, {last['result_count']}))"
+    head, _, tail = reply.rpartition(right)
+    return head + wrong + tail
+
+
 def _goal_list(session: TextCraftSession) -> str:
     return ", ".join(f"{n}x {t}" for t, n in session.targets.items()) + "."
 

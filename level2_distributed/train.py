@@ -315,6 +315,7 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
             **step_metrics(
                 round=state.round, step=state.step, stage=stage, trees=trees, batch=batch, train=train_m,
                 execution_reward=preset.execution_reward, t_rollout=t_roll, t_train=t_train, replaced=replaced,
+                t_round=time.perf_counter() - t_start,
             ),
             **sync_m, **off,
             "train/tokens_per_s": train_m.get("train/packed_tokens", 0.0) / max(t_train, 1e-9),
@@ -334,7 +335,7 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
         bar.log(f"{log_line(metrics)} sync_s={metrics['time/sync_s']:.3g} "
                 f"offpolicy_gap={metrics['offpolicy/gap_mean']:.3g}", state.step)  # fmt: skip
         if not updated:
-            bar.log(idle_hint(cfg))
+            bar.log(idle_hint(cfg, stage, batch, groups))
         if idle >= cfg.max_idle_rounds:
             bar.log(f"stopping: {idle} rounds in a row without a trained token (--max-idle-rounds)")
             break

@@ -12,6 +12,7 @@ The whole tree serialises to plain JSON (``Tree.to_dict`` / ``Tree.from_dict``) 
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -34,6 +35,9 @@ class CallRecord:
     finish_reason: str = "stop"
     prompt_truncated: bool = False
     seconds: float = 0.0
+    ended: float = field(default_factory=time.time)
+    """Wall-clock time (``time.time()``) the record was made; the runtime makes it when the call returns,
+    so the call was in flight during ``[ended - seconds, ended]`` (``time/scoring_s`` unions these)."""
 
 
 @dataclass

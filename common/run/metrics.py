@@ -39,6 +39,35 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def busy_seconds(intervals: Any) -> float:
+    """Wall time covered by at least one of the ``(start, end)`` intervals (their union's length), so
+    calls that overlap in time count once.
+
+    >>> busy_seconds([(0, 2), (1, 3)]), busy_seconds([(0, 1), (2, 3)]), busy_seconds([])
+    (3.0, 2.0, 0.0)
+    """
+    total, cur_start, cur_end = 0.0, None, None
+    for a, b in sorted((float(a), float(b)) for a, b in intervals):
+        if b < a:
+            raise ValueError(f"an interval ends before it starts: ({a}, {b})")
+        if cur_end is None or a > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = a, b
+        else:
+            cur_end = max(cur_end, b)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def scoring_seconds(trees: list[Any]) -> float:
+    """Wall time of a round's rubric and score calls: the union of the intervals in which at least one
+    was in flight (each call ran in ``[ended - seconds, ended]``, ``CallRecord.ended``)."""
+    calls = [c for t in trees for n in t.nodes.values() for c in (n.rubric_call, n.score_call) if c]
+    return busy_seconds((c.ended - c.seconds, c.ended) for c in calls)
+
+
 def step_metrics(
     *,
     round: int,
@@ -51,12 +80,15 @@ def step_metrics(
     t_rollout: float,
     t_train: float,
     replaced: int,
+    t_round: float | None = None,
 ) -> dict[str, Any]:
     """The metrics line of one rollout round. ``step`` is the policy version the rollouts were sampled
     with (= optimizer steps completed before this round; the stage clock); ``round`` counts every round,
-    including rounds without an update."""
+    including rounds without an update. ``t_round``: the round's wall time so far (rollouts, batch,
+    training, weight sync), ``time/round_s`` (NaN when the caller does not measure it).
+    ``time/scoring_s`` is the WALL time during which a rubric or score call was in flight (concurrent calls
+    count once; it lies inside ``time/rollout_s``), not the sum of their durations."""
     gen_tokens = sum(len(s.call.output_ids) for t in trees for n in t.nodes.values() for s in n.steps)
-    calls = [c for t in trees for n in t.nodes.values() for c in (n.rubric_call, n.score_call) if c]
     return {
         "round": round,
         "step": step,
@@ -65,8 +97,9 @@ def step_metrics(
         **train,
         "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
         "time/rollout_s": t_rollout,
-        "time/scoring_s": sum(c.seconds for c in calls),  # rubric + score calls (inside the rollout time)
+        "time/scoring_s": scoring_seconds(trees),  # wall time with a rubric/score call in flight
         "time/train_s": t_train,
+        "time/round_s": float("nan") if t_round is None else float(t_round),
         "mem/peak_rss_gb": peak_rss_gb(),
         "batch/datums": len(batch.datums),
         "batch/replaced_tasks": replaced,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from common.rl.schedule import MethodPreset, Schedule, get_preset
@@ -46,11 +47,94 @@ def train_policy(
     )
 
 
-def idle_hint(cfg: TrainConfig) -> str:
-    """What to say after a round without a trained token."""
-    if cfg.oracle_mix > 0:
-        return "  (no trained token this round: no task group had signal; the clock did not move)"
-    return (
-        "  (no trained token this round: every rollout of a task had the same outcome, so the clock did not "
-        "move. Small models rarely succeed; warm-start with `sera sft`, or add --oracle-mix 0.5.)"
+WARM_START = "Small models rarely succeed; warm-start with `sera sft`, or add --oracle-mix 0.5."
+
+
+def _tied(branches: Any) -> bool:
+    """Did the scorer give every judged, scored branch of one group the same score?"""
+    scores = [b.score for b in branches if b.branch_label is not None and b.score is not None]
+    return len(set(scores)) <= 1
+
+
+def rubric_idle_reason(batch: Any, groups: Sequence[Sequence[Any]]) -> str:
+    """Why a Rubric-stage round trained nothing, counted from its trees and batch counters."""
+    from common.rl.batch import counterfactual_groups
+    from common.rl.rewards import is_mixed_group
+
+    c = batch.counts
+    n_groups = c.get("groups", 0)
+    if n_groups == 0:
+        return "no rollout delegated, so there was no counterfactual branch group to rank"
+    mixed, ties, unscored = 0, 0, 0
+    for trees in groups:
+        for t in trees:
+            for branches in counterfactual_groups(t).values():
+                labels = [bool(b.branch_label) for b in branches if b.branch_label is not None]
+                if branches[0].rubric is None or not is_mixed_group(labels):
+                    continue
+                mixed += 1
+                scored = [b for b in branches if b.branch_label is not None and b.score is not None]
+                unscored += int(len(scored) < 2)
+                ties += int(len(scored) >= 2 and _tied(branches))
+    parse = f"; {c['rubric_parse_fail']} rubrics failed to parse" if c.get("rubric_parse_fail") else ""
+    if mixed == 0:
+        return (
+            f"{n_groups} branch groups, none mixed: every branch of a group had the same verified outcome"
+            f"{parse}"
+        )
+    if ties == mixed:
+        return (
+            f"{mixed} mixed branch groups, every rubric ranked its branches equally (the scorer gave the "
+            f"branches of each group one score){parse}"
+        )
+    detail = ", ".join(
+        x
+        for x in (
+            f"{ties} ranked their branches equally" if ties else "",
+            f"{unscored} had fewer than 2 scored branches" if unscored else "",
+        )
+        if x
     )
+    return (
+        f"{mixed} mixed branch groups ({detail or 'none tied'}), but the groups of each task earned equal "
+        f"ranking rewards, so every advantage was 0{parse}"
+    )
+
+
+def delegation_idle_reason(batch: Any) -> str:
+    """Why a Delegation-stage round trained nothing, from its batch counters."""
+    c = batch.counts
+    launches = c.get("launches", 0)
+    if launches == 0:
+        return "no agent wrote a launch, so there was no launch point to credit"
+    unaligned = (
+        f"; {c['unaligned']} launch statements could not be aligned to tokens" if c.get("unaligned") else ""
+    )
+    return (
+        f"{launches} launch points, but the rollouts of each task earned the same launch reward (leaf "
+        f"credit), so every advantage was 0{unaligned}"
+    )
+
+
+def idle_hint(
+    cfg: TrainConfig, stage: str = "execution", batch: Any = None, groups: Sequence[Sequence[Any]] = ()
+) -> str:
+    """What to say after a round without a trained token: the stage's own reason, counted from this
+    round's ``batch`` (:class:`~common.rl.batch.StageBatch`) and ``groups`` (one list of trees per task)."""
+    if stage in ("rubric", "delegation"):
+        if groups and all(len(g) < 2 for g in groups):
+            why = f"every task had 1 rollout; the {stage.capitalize()} stage needs 2 or more for a baseline"
+        elif batch is None:
+            why = "no datum had a non-zero advantage"
+        elif stage == "rubric":
+            why = rubric_idle_reason(batch, groups)
+        else:
+            why = delegation_idle_reason(batch)
+    elif cfg.oracle_mix > 0:
+        why = "no task group had signal"
+    else:  # execution
+        return (
+            f"  (no trained token this {stage} round: every rollout of a task had the same outcome, so the "
+            f"clock did not move. {WARM_START})"
+        )
+    return f"  (no trained token this {stage} round: {why}; the clock did not move)"

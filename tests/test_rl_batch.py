@@ -224,7 +224,7 @@ def test_rubric_loo_is_per_task_not_per_batch():
     # (LOO over the whole batch would give A: -0.3 - (0 - 0.1 - 0.2)/3 = -0.2, ...)
     t0 = _rubric_tree([[(0.5, True), (0.6, False)], [(0.9, True), (0.1, False)]])
     t1 = _rubric_tree([[(0.5, True), (0.4, False)], [(0.5, True), (0.5, False)]])
-    b = build_stage_batch("rubric", [[t0], [t1]], zero_variance="drop")
+    b = build_stage_batch("rubric", [[t0, _rubric_tree([])], [t1, _rubric_tree([])]], zero_variance="drop")
     assert [round(d.advantage, 6) for d in b.datums] == [-0.3, 0.3, 0.1, -0.1]
     assert all(d.depth == 0 and d.stage == "rubric" for d in b.datums)
 
@@ -241,17 +241,74 @@ def test_rubric_homogeneous_and_unjudged_groups_give_no_datum():
             [(0.9, True), (0.95, None), (0.1, False)],
         ]
     )
-    b = build_stage_batch("rubric", [[t]], zero_variance="drop")
+    b = build_stage_batch("rubric", [[t, _rubric_tree([])]], zero_variance="drop")
     assert [round(d.advantage, 6) for d in b.datums] == [-0.3, 0.3]
     assert b.counts["groups"] == 3 and b.counts["mixed_groups"] == 2 and b.counts["unjudged_branches"] == 1
 
 
-def test_rubric_zero_variance_task_dropped_for_textcraft():
+def test_rubric_zero_variance_task_is_kept_in_both_environments():
+    # issue #20.12: the public trainer builds the Rubric stage with filter_zero_variance_groups=False, so a
+    # task whose rubric advantages are all equal stays in the batch (its tokens count in the token-mean)
     t = _rubric_tree([[(0.5, True), (0.6, False)]])  # one mixed group: LOO of one -> advantage 0
-    assert build_stage_batch("rubric", [[t]], zero_variance="drop").datums == []
-    kept = build_stage_batch("rubric", [[t]], zero_variance="keep")
-    assert [d.advantage for d in kept.datums] == [0.0] and kept.zero_variance_groups == [0]
-    assert not group_has_signal([t], "rubric")
+    flat = [t, _rubric_tree([])]
+    for zero_variance in ("drop", "keep"):  # TextCraft's setting does not apply to this stage
+        kept = build_stage_batch("rubric", [flat], zero_variance=zero_variance)
+        assert [d.advantage for d in kept.datums] == [0.0] and kept.zero_variance_groups == [0]
+    assert not group_has_signal(flat, "rubric")
+    # next to a task with signal it dilutes the token-mean: 4 + 4 rubric tokens, two of them carry advantage
+    signal = [_rubric_tree([[(0.5, True), (0.6, False)], [(0.9, True), (0.1, False)]]), _rubric_tree([])]
+    b = build_stage_batch("rubric", [flat, signal], zero_variance="drop")
+    assert [round(d.advantage, 6) for d in b.datums] == [0.0, -0.3, 0.3]
+    assert sum(d.num_trained_tokens for d in b.datums) == 12
+
+
+def _two_credit_tree() -> Tree:
+    """R = 1; the root launches 0.1 (step 0) and 0.2 (step 1); 0.1 launches 0.1.1 and 0.1.2. Leaves 0.1.1,
+    0.1.2, 0.2: credits (0,0) 2/3, (0,1) 1/3, (0.1,0) 1/3, (0.1,1) 1/3 -> mean 5/12, not all equal."""
+    t = _delegating_tree(True, 2, 2)
+    return t
+
+
+def test_one_rollout_gives_no_delegation_or_rubric_datums():
+    # issue #20.12: the public workflow returns no datums below 2 root rollouts. A lone rollout's LOO
+    # baseline is its own mean, so launches (or groups) of different credit WOULD get non-zero advantages.
+    from common.rl.rewards import delegation_advantages, rubric_advantages
+
+    one = _two_credit_tree()
+    assert delegation_advantages([[2 / 3, 1 / 3, 1 / 3, 1 / 3]]) != [[0.0] * 4]  # what would be trained
+    for zero_variance in ("drop", "keep"):
+        b = build_stage_batch("delegation", [[one]], zero_variance=zero_variance)
+        assert b.datums == [] and b.counts["single_rollout_groups"] == 1
+    assert not group_has_signal([one], "delegation")
+    two_groups = _rubric_tree([[(0.5, True), (0.6, False)], [(0.9, True), (0.1, False)]])
+    assert rubric_advantages([-0.3, 0.0]) == [-0.3, 0.3]
+    b = build_stage_batch("rubric", [[two_groups]], zero_variance="keep")
+    assert b.datums == [] and b.counts["single_rollout_groups"] == 1
+    # the same trees next to a second rollout train as usual
+    assert build_stage_batch("rubric", [[two_groups, _rubric_tree([])]]).datums
+    assert build_stage_batch(
+        "delegation", [[one, _delegating_tree(False, 1, 0)]], zero_variance="drop"
+    ).datums
+
+
+def test_refused_and_unreached_launches_are_trained_with_reward_zero():
+    # issue #20.11: rollout 0 (R = 1): step 0 launches 0.1 (the only leaf: r = 1), step 1's launch is
+    # refused (depth limit) and step 2's launch statement was never reached (r = 0 each): m_0 = 1/3.
+    # rollout 1 (R = 0): one launch, r = 0, m_1 = 0. b_0 = 0, b_1 = 1/3 -> A = 1, 0, 0 and -1/3.
+    # (Skipping the launches that started no child would give m_0 = 1, b_1 = 1, A = 1 and -1.)
+    t = Tree(task_id="t", env="textcraft", success=True)
+    root = Node("0", None, 0, None, "goal", 20, success=True)
+    root.steps = [
+        Step(0, _launch_call(LAUNCH), "obs", ["0.1"]),
+        Step(1, _launch_call(LAUNCH), "Launch refused", [], refused_launches=1),
+        Step(2, _launch_call(LAUNCH), "NameError before the launch line", []),
+        Step(3, _call("act", "<python>finish('done')</python>"), "obs"),
+    ]
+    t.nodes = {"0": root, "0.1": Node("0.1", "0", 1, 0, "sub", 20, steps=[Step(0, _call("act", "x"), "obs")])}
+    b = build_stage_batch("delegation", [[t, _delegating_tree(False, 1, 0)]], zero_variance="drop")
+    got = [(d.trajectory_id, round(d.advantage, 6)) for d in b.datums]
+    assert got == [("0/0/0", 1.0), ("0/0/0", 0.0), ("0/0/0", 0.0), ("0/1/0", round(-1 / 3, 6))]
+    assert all(d.num_trained_tokens > 0 for d in b.datums)  # the refused/unreached statements are trained
 
 
 def test_rubric_datums_of_deeper_agents_have_their_depth():
@@ -259,7 +316,7 @@ def test_rubric_datums_of_deeper_agents_have_their_depth():
     t = _rubric_tree([[(0.5, True), (0.6, False)], [(0.9, True), (0.1, False)]])
     t.nodes["0.1"] = Node("0.1", "0", 1, 0, "sub", 20)
     _branches(t, "0.1", "g9", [(0.2, True), (0.9, False)])  # hinge 0.2 + 0.7 = 0.9 -> R = -0.9
-    b = build_stage_batch("rubric", [[t]], zero_variance="drop")
+    b = build_stage_batch("rubric", [[t, _rubric_tree([])]], zero_variance="drop")
     # R = -0.3, 0, -0.9: LOO -0.3 + 0.45 = 0.15, 0 + 0.6 = 0.6, -0.9 + 0.15 = -0.75
     got = sorted((d.depth, round(d.advantage, 6)) for d in b.datums)
     assert got == [(0, 0.15), (0, 0.6), (1, -0.75)]

@@ -18,6 +18,7 @@ import asyncio
 import json
 
 from common.agent.runtime import RuntimeConfig, run_root
+from common.agent.tree import Tree
 from common.envs import make_env
 from common.envs.textcraft.tasks import generate_tasks
 from common.policy import make_policy
@@ -113,12 +114,15 @@ assert abs(L_hand["g1"] - 0.075) < 1e-12 and L_hand["g2"] == 0.0  # tutorial 3's
 
 # %% [markdown]
 # ## What the trainer gets
-# `build_stage_batch("rubric", [[tree]])` turns each mixed group into ONE datum: the rubric-writing call
-# of the group (the parent's rubric tokens, never the scoring tokens), with the group's advantage.
+# `build_stage_batch("rubric", [[tree, other]])` turns each mixed group into ONE datum: the rubric-writing
+# call of the group (the parent's rubric tokens, never the scoring tokens), with the group's advantage.
+# A task needs 2 rollouts to train at all (the public workflow returns nothing below 2); the second one
+# here delegated nothing, so it adds no group and the LOO stays over this tree's 3 groups.
 # `rubric/pair_accuracy` is the share of pairs ranked the right way round.
 
 # %%
-batch = build_stage_batch("rubric", [[tree]], zero_variance="keep")
+other = Tree(task_id=tree.task_id, env=tree.env)  # a rollout without counterfactual groups
+batch = build_stage_batch("rubric", [[tree, other]], zero_variance="keep")
 print("datums", len(batch.datums), "advantages", [round(d.advantage, 4) for d in batch.datums], batch.counts)
 acc = tree_metrics([tree])["rubric/pair_accuracy"]
 print(f"pair accuracy {acc:.4f} = {correct}/{n_pairs}")

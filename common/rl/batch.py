@@ -20,9 +20,14 @@ Input: ``groups`` = one list of trees per task (its root rollouts). Output: a :c
   mixed groups of the task; only the rubric-generation tokens are trained. Scoring tokens are never
   trained.
 
-Zero variance, every stage (public rule): a task group whose datums' advantages are all equal carries no
-signal. ``zero_variance="drop"`` (TextCraft) drops its datums; ``"keep"`` (TextWorld) keeps them as they
-are. :func:`group_has_signal` answers the same question for one group before a trainer accepts it.
+Zero variance (public rule): a task group whose datums' advantages are all equal carries no signal.
+``zero_variance="drop"`` (TextCraft) drops its datums in the Execution and Delegation stages; ``"keep"``
+(TextWorld) keeps them as they are. The Rubric stage always keeps them (the public trainer builds that
+stage with ``filter_zero_variance_groups=False``): their tokens count in the token-mean. :func:`group_has_signal`
+answers the no-signal question for one group before a trainer accepts it.
+
+Fewer than 2 rollouts (public ``three_stage_train/workflow.py``: ``len(raw_rollouts) < 2`` -> no datums):
+a task group of one rollout gives no Delegation and no Rubric datums (counted in ``single_rollout_groups``).
 """
 
 from __future__ import annotations
@@ -148,8 +153,13 @@ def launch_points(tree: Tree) -> list[tuple[Node, Any, tuple[str, int]]]:
 def delegation_batch(
     groups: Sequence[Sequence[Tree]], tokenizer: Any, zero_variance: str = "keep"
 ) -> StageBatch:
-    batch = StageBatch("delegation", counts={"unaligned": 0, "no_launch": 0, "launches": 0})
+    batch = StageBatch(
+        "delegation", counts={"unaligned": 0, "no_launch": 0, "launches": 0, "single_rollout_groups": 0}
+    )
     for g, trees in enumerate(groups):
+        if len(trees) < 2:  # public: no datums below 2 root rollouts
+            batch.counts["single_rollout_groups"] += 1
+            continue
         datums: list[Datum] = []
         points = [launch_points(t) for t in trees]
         rewards = [
@@ -186,11 +196,23 @@ def counterfactual_groups(tree: Tree) -> dict[str, list[Node]]:
     return {k: sorted(v, key=lambda n: n.branch_index or 0) for k, v in groups.items()}
 
 
-def rubric_batch(groups: Sequence[Sequence[Tree]], zero_variance: str = "keep") -> StageBatch:
+def rubric_batch(groups: Sequence[Sequence[Tree]]) -> StageBatch:
+    """Rubric-stage datums. A zero-variance task is always kept (public ``filter_zero_variance_groups=False``
+    for this stage, both environments); a task of one rollout gives none."""
     batch = StageBatch(
-        "rubric", counts={"groups": 0, "mixed_groups": 0, "rubric_parse_fail": 0, "unjudged_branches": 0}
+        "rubric",
+        counts={
+            "groups": 0,
+            "mixed_groups": 0,
+            "rubric_parse_fail": 0,
+            "unjudged_branches": 0,
+            "single_rollout_groups": 0,
+        },
     )
     for g, trees in enumerate(groups):
+        if len(trees) < 2:  # public: no datums below 2 root rollouts
+            batch.counts["single_rollout_groups"] += 1
+            continue
         entries = []  # (branch-0 node, reward or None) over all groups of all rollouts of this task
         for t in trees:
             for branches in counterfactual_groups(t).values():
@@ -211,7 +233,7 @@ def rubric_batch(groups: Sequence[Sequence[Tree]], zero_variance: str = "keep") 
             if a is None or head.rubric_call is None or not head.rubric_call.output_ids:
                 continue
             datums.append(rubric_datum(head.rubric_call, a, head.depth - 1, f"{g}/rubric{k}/{head.node_id}"))
-        _add_group(batch, g, datums, zero_variance)
+        _add_group(batch, g, datums, "keep")  # public: the Rubric stage never filters zero variance
     return batch
 
 
@@ -226,7 +248,8 @@ def build_stage_batch(
     """The datums of ``stage`` for one optimizer step, with depth weights over the whole batch.
 
     ``zero_variance``: ``"drop"`` (TextCraft, public ``filter_zero_variance_groups=true``) or ``"keep"``
-    (TextWorld) for task groups whose datums' advantages are all equal, in every stage.
+    (TextWorld) for task groups whose datums' advantages are all equal, in the Execution and Delegation
+    stages; the Rubric stage always keeps them (public ``filter_zero_variance_groups=False`` there).
     ``judge_labels``: RAO child rewards come from the ``--judge`` verdicts stored in ``branch_label``
     (the runtime sets ``tree.meta["judged_children"]`` when it judged them, so trainers need not pass it).
     """
@@ -235,7 +258,7 @@ def build_stage_batch(
     elif stage == "delegation":
         batch = delegation_batch(groups, tokenizer, zero_variance)
     elif stage == "rubric":
-        batch = rubric_batch(groups, zero_variance)
+        batch = rubric_batch(groups)
     else:
         raise ValueError(f"unknown stage {stage!r}; expected execution, delegation or rubric")
     batch.weights = depth_weights([d.depth for d in batch.datums], [d.trajectory_id for d in batch.datums])
@@ -261,7 +284,7 @@ def group_has_signal(
     if not trees:
         return False
     batch = build_stage_batch(stage, [list(trees)], execution_reward, "drop", tokenizer, judge_labels)
-    return bool(batch.datums)
+    return bool(batch.datums) and not batch.zero_variance_groups
 
 
 def tree_metrics(

@@ -2,10 +2,11 @@
 
     python bench/plot_learning.py OUT_DIR [--png docs/learning_h200.png] [--md OUT_DIR/learning.md]
 
-Reads OUT_DIR/eval_{base,sft,sera,rao}/report.json (held-out success, greedy), OUT_DIR/sft/metrics.jsonl
-(SFT loss) and OUT_DIR/rl_{sera,rao}/metrics.jsonl (one line per rollout round: training-task root success,
-the rubric pair accuracy of SERA's Rubric-stage rounds, generated tokens and times). A phase that did not
-run is shown as missing, never as zero.
+Reads OUT_DIR/eval_base/report.json (the base model, held-out, greedy), OUT_DIR/sft/metrics.jsonl (SFT loss)
+and OUT_DIR/rl_{sera,rao}/metrics.jsonl: one row per rollout round (stage, datums, rubric pair accuracy,
+times) and one row per in-run held-out evaluation (``eval/success`` at an optimizer step; step 0 is the SFT
+model). A cut-off evaluation is shown from its finished tasks, marked "n of N done"; a phase that did not
+run is shown as "not run", never as zero.
 """
 
 from __future__ import annotations
@@ -20,40 +21,12 @@ import typer
 from common.eval import aggregate, load_results
 from common.run.metrics import read_metrics
 
-EVALS = {
-    "base": "base model",
-    "sft_ungrounded": "SFT, oracle without look-up",
-    "sft": "SFT",
-    "sera": "SFT + SERA",
-    "rao": "SFT + RAO",
-}
-"""Evaluation directories OUT_DIR/eval_<key>; ``sft_ungrounded`` is optional (the run of an SFT whose
-oracle crafted without looking recipes up, kept beside the grounded one for comparison)."""
 RUNS = {"sera": "SFT + SERA", "rao": "SFT + RAO"}
+STAGES = ("execution", "delegation", "rubric")
 
 
 def finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and math.isfinite(v)
-
-
-def load(out: Path) -> dict[str, Any]:
-    """Everything the table and the figure need, from the run's files (missing phases are absent)."""
-    res: dict[str, Any] = {"eval": {}, "rl": {}, "sft": [], "sft_ungrounded": []}
-    for k in EVALS:
-        d = out / f"eval_{k}"
-        if (d / "report.json").is_file():
-            res["eval"][k] = json.loads((d / "report.json").read_text())
-        elif (d / "manifest.json").is_file() and any((d / "results").glob("*.json")):
-            res["eval"][k] = partial_report(d)
-    for k in RUNS:
-        p = out / f"rl_{k}" / "metrics.jsonl"
-        if p.is_file():
-            res["rl"][k] = read_metrics(p)
-    for k in ("sft", "sft_ungrounded"):
-        p = out / k / "metrics.jsonl"
-        if p.is_file():
-            res[k] = read_metrics(p)
-    return res
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def partial_report(d: Path) -> dict[str, Any]:
@@ -70,53 +43,93 @@ def partial_report(d: Path) -> dict[str, Any]:
     return report
 
 
+def read_eval(d: Path) -> dict[str, Any] | None:
+    """A finished evaluation's report, a cut-off one's partial report, or None."""
+    if (d / "report.json").is_file():
+        return json.loads((d / "report.json").read_text())
+    if (d / "manifest.json").is_file() and any((d / "results").glob("*.json")):
+        return partial_report(d)
+    return None
+
+
+def load(out: Path) -> dict[str, Any]:
+    """Everything the table and the figure need, from the run's files (missing phases are absent)."""
+    res: dict[str, Any] = {"base": read_eval(out / "eval_base"), "rl": {}, "sft": []}
+    for k in RUNS:
+        p = out / f"rl_{k}" / "metrics.jsonl"
+        if p.is_file():
+            res["rl"][k] = read_metrics(p)
+    if (out / "sft" / "metrics.jsonl").is_file():
+        res["sft"] = read_metrics(out / "sft" / "metrics.jsonl")
+    return res
+
+
 def rl_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Optimizer steps, rounds, generated tokens, seconds, and the rubric rounds' pair accuracies."""
-    trained = [r for r in rows if not r.get("train/skipped")]
-    rubric = [r for r in trained if r["stage"] == "rubric" and finite(r.get("rubric/pair_accuracy"))]
+    """Held-out success per step, optimizer steps, rounds, per-stage datums, the Rubric stage's pair
+    accuracy per Rubric-stage step, and round times."""
+    rounds = [r for r in rows if "stage" in r]
+    trained = [r for r in rounds if not r.get("train/skipped")]
+    evals = sorted({int(r["step"]): r["eval/success"] for r in rows if finite(r.get("eval/success"))}.items())
+    rubric = [r for r in trained if r["stage"] == "rubric"]
     return {
-        "rounds": len(rows),
+        "rounds": len(rounds),
         "steps": len(trained),
-        "tokens": sum(r["tokens_per_s"] * r["time/rollout_s"] for r in rows),
-        "seconds": sum(r["time/rollout_s"] + r["time/train_s"] for r in rows),
-        "train_success": [r["reward/root_success"] for r in rows],
-        "pair_accuracy": [(r["step"], r["rubric/pair_accuracy"]) for r in rubric],
-        "trained_tokens": sum(r.get("loss/tokens", 0.0) for r in trained),
+        "evals": evals,  # [(optimizer step, held-out success)]
+        "pair_accuracy": [
+            (i + 1, r["rubric/pair_accuracy"])
+            for i, r in enumerate(rubric)
+            if finite(r.get("rubric/pair_accuracy"))
+        ],
+        "datums": {s: sum(r.get("batch/datums", 0) for r in rounds if r["stage"] == s) for s in STAGES},
+        "round_s": {
+            s: [r["time/round_s"] for r in rounds if r["stage"] == s and finite(r.get("time/round_s"))]
+            for s in STAGES
+        },
     }
 
 
+def pct(v: float) -> str:
+    return f"{100 * v:.1f} %"
+
+
 def markdown(res: dict[str, Any], out: Path) -> str:
-    lines = [f"Run: `{out}`", "", "| policy | held-out root success (val easy, greedy) | tasks | eval s |",
-             "|---|---|---|---|"]  # fmt: skip
-    for k, name in EVALS.items():
-        r = res["eval"].get(k)
-        if r is None and k == "sft_ungrounded":
+    runs = {k: rl_summary(v) for k, v in res["rl"].items()}
+    steps = sorted({s for r in runs.values() for s, _ in r["evals"]})
+    lines = [
+        f"Run: `{out}`. Held-out root success (TextCraft-Synth val, easy, greedy) per optimizer step:",
+        "",
+    ]
+    lines += ["| policy | " + " | ".join(f"step {s}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
+    b = res["base"]
+    if b is None:
+        lines.append("| base model | not run |" + " |" * max(0, len(steps) - 1))
+    else:
+        part = f", {b['n_done']} of {b['n_tasks']} done" if b["n_done"] < b["n_tasks"] else ""
+        lines.append(f"| base model | {pct(b['success_rate'])} ({b['successes']}/{b['n_done']}{part}) |"
+                     + " |" * max(0, len(steps) - 1))  # fmt: skip
+    for k, name in RUNS.items():
+        if k not in runs:
+            lines.append(f"| {name} | not run |" + " |" * max(0, len(steps) - 1))
             continue
-        if r is None:
-            lines.append(f"| {name} | not run | | |")
-            continue
-        part = f", {r['n_done']} of {r['n_tasks']} done" if r["n_done"] < r["n_tasks"] else ""
-        lines.append(f"| {name} | {100 * r['success_rate']:.2f} % ({r['successes']}/{r['n_done']}{part}) | "
-                     f"{r['n_tasks']} | {r.get('wall_seconds', float('nan')):.0f} |")  # fmt: skip
+        ev = dict(runs[k]["evals"])
+        lines.append(f"| {name} | " + " | ".join(pct(ev[s]) if s in ev else "" for s in steps) + " |")
+    lines += ["", "Step 0 is the SFT warm start (both runs evaluate it on their own engine)."]
     if res["sft"]:
         s0, s1 = res["sft"][0], res["sft"][-1]
         lines += ["", f"SFT: {len(res['sft'])} steps, loss {s0['loss/sft']:.3f} -> {s1['loss/sft']:.3f}, "
                   f"token accuracy {s0['sft/token_acc']:.3f} -> {s1['sft/token_acc']:.3f}, "
                   f"{sum(r['t_train'] for r in res['sft']):.0f} s of steps."]  # fmt: skip
-    if res["rl"]:
-        lines += ["", "| RL run | optimizer steps (rounds) | training-task root success, first -> last 3 rounds "
-                  "| rubric pair accuracy per Rubric step | generated tokens | trained tokens | rollout+train s |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+    if runs:
+        lines += ["", "| RL run | optimizer steps (rounds) | datums exec / deleg / rubric | rubric pair accuracy "
+                  "per Rubric step | mean round s: exec / deleg / rubric |", "|---|---|---|---|---|"]  # fmt: skip
         for k, name in RUNS.items():
-            if k not in res["rl"]:
+            if k not in runs:
                 continue
-            s = rl_summary(res["rl"][k])
-            ts = s["train_success"]
-            first = sum(ts[:3]) / max(1, len(ts[:3]))
-            last = sum(ts[-3:]) / max(1, len(ts[-3:]))
-            pa = ", ".join(f"{v:.2f}" for _, v in s["pair_accuracy"]) or "- (no Rubric stage)"
-            lines.append(f"| {name} | {s['steps']} ({s['rounds']}) | {first:.2f} -> {last:.2f} | {pa} | "
-                         f"{s['tokens']:,.0f} | {s['trained_tokens']:,.0f} | {s['seconds']:.0f} |")  # fmt: skip
+            s = runs[k]
+            d = " / ".join(str(int(s["datums"][st])) for st in STAGES)
+            pa = ", ".join(f"{v:.2f}" for _, v in s["pair_accuracy"]) or "- (no Rubric-stage step)"
+            rs = " / ".join(f"{sum(v) / len(v):.1f}" if (v := s["round_s"][st]) else "-" for st in STAGES)
+            lines.append(f"| {name} | {s['steps']} ({s['rounds']}) | {d} | {pa} | {rs} |")
     return "\n".join(lines) + "\n"
 
 
@@ -126,40 +139,44 @@ def figure(res: dict[str, Any], png: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(1, 4, figsize=(16, 3.8))
+    runs = {k: rl_summary(v) for k, v in res["rl"].items()}
+    fig, ax = plt.subplots(1, 4, figsize=(17, 3.9))
     a = ax[0]
-    for i, k in enumerate(("sft", "sft_ungrounded")):
-        if res[k]:
-            a.plot([r["step"] for r in res[k]], [r["loss/sft"] for r in res[k]], color=f"C{i}", label=EVALS[k])
-    a.set(title="SFT loss (nats / reply token)", xlabel="SFT step", yscale="log")
-    if res["sft"] or res["sft_ungrounded"]:
-        a.legend(fontsize=7)
-    a = ax[1]
-    names = [k for k in EVALS if k in res["eval"]]
-    vals = [100 * res["eval"][k]["success_rate"] for k in names]
-    bars = a.bar([EVALS[k] for k in names], vals, color=[f"C{i}" for i in range(len(names))])
-    for b, v in zip(bars, vals, strict=True):
-        a.text(b.get_x() + b.get_width() / 2, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
-    a.set(title="held-out root success (%)", ylim=(0, max(vals + [10]) * 1.2))
-    a.tick_params(axis="x", labelsize=7)
-    a = ax[2]
     for i, (k, name) in enumerate(RUNS.items()):
-        rows = res["rl"].get(k)
-        if rows:
-            a.plot(range(len(rows)), [r["reward/root_success"] for r in rows], "o-", ms=3, color=f"C{i + 2}",
-                   label=name)  # fmt: skip
-    a.set(title="training-task root success per round", xlabel="rollout round", ylim=(-0.05, 1.05))
-    if res["rl"]:
-        a.legend(fontsize=7)
-    else:
-        a.text(0.5, 0.5, "no RL run", ha="center", va="center", transform=a.transAxes)
-    a = ax[3]
-    pa = rl_summary(res["rl"]["sera"])["pair_accuracy"] if "sera" in res["rl"] else []
+        if k in runs and runs[k]["evals"]:
+            xs, ys = zip(*runs[k]["evals"], strict=True)
+            a.plot(xs, [100 * y for y in ys], "o-", color=f"C{i}", label=name)
+    sft0 = [ev[0][1] for ev in (r["evals"] for r in runs.values()) if ev and ev[0][0] == 0]
+    if sft0:
+        a.axhline(100 * sft0[0], color="gray", ls="--", lw=1, label="SFT (step 0)")
+    if res["base"] is not None:
+        a.axhline(100 * res["base"]["success_rate"], color="black", ls=":", lw=1, label="base model")
+    a.set(title="held-out root success (%)", xlabel="optimizer step", ylim=(-2, 102))
+    a.legend(fontsize=7)
+    a = ax[1]
+    pa = runs["sera"]["pair_accuracy"] if "sera" in runs else []
     if pa:
-        a.plot([s for s, _ in pa], [v for _, v in pa], "o-", color="C2")
+        a.plot([s for s, _ in pa], [v for _, v in pa], "o-", color="C0")
     else:
         a.text(0.5, 0.5, "no Rubric-stage step", ha="center", va="center", transform=a.transAxes)
-    a.set(title="SERA rubric pair accuracy", xlabel="optimizer step (Rubric stage)", ylim=(-0.05, 1.05))
+    a.set(title="SERA rubric pair accuracy", xlabel="Rubric-stage step", ylim=(-0.05, 1.05))
+    a = ax[2]
+    width = 0.38
+    for i, (k, name) in enumerate(RUNS.items()):
+        if k in runs:
+            vals = [runs[k]["datums"][s] for s in STAGES]
+            a.bar([j + (i - 0.5) * width for j in range(len(STAGES))], vals, width, color=f"C{i}", label=name)
+    a.set_xticks(range(len(STAGES)), STAGES)
+    a.set(title="datums per stage (whole run)")
+    if runs:
+        a.legend(fontsize=7)
+    a = ax[3]
+    if res["sft"]:
+        a.plot([r["step"] for r in res["sft"]], [r["loss/sft"] for r in res["sft"]], color="C2")
+        a.set(yscale="log")
+    else:
+        a.text(0.5, 0.5, "no SFT run", ha="center", va="center", transform=a.transAxes)
+    a.set(title="SFT loss (nats / reply token)", xlabel="SFT step")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=100)

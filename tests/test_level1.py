@@ -170,6 +170,11 @@ def test_packing_check_refuses_a_model_that_leaks_across_datums():
 
     with pytest.raises(SystemExit, match="leak attention"):
         check_packing(IgnoresPositionIds(model))
+    bf16 = model.to(torch.bfloat16)  # checked on an fp32 copy: bf16 kernels differ by an ulp, leaks do not hide
+    check_packing(bf16)
+    assert next(bf16.parameters()).dtype == torch.bfloat16
+    with pytest.raises(SystemExit, match="leak attention"):
+        check_packing(IgnoresPositionIds(bf16))
 
 
 # ----------------------------------------------------------------------------------------------------

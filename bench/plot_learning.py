@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from common.eval import aggregate, load_results
-from common.run.metrics import read_metrics
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
+
+from common.eval import aggregate, load_results  # noqa: E402
+from common.run.metrics import read_metrics  # noqa: E402
 
 RUNS = {"sera": "SFT + SERA", "rao": "SFT + RAO"}
 STAGES = ("execution", "delegation", "rubric")

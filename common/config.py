@@ -61,6 +61,16 @@ def _cli_type(tp: Any) -> Any:
     return tp
 
 
+def option_type(cls: type, name: str) -> Any:
+    """The CLI type of field ``name`` of dataclass ``cls`` (``bool | None`` -> ``bool``; None stays the default).
+
+    >>> from level1_batched.config import Level1Config
+    >>> option_type(Level1Config, "fast_trainer"), option_type(Level1Config, "engine")
+    (<class 'bool'>, <class 'str'>)
+    """
+    return _cli_type(typing.get_type_hints(cls)[name])
+
+
 def _default(f: dataclasses.Field) -> Any:
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 

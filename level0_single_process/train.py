@@ -48,6 +48,7 @@ from common.rl.batch import build_stage_batch
 from common.rl.loss import cispo_loss, token_logprobs
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, hash_seed, seed_everything, task_pool
+from common.run.evaluation import InRunEval
 from common.run.metrics import NO_UPDATE, MetricsWriter, closing_line, log_line, plot_curves, step_metrics
 from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
@@ -163,8 +164,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
         f"[level0] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | steps {state.step}->{cfg.steps}"
     )
     bar = RunProgress(progress, cfg.steps, state.step, stats)
+    held_out = InRunEval(cfg)  # --eval-tasks: held-out success of the current policy at step 0 and every N
     history, idle = [], 0
     while state.step < cfg.steps:
+        held_out.log_if_due(policy, state.round, state.step, writer, lambda line: bar.log(line, state.step))
         stage = schedule.stage_at(state.step)  # the clock is the policy version
         # 1. Rollouts with the current policy.
         bar.phase(f"{stage} rollouts")
@@ -190,6 +193,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
         metrics = step_metrics(
             round=state.round, step=state.step, stage=stage, trees=trees, batch=batch, train=train_metrics,
             execution_reward=preset.execution_reward, t_rollout=t_roll, t_train=t_train, replaced=replaced,
+            t_round=time.perf_counter() - t0,
         )  # fmt: skip
         for t in trees:
             t.meta.update(step=state.step, round=state.round)
@@ -203,10 +207,11 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
         bar.log(log_line(metrics), state.step)
         idle = 0 if updated else idle + 1
         if not updated:
-            bar.log(idle_hint(cfg))
+            bar.log(idle_hint(cfg, stage, batch, groups))
         if idle >= cfg.max_idle_rounds:
             bar.log(f"stopping: {idle} rounds in a row without a trained token (--max-idle-rounds)")
             break
+    held_out.log_if_due(policy, state.round, state.step, writer, lambda line: bar.log(line, state.step))
     bar.close()
     writer.close()
     if history:

@@ -65,7 +65,7 @@ from common.envs import env_spec
 from common.rl.batch import build_stage_batch
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
-from common.run.evaluation import InRunEval, eval_line
+from common.run.evaluation import InRunEval
 from common.run.metrics import NO_UPDATE, MetricsWriter, closing_line, log_line, plot_curves, step_metrics
 from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
@@ -122,13 +122,22 @@ def broadcast_parameters(model) -> None:
             dist.broadcast(p.data, src=0)
 
 
-def allreduce_gradients(model, bucket_numel: int = 2**24) -> None:
+def allreduce_gradients(model, bucket_numel: int = 2**24, optimizer=None) -> None:
     """THE data-parallel step: ``grad = sum over ranks of grad``, in flat buckets (a rank without datums
     contributes zeros). Each rank's loss already divides by the global token count, so the sum is the
-    gradient of the step's token-mean. Not overlapped with the backward pass (DDP does that)."""
+    gradient of the step's token-mean. Not overlapped with the backward pass (DDP does that).
+
+    With ``optimizer`` (a :class:`~common.run.optim.MasterWeightAdamW`) the fp32 gradients of its masters
+    are reduced (any gradient still on the model is moved there first), so a bf16 model's gradients are
+    summed over ranks in fp32, as the public trainer reduces; without it, the model's ``p.grad`` in the
+    model's dtype. With an fp32 model both are the same tensors."""
     if not distributed():
         return
-    params = [p for p in model.parameters() if p.requires_grad]
+    if optimizer is not None:
+        optimizer.accumulate_model_grads()  # no-op unless a backward ran after the last move
+        params = list(optimizer.masters)
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -169,11 +178,14 @@ def train_on_shard(
     model, optimizer, datums, weights, n_tokens: float, cfg: TrainConfig, l1: Level1Config
 ) -> dict[str, float]:
     """One optimizer step over all ranks: this rank's datums, the global token count, summed gradients,
-    global-norm clip, AdamW (identical on every rank, so the replicas stay equal)."""
+    global-norm clip, AdamW (identical on every rank, so the replicas stay equal). The micro-batch and rank
+    sums are taken in fp32 on the optimizer's master gradients (bf16 compute included), as level 0's."""
     model.train()
     optimizer.zero_grad()
-    m = accumulate_gradients_packed(model, datums, weights, l1.max_tokens_per_microbatch, num_tokens=n_tokens)
-    allreduce_gradients(model)  # the one data-parallel line
+    m = accumulate_gradients_packed(
+        model, datums, weights, l1.max_tokens_per_microbatch, num_tokens=n_tokens, optimizer=optimizer
+    )
+    allreduce_gradients(model, optimizer=optimizer)  # the one data-parallel line (fp32 master grads)
     grad_norm = optimizer.clip_and_step(cfg.optim.grad_clip)
     model.eval()
     keys = ("loss/cispo", "loss/clip_frac", "train/microbatches", "train/packed_tokens")
@@ -244,9 +256,10 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     held_out = InRunEval(cfg)  # --eval-tasks: the current policy, on this engine, at step 0 and every N
 
     def evaluate_now() -> None:
-        if rank == 0 and (row := held_out(policy, state.round, state.step)) is not None:
-            writer.write(row)
-            bar.log(eval_line(row), state.step)
+        if rank == 0:
+            held_out.log_if_due(
+                policy, state.round, state.step, writer, lambda line: bar.log(line, state.step)
+            )
 
     history: list[dict[str, Any]] = []
     idle = 0

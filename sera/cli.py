@@ -29,7 +29,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from common.config import Given, dataclass_command, field_docs
+from common.config import Given, dataclass_command, field_docs, option_type
 
 # Help layout: rich panels on a wide terminal; on a narrow one (< 100 columns) rich's option table cuts long
 # option names ("--rollouts-per-t…"), so help falls back to click's plain layout, which wraps the text
@@ -452,7 +452,7 @@ def _register_train() -> None:
             inspect.Parameter(
                 f.name,
                 inspect.Parameter.KEYWORD_ONLY,
-                annotation=type(f.default),
+                annotation=option_type(Level1Config, f.name),
                 default=typer.Option(f.default, help=docs.get(f.name, ""), rich_help_panel=TIER_PANEL),
             )
             for f in fields(Level1Config)
@@ -461,7 +461,7 @@ def _register_train() -> None:
             inspect.Parameter(
                 f.name,
                 inspect.Parameter.KEYWORD_ONLY,
-                annotation=type(f.default),
+                annotation=option_type(Level2Config, f.name),
                 default=typer.Option(f.default, help=docs2.get(f.name, ""), rich_help_panel=TIER2_PANEL),
             )
             for f in fields(Level2Config)

@@ -83,3 +83,21 @@ def test_in_run_eval_equals_sera_eval_of_the_checkpoint(tmp_path: Path):
         assert calls(mine, i) == calls(tmp_path / "eval", i), f"task {i}: in-run eval and sera eval differ"
     # the step-0 evaluation saw other weights: at least one reply differs (the training moved the model)
     assert any(calls(first, i) != calls(mine, i) for i in range(3))
+
+
+@pytest.mark.slow
+def test_level0_logs_the_same_eval_rows(tmp_path: Path):
+    """Level 0 evaluates with the same helper at the same steps (one metrics format in every tier)."""
+    from level0_single_process.train import train
+
+    cfg = TrainConfig.make(
+        env="textcraft", model="tiny", out=str(tmp_path / "run"), steps=1, schedule="execution:1",
+        tasks_per_step=1, rollouts_per_task=2, max_steps=2, max_new_tokens=12, oracle_mix=0.7,
+        difficulty="medium", n_tasks=8, max_task_replacements=3, max_idle_rounds=4,
+        eval_tasks=str(_tasks(tmp_path, 2)), eval_every=1, codeact_executor="inprocess",
+    )  # fmt: skip
+    train(cfg, progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/success" in r]
+    assert [(r["step"], r["eval/n_tasks"]) for r in evals] == [(0, 2), (1, 2)]
+    assert (tmp_path / "run" / "evals" / "step_00001" / "report.json").exists()

@@ -108,6 +108,12 @@ class InRunEval:
         self.done.add(step)
         return eval_row(report, rnd, step, time.perf_counter() - t0)
 
+    def log_if_due(self, policy: Any, rnd: int, step: int, writer: Any, log: Any) -> None:
+        """Evaluate if due; write the row with ``writer`` (a MetricsWriter) and one line with ``log``."""
+        if (row := self(policy, rnd, step)) is not None:
+            writer.write(row)
+            log(eval_line(row))
+
 
 def eval_line(row: dict[str, Any]) -> str:
     """One log line for an evaluation row."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from common.agent.runtime import COUNTERFACTUAL_REPORT, RuntimeConfig, run_root
+from common.agent.runtime import RuntimeConfig, run_root
 from common.envs import make_env
 from common.envs.textcraft.oracle import oracle_reply as tc_oracle
 from common.envs.textcraft.tasks import generate_tasks as tc_tasks
@@ -72,7 +72,7 @@ class Scripted(Policy):
         return Completion(text=text, prompt_ids=[1], output_ids=[2, 3], logprobs=[-0.1, -0.2])
 
 
-def run_counterfactual(**policy_kw):
+def run_counterfactual(prompts_dir=None, **policy_kw):
     task = tc_tasks("train", 1, seed=4, difficulty="medium")[0]
     env = make_env("textcraft")
     live: list = []
@@ -80,7 +80,7 @@ def run_counterfactual(**policy_kw):
     env.make_world = lambda t: live.append(make_world(t)) or live[-1]
     log: list = []
     policy = Scripted(log, live, **policy_kw)
-    cfg = RuntimeConfig(counterfactual_k=K, max_steps=6, temperature=0.0)
+    cfg = RuntimeConfig(counterfactual_k=K, max_steps=6, temperature=0.0, prompts_dir=prompts_dir)
     tree = asyncio.run(run_root(task, env, policy, cfg))
     return tree, live[0], log, policy
 
@@ -100,10 +100,18 @@ def test_all_branches_run_on_forks_and_the_parent_continues_from_branch_zero():
     assert live.view_inventory().get(item, 0) >= n and tree.success
     # the parent is told branch 0's finish message and the public group line, no budget line
     root_step = tree.root.steps[0]
-    expected = COUNTERFACTUAL_REPORT.format(message=branches[0].finish_message, k=K)
+    expected = f"{branches[0].finish_message}\n\nSelected branch: 0; counterfactual branches collected: {K}.\n"  # public text
     assert expected.endswith(f"\n\nSelected branch: 0; counterfactual branches collected: {K}.\n")
     assert expected.rstrip("\n") in root_step.observation
     assert "Budget used by subagent" not in root_step.observation
+
+
+def test_the_report_is_a_template_of_the_prompts_dir(tmp_path):
+    """--prompts-dir replaces the counterfactual report too (every model-visible text is a template)."""
+    (tmp_path / "counterfactual_report.txt").write_text("MINE [$message] of $k\n")
+    tree, *_ = run_counterfactual(prompts_dir=str(tmp_path))
+    head = next(nd for nd in tree.nodes.values() if nd.branch_group == "g1" and nd.branch_index == 0)
+    assert f"MINE [{head.finish_message}] of {K}" in tree.root.steps[0].observation
 
 
 def test_judge_and_score_calls_go_out_in_one_wave():

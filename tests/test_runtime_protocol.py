@@ -15,7 +15,6 @@ from collections.abc import Callable
 import pytest
 
 from common.agent.runtime import (
-    FORK_BUDGET_MESSAGE,
     RuntimeConfig,
     run_root,
     select_candidate,
@@ -363,7 +362,8 @@ def test_fork_cap_refuses_launches_past_it():
     forked = [n for n in tree.nodes.values() if n.branch_group]
     assert len(forked) == 6  # never more clones than the cap
     refused = [s for n in tree.nodes.values() for s in n.steps if s.refused_launches]
-    assert refused and all(FORK_BUDGET_MESSAGE in s.observation for s in refused)
+    budget = "Fork budget exhausted; complete this delegation locally."  # the public wording
+    assert refused and all(budget in s.observation for s in refused)
 
 
 def test_small_cap_cuts_the_trajectory_never_the_frozen_rubric():

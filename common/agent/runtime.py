@@ -24,7 +24,7 @@
    same child (same goal, same frozen rubric) run concurrently on isolated forks of the snapshot; when
    every branch has ended, branch 0's final world is committed to the parent's world (branch 0 is the
    "committed" branch) and the parent is told ``<branch 0's finish message>`` followed by
-   ``Selected branch: 0; counterfactual branches collected: K.`` (:data:`COUNTERFACTUAL_REPORT`). Every
+   ``Selected branch: 0; counterfactual branches collected: K.`` (``counterfactual_report.txt``). Every
    branch then gets a verified label and a score, all K judge and K score calls in one concurrent wave.
 4. Test-time selection (``best_of_n > 1``, public ``TestTimeScale/textworld_bestofn``): every delegation
    reserves ``best_of_n`` forks from the task's budget (``max_forks_per_task``, 32; when it is spent the
@@ -54,7 +54,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from common.agent.prompts import load_templates
+from common.agent.prompts import load_templates, render
 from common.agent.rubric import (
     RUBRIC_TEMPLATES,
     SCORE_TEMPLATES,
@@ -82,12 +82,12 @@ from common.policy.context import (
 
 SelectionMode = Literal["first", "random", "oracle", "rubric"]
 SELECTION_MODES: tuple[str, ...] = ("first", "random", "oracle", "rubric")
-FORK_BUDGET_MESSAGE = "Fork budget exhausted; complete this delegation locally."
-"""What a parent is told when test-time selection has no forks left for its launch (public wording)."""
-COUNTERFACTUAL_REPORT = "{message}\n\nSelected branch: 0; counterfactual branches collected: {k}.\n"
-"""What a parent's launch returns after a counterfactual group (public ``CounterfactualCollector``,
-``verbose=True``): branch 0's finish message (else its error, else ``Subagent branch 0 completed.``) and the
-group size, with no budget line."""
+RUNTIME_TEMPLATES = {"counterfactual_report": frozenset({"message", "k"}), "fork_budget": frozenset()}
+"""The runtime's own model-visible texts (common/agent/prompts/*.txt; ``--prompts-dir`` replaces them):
+``counterfactual_report``, what a parent's launch returns after a counterfactual group (public
+``CounterfactualCollector``, ``verbose=True``: branch 0's finish message, else its error, else ``Subagent
+branch 0 completed.``, then the group size, no budget line); ``fork_budget``, what a parent is told when
+test-time selection has no forks left for its launch (public wording)."""
 
 
 @dataclass
@@ -151,7 +151,7 @@ class RuntimeConfig:
         if self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if self.prompts_dir:  # a bad template fails here, with its file:line, not inside every rollout
-            load_templates({**RUBRIC_TEMPLATES, **SCORE_TEMPLATES}, self.prompts_dir)
+            load_templates({**RUBRIC_TEMPLATES, **SCORE_TEMPLATES, **RUNTIME_TEMPLATES}, self.prompts_dir)
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -233,6 +233,7 @@ class _Rollout:
         self.fork_refusals = 0
         self.truncated_calls = 0
         self.commit_locks: dict[int, asyncio.Lock] = {}
+        self.texts = load_templates(RUNTIME_TEMPLATES, cfg.prompts_dir)
 
     # ---- model calls ---------------------------------------------------------------------------
     async def call(
@@ -528,7 +529,8 @@ class _Rollout:
         await asyncio.gather(*jobs)  # one wave; each result lands on its own node (order-independent)
         head = nodes[0]
         message = head.finish_message or head.error or "Subagent branch 0 completed."
-        return replace(_result(request, head), report=COUNTERFACTUAL_REPORT.format(message=message, k=k))
+        report = render(self.texts["counterfactual_report"], message=message, k=k)
+        return replace(_result(request, head), report=report)
 
     async def launch_best_of_n(self, parent: _AgentState, request: LaunchRequest) -> ChildResult:
         """Test-time selection (module docstring, item 4): n candidates on clones, commit one."""
@@ -539,7 +541,8 @@ class _Rollout:
             if self.forks_used + n > cfg.max_forks_per_task:
                 self.fork_refusals += 1
                 parent.refused += 1
-                return ChildResult(request=request, returned=False, refused=True, error=FORK_BUDGET_MESSAGE)
+                budget = self.texts["fork_budget"]
+                return ChildResult(request=request, returned=False, refused=True, error=budget)
             self.forks_used += n
             self.n_groups += 1
             group = f"bo{self.n_groups}"

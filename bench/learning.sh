@@ -49,7 +49,9 @@ phase() {
   local left=$(( BUDGET_S - $(el) ))
   [ "$left" -lt 30 ] && { log "$name: not started (budget: ${left} s left)"; return 0; }
   log "$name: start (at most ${left} s): $*"
-  timeout "$left" "$@" >> "$O/$name.log" 2>&1; local rc=$?
+  # --foreground: the phase stays in this script's process group, so a Ctrl-C or a kill of the group
+  # reaches it (plain timeout would move it to a group of its own, where it outlives the script)
+  timeout --foreground "$left" "$@" >> "$O/$name.log" 2>&1; local rc=$?
   [ $rc -eq 0 ] && touch "$O/$name.done"
   log "$name: rc=$rc$([ $rc -eq 124 ] && echo ' (budget: the next call resumes it)')"
 }

@@ -44,13 +44,38 @@ class Checkpointer(Protocol):
     def load_latest(self, model: Any, optimizer: Any, config: dict[str, Any]) -> RunState | None: ...
 
 
+_LOCKS: dict[str, Any] = {}
+"""Open lock files of the run directories this process writes (kept open: the lock lives as long as they do)."""
+
+
+def lock_out(out: Path) -> None:
+    """One writer per run directory: an exclusive ``flock`` on ``out/.lock``, held until this process exits
+    (a killed process releases it). A second run on the same directory (say, an earlier one that outlived
+    the shell that started it) would interleave its rounds with this one's logs and checkpoints: refused."""
+    import fcntl
+
+    key = str(out.resolve())
+    if key in _LOCKS:
+        return
+    f = open(out / ".lock", "a+")  # noqa: SIM115 - kept open on purpose
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise SystemExit(
+            f"{out} is being written by another running process; stop it or choose another --out"
+        ) from None
+    _LOCKS[key] = f
+
+
 def prepare_out(out: Path, resume: bool) -> None:
-    """Refuse to overwrite a run (or a file) by accident; create the directory."""
+    """Refuse to overwrite a run (or a file) by accident, or to write beside a live run; create the directory."""
     if out.exists() and not out.is_dir():
         raise SystemExit(f"--out {out} is a file; give a directory")
     if out.exists() and any(out.glob("checkpoints/step_*")) and not resume:
         raise SystemExit(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
+    lock_out(out)
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:

@@ -51,6 +51,7 @@ import itertools
 import os
 import sys
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -312,8 +313,8 @@ class _Stepper:
     """Continuous batching across callers: ONE thread owns vLLM's step loop.
 
     ``submit(prompt_ids, params)`` puts a request in an inbox and returns a ``concurrent.futures.Future``.
-    The thread adds whatever waits in the inbox to the engine (``llm_engine.add_request``), runs one scheduler step
-    (``llm_engine.step()``: every running sequence decodes one token, new prompts prefill), and resolves
+    The thread adds whatever waits in the inbox to the engine (``llm_engine.add_request``), runs one
+    scheduler step (``llm_engine.step()``: every running sequence decodes one token, new prompts prefill), and resolves
     the future of every request that finished. So an agent's next turn, a rubric or a score joins the
     running batch at the next step instead of waiting for the whole current batch to finish (the queue
     path's behaviour: a wave ends with its slowest sequence). The engine lock is held for each step, so
@@ -322,9 +323,6 @@ class _Stepper:
     """
 
     def __init__(self, engine: VLLMEngine) -> None:
-        from concurrent.futures import Future
-
-        self._future = Future
         self.engine = engine
         self.inbox: list[tuple[list[int], Any, Any]] = []
         self.waiting: dict[str, Any] = {}
@@ -334,8 +332,8 @@ class _Stepper:
         self.thread = threading.Thread(target=self._loop, name="vllm-stepper", daemon=True)
         self.thread.start()
 
-    def submit(self, prompt_ids: list[int], params: Any):
-        fut = self._future()
+    def submit(self, prompt_ids: list[int], params: Any) -> Future:
+        fut: Future = Future()
         with self.cv:
             self.inbox.append((list(prompt_ids), params, fut))
             self.cv.notify()

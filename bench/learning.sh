@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Does the policy learn, and does SERA beat RAO? One command: data -> SFT warm start -> SERA and RAO RL, in
-# turns, from that same warm start (same tasks, seeds, number of optimizer steps), each evaluating its current
-# policy on the held-out tasks at step 0 (= the SFT model) and every EVAL_EVERY steps on its own engine
-# (`--eval-tasks/--eval-every`) -> the base model's held-out eval -> figure + table (bench/plot_learning.py). TextCraft-Synth, easy tasks:
-# training draws the `train` split, every evaluation the held-out `val` split (other target items).
+# turns, from that same warm start (same tasks, seeds, number of optimizer steps), each evaluating its
+# current policy on the held-out tasks at step 0 (= the SFT model) and every EVAL_EVERY steps on its own
+# engine (`--eval-tasks/--eval-every`) -> the base model's held-out eval -> figure + table
+# (bench/plot_learning.py). TextCraft-Synth, easy tasks: training draws the `train` split, every
+# evaluation the held-out `val` split (other target items).
 #
-#   ENGINE=vllm bash bench/learning.sh OUT_DIR          # one H200: SmolLM2, ~20 minutes of machine time
+#   ENGINE=vllm bash bench/learning.sh OUT_DIR          # one H200, SmolLM2 (bench/RESULTS.md: round times)
 #   BUDGET_S=570 ENGINE=vllm bash bench/learning.sh OUT  # a 10-minute machine call: run it again to go on
 #   MODEL=tiny SFT_STEPS=4 RL_STEPS=2 EVAL_EVERY=1 N_EVAL=2 bash bench/learning.sh runs/learning_dry   # CPU
 #

@@ -6,6 +6,7 @@ re-exports every name, so nothing that imported them from there changes.
 
     from level1_batched.packing import accumulate_gradients_packed
     m = accumulate_gradients_packed(model, datums, weights, max_tokens_per_microbatch=4096)
+    m = accumulate_gradients_packed(model, datums, weights, 4096, optimizer=opt)  # summed in fp32 on opt's masters
 """
 
 from __future__ import annotations
@@ -109,8 +110,13 @@ def accumulate_gradients_packed(
     weights: list[float],
     max_tokens_per_microbatch: int,
     num_tokens: float | None = None,
+    optimizer=None,
 ) -> dict[str, float]:
-    """Backpropagate the CISPO loss of ``datums`` in packed micro-batches; gradients accumulate in ``.grad``.
+    """Backpropagate the CISPO loss of ``datums`` in packed micro-batches; gradients accumulate in ``.grad``,
+    or, with ``optimizer`` (a :class:`~common.run.optim.MasterWeightAdamW`), on its fp32 masters: each
+    micro-batch's gradient is moved there right after its backward (``accumulate_model_grads``), so the
+    step's sum is taken in fp32 even when the model computes in bf16 (level 0 does the same per datum; the
+    public trainer accumulates in fp32). With an fp32 model the masters are the parameters: nothing moves.
 
     ``num_tokens`` is |M|, the trained-token count of the whole optimizer step (all ranks); default: this
     call's count. Every micro-batch divides by it, so the micro-batch (and rank) losses sum to the
@@ -135,6 +141,8 @@ def accumulate_gradients_packed(
             num_tokens=n_tokens,
         )  # this micro-batch's share of the token-mean
         loss.backward()  # grads add up
+        if optimizer is not None:
+            optimizer.accumulate_model_grads()  # ... in fp32, on the masters (no-op for an fp32 model)
         total += loss.item()
         clipped += m["loss/clip_frac"] * m["loss/tokens"]
     return {

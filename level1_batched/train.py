@@ -26,7 +26,9 @@ What changes is only how the work is scheduled, one small function per idea:
    step's tasks (whole task groups, so the LOO baselines stay on one rank), the trees are all-gathered so
    every rank builds the same batch (depth weights are over the whole batch), each rank trains on a
    token-balanced shard of the datums with the GLOBAL token count, and the gradients are summed across
-   ranks before clipping and AdamW. World size 1 skips all of it.
+   ranks before clipping and AdamW. World size 1 skips all of it. With bf16 compute, every micro-batch's
+   gradient moves into the optimizer's fp32 master gradients right after its backward, and the ranks sum
+   those (fp32, as level 0 and the public trainer).
 
 Measured (bench/bench_level1.py): on a CPU the loss step gains from computing logits only at output
 positions, and loses when rows hold several datums (sdpa's packed mask is dense: see Level1Config); on an

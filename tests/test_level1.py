@@ -178,6 +178,115 @@ def test_packing_check_refuses_a_model_that_leaks_across_datums():
 
 
 # ----------------------------------------------------------------------------------------------------
+# bf16 compute: micro-batch gradients are summed in fp32 on the optimizer's master gradients.
+# ----------------------------------------------------------------------------------------------------
+BF16_LIMIT = 30  # tokens per packed row: two of the short datums below per row, 4 micro-batches of 8 datums
+
+
+def bf16_datums() -> tuple[list[Datum], list[float]]:
+    """Short synthetic datums (bf16 on a CPU is slow): 8 prompt tokens, 5-7 output tokens, advantages of
+    both signs."""
+    g = torch.Generator().manual_seed(0)
+    datums = []
+    for k in range(8):
+        t = 5 + k % 3
+        datums.append(
+            Datum(
+                prompt_ids=torch.randint(5, 200, (8,), generator=g).tolist(),
+                output_ids=torch.randint(5, 200, (t,), generator=g).tolist(),
+                behaviour_logprobs=[-5.0] * t,
+                loss_mask=[1] * t,
+                advantage=(-1.0) ** k * (0.25 + 0.1 * k),
+                depth=k % 2,
+                trajectory_id=f"t{k}",
+                traj_start=True,
+                stage="execution",
+            )
+        )
+    return datums, [1.0 + 0.5 * (d.depth == 1) for d in datums]
+
+
+def bf16_model_and_optimizer():
+    from common.policy.models import load_model
+    from common.run.optim import make_optimizer
+    from common.train_config import OptimConfig
+
+    model, _ = load_model("tiny", dtype="bfloat16", seed=0)
+    model.train()
+    return model, make_optimizer(model, OptimConfig(dtype="bfloat16"))
+
+
+def test_bf16_microbatch_gradients_are_summed_in_fp32_on_the_masters():
+    """A bf16 model, 4 packed micro-batches: the step's gradient on the fp32 masters (after
+    ``accumulate_gradients_packed(..., optimizer=)`` and at the clip inside ``train_on_shard``) equals the
+    fp32 sum of the per-micro-batch bf16 gradients; a running sum in bf16 (``.grad``, no optimizer) does not."""
+    from types import SimpleNamespace
+
+    from common.train_config import OptimConfig
+    from level1_batched.train import Level1Config, accumulate_gradients_packed, train_on_shard
+
+    datums, weights = bf16_datums()
+    model, opt = bf16_model_and_optimizer()
+    assert opt.low_precision
+
+    class Recorder:  # takes each micro-batch's bf16 gradient off the model, as the optimizer would
+        def __init__(self):
+            self.parts: list[list[torch.Tensor | None]] = []
+
+        def accumulate_model_grads(self):
+            self.parts.append([None if p.grad is None else p.grad.float() for p in model.parameters()])
+            model.zero_grad(set_to_none=True)
+
+    rec = Recorder()
+    m = accumulate_gradients_packed(model, datums, weights, BF16_LIMIT, optimizer=rec)
+    assert m["train/microbatches"] == len(rec.parts) == 4
+    reference = []  # the fp32 sum, micro-batch by micro-batch
+    for parts in zip(*rec.parts, strict=True):
+        acc = None
+        for g in parts:
+            if g is not None:
+                acc = g.clone() if acc is None else acc + g
+        reference.append(acc)
+    assert all(r is not None for r in reference)
+
+    def assert_fp32_sum(got: list[torch.Tensor], label: str) -> None:
+        for g, r in zip(got, reference, strict=True):
+            assert g.dtype == torch.float32
+            torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-6 * float(r.abs().max()), msg=label)
+
+    accumulate_gradients_packed(model, datums, weights, BF16_LIMIT, optimizer=opt)
+    assert all(p.grad is None for p in model.parameters())  # moved onto the fp32 masters
+    assert_fp32_sum([mst.grad for mst in opt.masters], "accumulate_gradients_packed")
+
+    opt.zero_grad()
+    accumulate_gradients_packed(model, datums, weights, BF16_LIMIT)  # no optimizer: a running sum in bf16
+    bf16_off = max(
+        float((p.grad.float() - r).norm() / r.norm())
+        for p, r in zip(model.parameters(), reference, strict=True)
+        if r.norm() > 0
+    )
+    print(f"a bf16 running sum of 4 micro-batches is {bf16_off:.2%} off the fp32 sum (worst tensor)")
+    assert bf16_off > 1e-3
+
+    seen: dict[str, list[torch.Tensor]] = {}  # train_on_shard: the gradient that is clipped and stepped on
+    clip_and_step = opt.clip_and_step
+
+    def spy(grad_clip: float) -> float:
+        opt.accumulate_model_grads()  # what clip_and_step does first
+        seen["grads"] = [mst.grad.clone() for mst in opt.masters]
+        return clip_and_step(grad_clip)
+
+    opt.clip_and_step = spy
+    cfg = SimpleNamespace(optim=OptimConfig(dtype="bfloat16"))  # train_on_shard reads cfg.optim.grad_clip
+    n_tokens = float(sum(d.num_trained_tokens for d in datums))
+    out = train_on_shard(  # zero_grad first: the bf16 running sum above is discarded
+        model, opt, datums, weights, n_tokens, cfg, Level1Config(max_tokens_per_microbatch=BF16_LIMIT)
+    )
+    assert out["train/microbatches"] == 4
+    assert_fp32_sum(seen["grads"], "train_on_shard")
+
+
+# ----------------------------------------------------------------------------------------------------
 # World size 2 on CPU/gloo: two processes, half the datums each.
 # ----------------------------------------------------------------------------------------------------
 LIMIT = 4096  # tokens per packed row in the data-parallel comparison
@@ -208,6 +317,21 @@ def _dp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
             allreduce_gradients(model)
             (loss,) = all_reduce_sum([m["loss/cispo"]])
             result[stage] = {"loss": loss, "tokens": n_tokens, "datums": mine, "grads": grads(model)}
+        # bf16 compute: this rank's micro-batch sum on the fp32 masters, then the fp32 all-reduce of them
+        datums, weights = bf16_datums()
+        mine = balanced_shards([len(d.prompt_ids) + len(d.output_ids) for d in datums], world)[rank]
+        model, opt = bf16_model_and_optimizer()
+        accumulate_gradients_packed(
+            model, [datums[i] for i in mine], [weights[i] for i in mine], BF16_LIMIT,
+            num_tokens=sum(d.num_trained_tokens for d in datums), optimizer=opt,
+        )  # fmt: skip
+        local = [m.grad.clone() for m in opt.masters]
+        allreduce_gradients(model, optimizer=opt)
+        result["bf16"] = {
+            "local": local,
+            "reduced": [m.grad.clone() for m in opt.masters],
+            "model_grads_left": sum(p.grad is not None for p in model.parameters()),
+        }
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -238,6 +362,12 @@ def test_world_size_2_gloo_matches_level0_and_world_size_1(tmp_path: Path, level
         assert_grads_close(
             a["grads"], level0[stage]["grads"], level0[stage]["scale"], f"{stage} world 2 vs level 0"
         )
+    # bf16 model: the ranks' fp32 master gradients are summed in fp32 (not the bf16 p.grad)
+    a, b = ranks[0]["bf16"], ranks[1]["bf16"]
+    assert a["model_grads_left"] == b["model_grads_left"] == 0
+    for ga, gb, ra, rb in zip(a["local"], b["local"], a["reduced"], b["reduced"], strict=True):
+        assert ra.dtype == torch.float32 and torch.equal(ra, rb)
+        assert torch.equal(ra, ga + gb)  # a sum of two fp32 terms: exact in any order
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -83,7 +83,9 @@ def test_unknown_model_fails_fast_naming_the_places_searched(files, tmp_path):
     seconds = time.perf_counter() - t0
     line = one_line_error(ev, "'does-not-exist' not found", "smollm2", "tiny", str(cache))
     assert "does-not-exist" in line.split("local path", 1)[1]  # the path it looked at
-    assert seconds < 5, f"took {seconds:.1f} s (hub retries?)"
+    # hub look-ups with retries take tens of seconds; the CLI's own start (torch, transformers) takes 2-6 s on a
+    # loaded 2-core machine, so the bound separates the two without timing the start-up itself
+    assert seconds < 20, f"took {seconds:.1f} s (hub retries?)"
     assert not (tmp_path / "ev").exists()  # nothing written for a command that could not start
 
     t0 = time.perf_counter()

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_textcraft_env import TASK  # the same hand-made task (plank -> stick -> torch)
 
 from common.agent.rubric import RubricContext, build_rubric_messages
 from common.agent.runtime import RuntimeConfig, run_root
@@ -26,19 +27,6 @@ from common.envs.textworld_sync.tasks import load_tasks as tw_load
 from common.policy.scripted import ReplayPolicy
 from common.run.rollout import make_env_with_prompts
 
-TABLE = {
-    "recipes": {
-        "plank": {"ingredients": {"log": 1}, "result_count": 4},
-        "stick": {"ingredients": {"plank": 2}, "result_count": 4},
-        "torch": {"ingredients": {"stick": 1, "coal": 1}, "result_count": 1},
-    }
-}
-TASK = {
-    "id": "t-1",
-    "goal": "Craft the following items: 2x torch",
-    "max_steps": 20,
-    "misc": {"target_items": {"torch": 2}, "initial_inventory": {"log": 3, "coal": 2}, "recipes": TABLE},
-}
 SYSTEM = "<<the recursive TextCraft system prompt>>"
 ACTION_SPACE = "<<the depth-aware action space>>"
 NEXT_ACTION = "<<user-next-action-str>>"

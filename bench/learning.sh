@@ -8,12 +8,15 @@
 #
 #   ENGINE=vllm bash bench/learning.sh OUT_DIR          # one H200, SmolLM2 (bench/RESULTS.md: round times)
 #   BUDGET_S=570 ENGINE=vllm bash bench/learning.sh OUT  # a 10-minute machine call: run it again to go on
+#   PARALLEL=1 ENGINE=vllm bash bench/learning.sh OUT    # SERA and RAO at the same time on one GPU
 #   MODEL=tiny SFT_STEPS=4 RL_STEPS=2 EVAL_EVERY=1 N_EVAL=2 bash bench/learning.sh runs/learning_dry   # CPU
 #
 # Knobs (environment): MODEL, ENGINE (hf | vllm), SFT_STEPS/SFT_TASKS/SFT_LR, RL_STEPS/RL_LR, RL_TURNS (the
 # step each SERA/RAO turn trains to; default half, then all), N_EVAL/EVAL_EVERY (held-out tasks, how often),
 # BATCH (engine batch), AGENT/CALLS (agent sizes, rubric/score caps), RL_EXTRA/SFT_EXTRA (more flags),
-# PYTHON (interpreter), BUDGET_S, PHASES.
+# PYTHON (interpreter), BUDGET_S, PHASES, PARALLEL (1: each turn runs SERA and RAO at the same time; a
+# round is a chain of dependent generations, so one run leaves most of a GPU idle: two share it, each
+# engine with GPU_MEM of its memory and a fixed KV_GIB KV cache, each with its own vLLM compile cache).
 #
 # Resumable anywhere: every phase leaves OUT_DIR/<phase>.done and is skipped once done; a phase cut by the
 # budget (or a kill) resumes from its own files on the next call: `sera sft --resume` and `sera train
@@ -63,11 +66,21 @@ phase sft $SERA sft --model "$MODEL" --n-tasks "$SFT_TASKS" --difficulty easy --
   --save-every 20 --resume ${SFT_EXTRA:-} --out "$O/sft"
 # Same warm start, tasks, seeds and step count; SERA cycles its three stages, RAO has Execution only. They
 # take turns (RL_TURNS: the step each turn trains to), so a budget that runs out leaves both at similar steps.
-for target in ${RL_TURNS:-$(( RL_STEPS / 2 )) $RL_STEPS}; do
-  phase "rl_sera_$target" $RL --method sera --schedule execution:2,delegation:1,rubric:2 --steps "$target" \
-    --resume --out "$O/rl_sera"
-  phase "rl_rao_$target" $RL --method rao --steps "$target" --resume --out "$O/rl_rao"
-done
+SERA_RL="$RL --method sera --schedule execution:2,delegation:1,rubric:2 --resume --out $O/rl_sera"
+RAO_RL="$RL --method rao --resume --out $O/rl_rao"
+if [ "${PARALLEL:-0}" = 1 ]; then
+  SHARE="--gpu-memory-utilization ${GPU_MEM:-0.3} --kv-cache-gib ${KV_GIB:-12}"
+  for target in ${RL_TURNS:-$(( RL_STEPS / 2 )) $RL_STEPS}; do
+    phase "rl_sera_$target" env VLLM_CACHE_ROOT="$O/vllm_cache_sera" $SERA_RL $SHARE --steps "$target" &
+    phase "rl_rao_$target" env VLLM_CACHE_ROOT="$O/vllm_cache_rao" $RAO_RL $SHARE --steps "$target" &
+    wait
+  done
+else
+  for target in ${RL_TURNS:-$(( RL_STEPS / 2 )) $RL_STEPS}; do
+    phase "rl_sera_$target" $SERA_RL --steps "$target"
+    phase "rl_rao_$target" $RAO_RL --steps "$target"
+  done
+fi
 phase eval_base $SERA eval --env textcraft --tasks "$EVAL_TASKS" --limit "$N_EVAL" --concurrency "$N_EVAL" \
   --batch-size "$BATCH" --engine "$ENGINE" $AGENT --policy "hf:$MODEL" --out "$O/eval_base"
 # The figure and table of whatever exists so far (every call; a phase not run yet shows as "not run").

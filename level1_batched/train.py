@@ -222,7 +222,14 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         from level1_batched.vllm_engine import make_rollout_engine, sync_weights
 
         engine = make_rollout_engine(
-            l1.engine, model, tokenizer, seed=cfg.seed, max_batch_size=l1.max_batch_size
+            l1.engine,
+            model,
+            tokenizer,
+            seed=cfg.seed,
+            max_batch_size=l1.max_batch_size,
+            gpu_memory_utilization=l1.gpu_memory_utilization,
+            kv_cache_gib=l1.kv_cache_gib,
+            engine_process=l1.engine_process,
         )
         if l1.fast_trainer:
             from level1_batched.efficiency import apply_efficiency

@@ -27,8 +27,12 @@ vLLM's continuous-batching scheduler, paged KV cache and CUDA graphs instead of 
   the plain tensors after loading). ``"auto"`` picks ``load_weights`` on CUDA and ``reload`` elsewhere.
 * Memory: ``sleep()`` (vLLM sleep mode level 1: weights to host memory, KV cache freed) and ``wake()``
   around the optimizer step when the engine shares the GPU with the trainer (CUDA only).
-* The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weight updates pass tensors
-  by reference and ``apply_model`` ships no pickled function.
+* Where the engine core runs: in this process by default (``engine_process=False``,
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: weight updates pass tensors by reference, ``apply_model`` ships no
+  pickled function), or in a process of its own (``engine_process=True``: vLLM's scheduler and model loop
+  no longer share this process's GIL with the rollouts' asyncio loop, its prompt building and CodeAct
+  cells; weight updates travel as pickled CPU copies, which needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``,
+  set here). bench/RESULTS.md ("Level-1 RL rounds on one H200") measures both.
 
 Use: ``sera train --level 1 --engine vllm`` (``make_rollout_engine`` + ``sync_weights`` after every optimizer
 step) and ``sera eval --engine vllm``. Measured on one H200 (bench/RESULTS.md): 17.8K tok/s (SmolLM2) and
@@ -112,6 +116,7 @@ class VLLMEngine(Engine):
         max_wait_ms: float = 5.0,
         seed: int = 0,
         continuous: bool = True,
+        engine_process: bool = False,
         **llm_kwargs: Any,
     ) -> None:
         """``model``: ``smollm2``, a directory (``save_model``) or an HF id on disk. ``dtype`` float32 gives the
@@ -120,18 +125,25 @@ class VLLMEngine(Engine):
         as the hf engine's context window); ``enable_sleep`` defaults to True on CUDA. Extra keywords go
         to ``vllm.LLM``. ``continuous`` (default) feeds every request to vLLM's scheduler the moment it
         arrives (:class:`_Stepper`); ``False`` keeps the older path: the queue's batches, each run to
-        completion by ``LLM.generate`` (bench/bench_rounds.py compares the two)."""
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+        completion by ``LLM.generate`` (bench/bench_rounds.py compares the two). ``engine_process``: vLLM's
+        engine core in a child process (see the module docstring), chosen per engine."""
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if engine_process else "0"
+        if engine_process:  # apply_model ships the weight-loading function (and its tensors) pickled
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         try:
             import torch
+            import vllm.envs
             from vllm import LLM
         except ImportError as exc:
             raise RuntimeError(f"{VLLM_HELP} ({exc})") from exc
+        if hasattr(vllm.envs, "disable_envs_cache"):  # an earlier engine froze vLLM's view of os.environ
+            vllm.envs.disable_envs_cache()
         from common.policy.models import load_tokenizer
 
         super().__init__(max_batch_size, max_wait_ms)
         cuda = torch.cuda.is_available()
         self.model_name = model
+        self.engine_process = bool(engine_process)
         self.path = model_dir(model)
         self.tokenizer = load_tokenizer(self.path)
         self.supports_sleep = bool(cuda if enable_sleep is None else enable_sleep)
@@ -153,7 +165,7 @@ class VLLMEngine(Engine):
         )
         if kv_cache_memory_bytes is not None:
             kw["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
-        elif cuda:
+        if cuda:  # with a fixed KV cache vLLM still checks this share of the GPU is free at start-up
             kw["gpu_memory_utilization"] = float(gpu_memory_utilization)
         if self.supports_sleep:
             kw["enable_sleep_mode"] = True
@@ -262,7 +274,8 @@ class VLLMEngine(Engine):
 
     # ------------------------------------------------------------------ weights and memory
     def _load_weights(self, pairs: list[tuple[str, Any]]) -> None:
-        pairs = [(n, t.detach()) for n, t in pairs]
+        # In-process: the trainer's tensors by reference. Engine process: CPU copies, pickled with the call.
+        pairs = [(n, t.detach().cpu() if self.engine_process else t.detach()) for n, t in pairs]
         with self._lock:
             if self.weight_sync == "reload":
                 self.llm.collective_rpc(
@@ -383,6 +396,8 @@ def make_rollout_engine(
     max_batch_size: int = 64,
     max_model_len: int | None = None,
     gpu_memory_utilization: float = 0.3,
+    engine_process: bool = False,
+    kv_cache_gib: float | None = None,
 ) -> Engine:
     """Level 1's rollout engine for a trainer holding ``model``: ``hf`` = ``HFPolicy`` on that very model
     (shared weights, strictly on-policy); ``vllm`` = a ``VLLMEngine`` started from the trainer's current
@@ -403,10 +418,11 @@ def make_rollout_engine(
         dtype=dtype,
         max_model_len=limit,
         gpu_memory_utilization=gpu_memory_utilization,
-        kv_cache_memory_bytes=None if cuda else 512 * 2**20,
+        kv_cache_memory_bytes=int(kv_cache_gib * 2**30) if kv_cache_gib else (None if cuda else 512 * 2**20),
         enforce_eager=not cuda,
         max_batch_size=max_batch_size,
         seed=seed,
+        engine_process=engine_process,
     )
 
 

@@ -9,8 +9,10 @@ random Llama with head size 64 (vLLM's CPU attention rejects ``tiny``'s 16), flo
    the level-1 loop records the same tree with both engines (every call's prompt ids, output ids, text;
    log-probs within 1e-3).
 2. A run whose round trains (``--oracle-mix``, ``--fast-trainer``: varlen attention, chunked head,
-   checkpointing): the vllm engine's weights are synced after the optimizer step (``engine/update_s`` > 0 in the metrics), and the engine then holds the trained weights (its
-   log-probs of a fixed sequence equal the trainer's final model's).
+   checkpointing) with the engine core in a process of its own (``--engine-process``, the CUDA default:
+   weights travel pickled): the vllm engine's weights are synced after the optimizer step
+   (``engine/update_s`` > 0 in the metrics), and the engine then holds the trained weights (its log-probs
+   of a fixed sequence equal the trainer's final model's), while parts 1 and 3 run it in this process.
 3. ``sera eval --engine vllm`` (``EvalConfig(engine="vllm")``): an ``hf:PATH`` policy evaluates on the
    vllm engine without errors.
 
@@ -72,10 +74,12 @@ cfg = TrainConfig.make(
     rollouts_per_task=2, max_steps=3, max_new_tokens=16, rubric_max_new_tokens=16, oracle_mix=0.7,
     score_noise=0.3, difficulty="medium", n_tasks=16, max_task_replacements=3, max_idle_rounds=4, lr=1e-3,
 )
-hist = train(cfg, Level1Config(engine="vllm", max_batch_size=8, fast_trainer=True), progress=False)
+hist = train(cfg, Level1Config(engine="vllm", max_batch_size=8, fast_trainer=True, engine_process=True),
+             progress=False)
 out["sync"] = [{"update_s": h.get("engine/update_s"), "grad_norm": h["grad_norm"]} for h in hist]
 engine = made[0]
 out["version"] = engine.version
+out["engine_core"] = type(engine.llm.llm_engine.engine_core).__name__  # SyncMPClient: a child process
 import torch
 from common.policy.models import load_model
 from common.run.checkpoint import TorchCheckpointer
@@ -151,6 +155,7 @@ def test_level1_vllm_engine_is_synced_after_the_optimizer_step(report):
     assert trained, f"no round trained: {report['sync']}"
     assert all(s["update_s"] > 0 for s in trained)
     assert report["version"] == len(trained)
+    assert report["engine_core"] == "SyncMPClient"  # --engine-process: the core ran in a child process
     print(
         f"engine vs trained weights {report['engine_vs_trained']:.2e}, vs initial {report['engine_vs_initial']:.2e}"
     )

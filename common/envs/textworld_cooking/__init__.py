@@ -7,7 +7,7 @@
 | `oracle.py` | `oracle_reply(session)`: follows the game's walkthrough                        |
 
 Importing this package does not import ``textworld``; building a world or generating a game does.
-Quick start: ``python -m common.envs.textworld_cooking.env --tier medium --seed 1``.
+Quick start: ``python -m common.envs.textworld_cooking.oracle --tier medium --seed 1``.
 """
 
 from common.envs.textworld_cooking.env import (

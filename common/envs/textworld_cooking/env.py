@@ -23,13 +23,12 @@ What it simplifies
     ``TextWorldCookingWorld.from_spec()`` (game path + accepted-command prefix, replayed).
 
 How to run
-    ``python -m common.envs.textworld_cooking.env --tier medium --seed 1`` plays one game with the
+    ``python -m common.envs.textworld_cooking.oracle --tier medium --seed 1`` plays one game with the
     walkthrough oracle and prints the transcript. Tests: ``pytest tests/test_textworld_cooking.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import re
 from dataclasses import dataclass, field
@@ -590,35 +589,3 @@ class TextWorldCookingEnv(Environment):
         if isinstance(parent, TextWorldCookingSession):  # so the parent can report the child's success
             parent.children.setdefault(id(request), []).append(child)
         return child
-
-
-def main(argv: list[str] | None = None) -> None:
-    from common.envs.textworld_cooking.oracle import oracle_reply  # noqa: PLC0415
-
-    parser = argparse.ArgumentParser(description="Play one tw-cooking game with the walkthrough oracle.")
-    parser.add_argument("--tier", default="medium")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--max-steps", type=int, default=80)
-    args = parser.parse_args(argv)
-
-    async def refuse(request: LaunchRequest) -> ChildResult:
-        return ChildResult(request=request, returned=False, refused=True, error="no runtime in this demo")
-
-    env = TextWorldCookingEnv()
-    from common.envs.textworld_cooking.games import generate_tasks  # noqa: PLC0415
-
-    task = generate_tasks(1, args.seed, args.tier, max_steps=args.max_steps)[0]
-    world = env.make_world(task)
-    session = env.root_session(world, task, refuse)
-    print(session.first_user_message())
-    for _ in range(session.max_steps):
-        reply = oracle_reply(session)
-        result = asyncio.run(session.step(reply))
-        print(f"\n### {reply}\n{result.observation.splitlines()[0:2]}")
-        if result.done:
-            break
-    print(f"\nwon={world.root_success()} steps={session.steps_used}")
-
-
-if __name__ == "__main__":
-    main()

@@ -20,14 +20,18 @@ What it simplifies
     finishes on its last step (so it returns a message), a root keeps acting.
 
 How to run
-    Through the env demo: ``python -m common.envs.textworld_cooking.env --tier hard --seed 2``.
+    ``python -m common.envs.textworld_cooking.oracle --tier hard --seed 2`` plays one game and prints it.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 from typing import Any
 
-from common.envs.textworld_cooking.env import TextWorldCookingWorld, normalize_command
+from common.envs.base import ChildResult, LaunchRequest
+from common.envs.textworld_cooking.env import TextWorldCookingEnv, TextWorldCookingWorld, normalize_command
+from common.envs.textworld_cooking.games import generate_tasks
 from common.envs.textworld_sync.protocol import format_delegate
 
 SKIPPABLE_VERBS = ("open", "close", "take", "drop", "examine", "inventory", "look")
@@ -251,3 +255,31 @@ def oracle_reply(session: Any, delegate: bool = False, child_steps: int = 20) ->
             f"score {world.score}/{world.max_score}.</finish>"
         )
     return f"<action>{oracle_command(world)}</action>"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Play one tw-cooking game with the walkthrough oracle.")
+    parser.add_argument("--tier", default="medium")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=80)
+    args = parser.parse_args(argv)
+
+    async def refuse(request: LaunchRequest) -> ChildResult:
+        return ChildResult(request=request, returned=False, refused=True, error="no runtime in this demo")
+
+    env = TextWorldCookingEnv()
+    task = generate_tasks(1, args.seed, args.tier, max_steps=args.max_steps)[0]
+    world = env.make_world(task)
+    session = env.root_session(world, task, refuse)
+    print(session.first_user_message())
+    for _ in range(session.max_steps):
+        reply = oracle_reply(session)
+        result = asyncio.run(session.step(reply))
+        print(f"\n### {reply}\n{result.observation.splitlines()[0:2]}")
+        if result.done:
+            break
+    print(f"\nwon={world.root_success()} steps={session.steps_used}")
+
+
+if __name__ == "__main__":
+    main()

@@ -37,7 +37,7 @@ _EXPORTS = {
     "generate_task": "tasks",
     "generate_tasks": "tasks",
     "load_tasks": "tasks",
-    "normalize_row": "tasks",
+    "normalize_row": "world",
     "validate_row": "tasks",
     "GoalScope": "world",
     "SyncStep": "world",

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.data import TaskFileError, read_jsonl, write_jsonl
-from common.envs.textworld_sync.world import build_spec, parse_preparation
+from common.envs.textworld_sync.world import build_spec, normalize_row, parse_preparation
 
 FAMILIES = (
     "multi_dish_fork_join",
@@ -117,33 +116,6 @@ family and tier). ``valid`` is an alias of ``dev``."""
 
 
 # ---- loading --------------------------------------------------------------------------------------
-def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
-    """The flat public schema of a row (a shallow copy). Manifest rows keep their recipe and parallelism
-    under ``generation_properties`` and ``game_params`` as a JSON string; both are lifted here."""
-    if not isinstance(row, dict):
-        raise TypeError(f"a task row must be a JSON object, got {type(row).__name__}")
-    out = dict(row)
-    gp = out.get("generation_properties")
-    if isinstance(gp, dict):
-        for key in (
-            "dishes",
-            "parallelism",
-            "task_family",
-            "task_view",
-            "task_descriptions",
-            "generation",
-            "base_game",
-        ):
-            if key not in out and key in gp:
-                out[key] = gp[key]
-    params = out.get("game_params")
-    if isinstance(params, str):
-        out["game_params"] = json.loads(params) if params.strip() else {}
-    if "split" not in out and "fold" in out:
-        out["split"] = out["fold"]
-    return out
-
-
 def validate_row(row: dict[str, Any]) -> None:
     """Raise ValueError/TypeError/KeyError naming what is wrong with a (normalized) row."""
     for key in REQUIRED_KEYS:

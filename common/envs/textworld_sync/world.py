@@ -47,7 +47,7 @@ does); sent to :meth:`SyncWorld.step` directly they count, as in the public coor
 ``fork()`` copies only the flat mutable state (~10 us); ``commit(branch)`` writes a branch back in place.
 Every step runs under one ``threading.Lock`` with nothing awaited inside.
 
-Run the self-check / micro-benchmark: ``python -m common.envs.textworld_sync.world [tasks.jsonl]``.
+Micro-benchmark: :func:`bench_sync` (``python bench/bench_textworld.py`` runs it beside real TextWorld).
 """
 
 from __future__ import annotations
@@ -203,10 +203,35 @@ def _int(value: Any, default: int) -> int:
     return int(value)
 
 
+def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The flat public schema of a row (a shallow copy). Manifest rows keep their recipe and parallelism
+    under ``generation_properties`` and ``game_params`` as a JSON string; both are lifted here."""
+    if not isinstance(row, dict):
+        raise TypeError(f"a task row must be a JSON object, got {type(row).__name__}")
+    out = dict(row)
+    gp = out.get("generation_properties")
+    if isinstance(gp, dict):
+        for key in (
+            "dishes",
+            "parallelism",
+            "task_family",
+            "task_view",
+            "task_descriptions",
+            "generation",
+            "base_game",
+        ):
+            if key not in out and key in gp:
+                out[key] = gp[key]
+    params = out.get("game_params")
+    if isinstance(params, str):
+        out["game_params"] = json.loads(params) if params.strip() else {}
+    if "split" not in out and "fold" in out:
+        out["split"] = out["fold"]
+    return out
+
+
 def build_spec(task: dict[str, Any], rules: str = "public") -> TaskSpec:
     """Turn a public-format task row (flat or manifest form) into the immutable :class:`TaskSpec`."""
-    from common.envs.textworld_sync.tasks import normalize_row  # local: tasks imports this module
-
     if rules not in RULES:
         raise ValueError(f"unknown rules {rules!r}; use one of {RULES}")
     row = normalize_row(task)
@@ -1000,14 +1025,3 @@ def bench_sync(
         mid.commit(b)
     commit_us = (time.perf_counter() - t0) / n_forks * 1e6
     return {"steps_per_s": steps_per_s, "fork_us": fork_us, "commit_us": commit_us}
-
-
-if __name__ == "__main__":  # pragma: no cover - manual check
-    import sys
-    from pathlib import Path
-
-    from common.envs.textworld_sync.tasks import generate_tasks, load_tasks
-
-    rows = load_tasks(sys.argv[1]) if len(sys.argv) > 1 and Path(sys.argv[1]).exists() else None
-    rows = rows or generate_tasks("test", 1, seed=0, family="hierarchical", tier="extreme")
-    print(json.dumps(bench_sync(rows[-1]), indent=2))

@@ -1,6 +1,7 @@
 """Level-1 RL rounds, side by side in one run: today's default path vs the fast path (issue #21).
 
     python bench/bench_rounds.py --model runs/learning/sft/model --rounds 2     # one H200, vLLM installed
+    python bench/bench_rounds.py --model DIR --paths after,after_mp            # only the engine-process question
     python bench/bench_rounds.py --model tiny-dir --rounds 1 --tasks 1 --rollouts 2 --max-new-tokens 16  # CPU
 
 One process, one vLLM engine, the same tasks and seeds for both paths, the level-1 functions the loop uses
@@ -9,14 +10,18 @@ One process, one vLLM engine, the same tasks and seeds for both paths, the level
 * **before** (main d8414b2's defaults): the engine's queue path (each batch of requests runs to completion
   in ``LLM.generate``: a wave ends with its slowest sequence), an fp32 model trained by the reference packed
   path (dense block mask, 2048-token rows);
-* **after** (the defaults on CUDA now): continuous batching (every request joins vLLM's running batch at the
-  next scheduler step), bf16 compute with fp32 master weights, the fast trainer (varlen attention, chunked
-  head, 32K-token rows, no activation checkpointing).
+* **after**: continuous batching (every request joins vLLM's running batch at the next scheduler step),
+  bf16 compute with fp32 master weights, the fast trainer (varlen attention, chunked head, 32K-token rows,
+  no activation checkpointing), the engine core in this process;
+* **after_mp** (the defaults on CUDA now): the same with vLLM's engine core in a process of its own
+  (``--engine-process``: its model loop no longer shares this process's GIL with the rollouts). It needs a
+  second engine, started beside the first (both at ``gpu_memory_utilization`` 0.3).
 
 Per path it runs ``--rounds`` RAO rounds and ``--rounds`` SERA Rubric-stage rounds (K counterfactual
 branches, rubric writing and scoring: the most expensive stage) and prints seconds per round (rollout,
 train, sync) and the ratios. Both paths share the engine, so the engine's bf16 weights are the same kind in
-both (today's path ran its engine in the trainer's fp32: slower still). Start-up is not counted here.
+both (today's path ran its engine in the trainer's fp32: slower still). Start-up is not counted here; the
+engines' start-up seconds are printed.
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=320)
     ap.add_argument("--max-batch-size", type=int, default=256)
-    ap.add_argument("--paths", default="before,after")
+    ap.add_argument("--paths", default="before,after,after_mp")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -100,18 +105,23 @@ def main() -> None:
         score_max_new_tokens=128, difficulty="easy", n_tasks=256, lr=1e-5, dtype="float32",
         codeact_executor="inprocess",
     )  # fmt: skip
-    engine = None
+    engines: dict[bool, object] = {}  # engine_process -> engine (before and after share the in-process one)
     env = make_env_with_prompts(base.env, None, base.codeact_executor)
     results: dict[str, dict[str, list[dict[str, float]]]] = {}
     for path in args.paths.split(","):
-        fast = path == "after"
+        if path not in ("before", "after", "after_mp"):
+            raise SystemExit(f"unknown path {path!r}: use before, after, after_mp")
+        fast, mp = path != "before", path == "after_mp"
         dtype = "bfloat16" if fast and cuda else "float32"
         l1 = Level1Config(engine="vllm", max_batch_size=args.max_batch_size, fast_trainer=fast).resolved(cuda)
         model, tokenizer = load_model(args.model, dtype=dtype, device=device)
-        if engine is None:  # one engine for both paths, started from plain weights
-            engine = make_rollout_engine("vllm", model.to(torch.bfloat16) if cuda else model, tokenizer,
-                                         max_batch_size=args.max_batch_size)  # fmt: skip
+        if mp not in engines:  # started from plain weights
+            t_start = time.perf_counter()
+            engines[mp] = make_rollout_engine("vllm", model.to(torch.bfloat16) if cuda else model, tokenizer,
+                                              max_batch_size=args.max_batch_size, engine_process=mp)  # fmt: skip
+            print(f"engine (engine_process={mp}) started in {time.perf_counter() - t_start:.1f} s", flush=True)
             model = model.to(getattr(torch, dtype))
+        engine = engines[mp]
         stepper = engine.stepper
         engine.stepper = stepper if fast else None  # before: the queue's run-to-completion batches
         if fast:
@@ -139,11 +149,12 @@ def main() -> None:
             mean[(path, method)] = m
             print(f"| {path} | {method} | {m['round_s']:.1f} | {m['rollout_s']:.1f} | {m['train_s']:.1f} | "
                   f"{m['train_tokens'] / max(m['train_s'], 1e-9):,.0f} | {m['gen_tokens'] / max(m['rollout_s'], 1e-9):,.0f} |")  # fmt: skip
-    if {"before", "after"} <= set(results):
-        for method in ("rao", "sera"):
-            b, a = mean[("before", method)], mean[("after", method)]
-            print(f"{method}: round {b['round_s'] / a['round_s']:.2f}x faster, rollout "
-                  f"{b['rollout_s'] / a['rollout_s']:.2f}x, train {b['train_s'] / max(a['train_s'], 1e-9):.2f}x")  # fmt: skip
+    for old, new in (("before", "after"), ("after", "after_mp"), ("before", "after_mp")):
+        if {old, new} <= set(results):
+            for method in ("rao", "sera"):
+                b, a = mean[(old, method)], mean[(new, method)]
+                print(f"{method}: {new} vs {old}: round {b['round_s'] / a['round_s']:.2f}x faster, rollout "
+                      f"{b['rollout_s'] / a['rollout_s']:.2f}x, train {b['train_s'] / max(a['train_s'], 1e-9):.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -98,8 +98,10 @@ class HFServer:
         pairs = list(weights.items()) if isinstance(weights, dict) else list(weights)
         if hasattr(self.engine, "update_weights"):  # the Engine interface (vLLM; HFPolicy where it has it)
             self.engine.update_weights(pairs, version=version)
-        else:  # a plain HFPolicy: copy into its model
-            own = {**dict(self.engine.model.named_parameters()), **dict(self.engine.model.named_buffers())}
+        else:  # a plain model holder: copy into its model (tied aliases such as lm_head.weight accepted)
+            from common.policy.hf import named_tensors
+
+            own = named_tensors(self.engine.model)
             unknown = [n for n, _ in pairs if n not in own]
             if unknown:
                 raise KeyError(f"update_weights: the model has no tensors named {unknown[:3]}")

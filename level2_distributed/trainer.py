@@ -75,6 +75,20 @@ def dummy_datum() -> Datum:
     return Datum([0], [0], [0.0], [0], 0.0, 0, 0, False, "dummy")
 
 
+def unique_state(model) -> list[tuple[str, torch.Tensor]]:
+    """``model.state_dict()`` without the aliases of tied weights (``lm_head.weight`` when the embeddings
+    are tied: the same tensor as ``model.embed_tokens.weight``), in state-dict order. What every weight
+    sync sends and the HF export writes (transformers re-ties on load; vLLM's loaders skip the alias)."""
+    seen: set[int] = set()
+    out = []
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        out.append((name, t))
+    return out
+
+
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's full value (a collective: every rank must call it in the same order)."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
@@ -201,16 +215,13 @@ class TrainerRank:
     # ------------------------------------------------------------------ weights out
     def weight_specs(self) -> list[tuple[str, list[int], str]]:
         """``(name, full shape, dtype)`` of every tensor in the order :meth:`broadcast_weights` sends them."""
-        return [
-            (n, list(p.shape), str(p.dtype).removeprefix("torch."))
-            for n, p in self.model.state_dict().items()
-        ]
+        return [(n, list(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in unique_state(self.model)]
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """All-gather the full weights (every rank takes part); rank 0 returns them on CPU, others None."""
         out = {}
-        for n, p in self.model.state_dict().items():
-            t = _full(p)
+        for n, p in unique_state(self.model):
+            t = _full(p.detach())
             if self.rank == 0:
                 out[n] = t.detach().to("cpu", copy=True)
         return out if self.rank == 0 else None
@@ -229,8 +240,8 @@ class TrainerRank:
 
         t0 = time.perf_counter()
         target = getattr(torch, dtype)
-        for _, p in self.model.state_dict().items():
-            full = _full(p)
+        for _, p in unique_state(self.model):
+            full = _full(p.detach())
             if self.rank == 0:
                 broadcast_tensor(self.sync_group, full.detach().to(target).contiguous())
         return time.perf_counter() - t0

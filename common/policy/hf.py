@@ -28,7 +28,7 @@ seed) and so that the behaviour log-probs are taken from exactly the logits used
 ``score_logprobs(prompt_ids, output_ids)`` gives teacher-forced log-probs (tests; the trainer has its own).
 As an engine (``engine.Engine``): ``update_weights(None)`` only bumps ``version`` when the policy wraps
 the trainer's own model (levels 0 and 1 share one model object); ``update_weights(state_dict)`` copies
-tensors in by name. No ``sleep`` (the model is the trainer's).
+tensors in by name (``state_dict()`` names, tied aliases included). No ``sleep`` (the model is the trainer's).
 Simplifications: no continuous batching (a batch runs to its last finished row, finished rows only drop
 out), no speculative decoding, no prefix caching. Prompt over ``max_context_tokens - max_new_tokens`` is
 shortened by ``context.build_prompt_ids``.
@@ -51,7 +51,18 @@ from common.policy.base import Completion, GenerationRequest, SamplingParams
 from common.policy.engine import Engine, find_stop, prompt_for
 from common.policy.models import DEFAULT_MODEL, load_model
 
-__all__ = ["HFPolicy", "find_stop"]
+__all__ = ["HFPolicy", "find_stop", "named_tensors"]
+
+
+def named_tensors(model: Any) -> dict[str, torch.Tensor]:
+    """Every name a weight update may use for ``model``'s tensors: its parameters and buffers AND the
+    aliases ``state_dict()`` adds for tied weights (a model with ``tie_word_embeddings``, as SmolLM2 and
+    Qwen3-4B, lists ``lm_head.weight`` in ``state_dict()`` but only ``model.embed_tokens.weight`` in
+    ``named_parameters()``; both names are the same tensor, so loading either is the same copy)."""
+    own = dict(model.state_dict(keep_vars=True))
+    own.update(dict(model.named_parameters()))
+    own.update(dict(model.named_buffers()))
+    return own
 
 
 @dataclass
@@ -285,9 +296,9 @@ class HFPolicy(Engine):
         )
 
     def _load_weights(self, pairs: list[tuple[str, Any]]) -> None:
-        """Copy ``(name, tensor)`` pairs into the model's parameters and buffers (unknown names raise)."""
-        own = dict(self.model.named_parameters())
-        own.update(dict(self.model.named_buffers()))
+        """Copy ``(name, tensor)`` pairs into the model's parameters and buffers (unknown names raise; a
+        tied alias such as ``lm_head.weight`` is accepted: :func:`named_tensors`)."""
+        own = named_tensors(self.model)
         unknown = [n for n, _ in pairs if n not in own]
         if unknown:
             raise KeyError(

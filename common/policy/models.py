@@ -10,6 +10,8 @@
 * ``tiny``: a random-init 2-layer ``LlamaForCausalLM`` (hidden 64, 4 heads) seeded from ``seed``, with
   the SmolLM2 tokenizer and ChatML chat template. Its text is gibberish; it exists for fast, exact
   tests of the generation machinery (batching, padding, log-probs, stop strings).
+* ``tiny-tied``: the same idea with a tied input embedding / LM head and head size 64 (the tied-weight
+  sync tests; vLLM's CPU attention accepts it).
 * anything else: a local directory, or a Hugging Face model id already in the local HF cache
   (e.g. ``Qwen/Qwen3-4B-Instruct-2507`` on a GPU box). Names resolve offline first: nothing is
   downloaded at run time, and a name found in none of the local places (the aliases above, the path,
@@ -56,7 +58,10 @@ ALIASES = {
     "smollm2-135m": "smollm2",
     "smollm2-135m-instruct": "smollm2",
     "tiny": "tiny",
+    "tiny-tied": "tiny-tied",
 }
+IN_MEMORY = ("tiny", "tiny-tied")
+"""Aliases built in memory from a seed (no files; SmolLM2's tokenizer)."""
 
 
 class ModelNotAvailableError(RuntimeError):
@@ -198,8 +203,8 @@ def resolve_model_path(name_or_path: str) -> str:
     alias = ALIASES.get(name_or_path.lower())
     if alias == "smollm2":
         return str(ensure_smollm2())
-    if alias == "tiny":
-        raise ValueError("'tiny' is built in memory; use load_model('tiny') or build_tiny_model()")
+    if alias in IN_MEMORY:
+        raise ValueError(f"{alias!r} is built in memory; use load_model({alias!r}) or build_tiny_model()")
     check_model_name(name_or_path)
     return name_or_path
 
@@ -208,17 +213,17 @@ def prepare_model(name_or_path: str = DEFAULT_MODEL) -> str:
     """Make a model loadable offline and say where it is (``sera setup``): converts SmolLM2 once (``tiny``
     needs its tokenizer, so it converts SmolLM2 too); other names are checked to be on this machine
     (:class:`ModelNotFoundError` otherwise) and returned unchanged."""
-    if ALIASES.get(name_or_path.lower()) in ("smollm2", "tiny"):
+    if ALIASES.get(name_or_path.lower()) in ("smollm2", *IN_MEMORY):
         return str(ensure_smollm2())
     check_model_name(name_or_path)
     return name_or_path
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:
-    """Tokenizer for a model name (``tiny`` shares SmolLM2's tokenizer)."""
+    """Tokenizer for a model name (``tiny`` and ``tiny-tied`` share SmolLM2's tokenizer)."""
     from transformers import AutoTokenizer
 
-    if ALIASES.get(name_or_path.lower()) == "tiny":
+    if ALIASES.get(name_or_path.lower()) in IN_MEMORY:
         name_or_path = DEFAULT_MODEL
     return ensure_chat_template(AutoTokenizer.from_pretrained(resolve_model_path(name_or_path)))
 
@@ -261,6 +266,40 @@ def build_tiny_model(
     return model, tokenizer
 
 
+def build_tiny_tied_model(seed: int = 0, tokenizer: Any = None) -> tuple[Any, Any]:
+    """``tiny-tied``: like ``tiny`` but with TIED input embedding and LM head (``tie_word_embeddings``, as
+    SmolLM2 and Qwen3-4B) and head size 64 (hidden 128, 2 query heads, 1 KV head), so that vLLM's CPU
+    attention accepts it too. The weight-sync tests of the tiers use it: a tied model's ``state_dict()``
+    names ``lm_head.weight`` although ``named_parameters()`` lists only ``model.embed_tokens.weight``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(DEFAULT_MODEL)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    # std 0.02 embeddings give near-uniform logits through the tied head; x5 makes them peakier
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(5.0)
+    assert model.lm_head.weight is model.get_input_embeddings().weight, "tie_word_embeddings did not tie"
+    model.eval()
+    return model, tokenizer
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     dtype: str | torch.dtype | None = "float32",
@@ -270,12 +309,13 @@ def load_model(
 ) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)``; ``name_or_path`` is ``smollm2``, ``tiny``, an HF id or a local path."""
     torch_dtype = _torch_dtype(dtype)
-    if ALIASES.get(name_or_path.lower()) != "tiny":
+    alias = ALIASES.get(name_or_path.lower())
+    if alias not in IN_MEMORY:
         check_model_name(name_or_path)  # offline first: an unknown name fails before transformers loads
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if ALIASES.get(name_or_path.lower()) == "tiny":
-        model, tokenizer = build_tiny_model(seed)
+    if alias in IN_MEMORY:
+        model, tokenizer = build_tiny_model(seed) if alias == "tiny" else build_tiny_tied_model(seed)
         if torch_dtype is not None:
             model = model.to(torch_dtype)
         return model.to(device).eval(), tokenizer

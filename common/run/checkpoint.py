@@ -68,14 +68,132 @@ def lock_out(out: Path) -> None:
     _LOCKS[key] = f
 
 
-def prepare_out(out: Path, resume: bool) -> None:
-    """Refuse to overwrite a run (or a file) by accident, or to write beside a live run; create the directory."""
+LOGS = ("metrics.jsonl", "trees.jsonl")
+"""The per-round logs of a run (what --resume truncates to its checkpoint and a fresh run would replace)."""
+
+
+def run_outputs(out: Path) -> list[str]:
+    """Names of what a run directory holds, the lock file aside (sorted; empty for a missing directory)."""
+    if not out.is_dir():
+        return []
+    return sorted(p.name for p in out.iterdir() if p.name != ".lock")
+
+
+def has_checkpoint(out: Path) -> bool:
+    """Whether ``out`` holds a checkpoint any tier can resume from (``checkpoints/step_*``)."""
+    return any((out / "checkpoints").glob("step_*"))
+
+
+def logged_rounds(out: Path) -> int:
+    """Complete lines of ``out/metrics.jsonl`` (one per rollout round or evaluation row)."""
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.endswith(b"\n") and line.strip())
+
+
+def _has_logs(out: Path) -> bool:
+    return any((out / n).exists() and (out / n).stat().st_size > 0 for n in LOGS)
+
+
+def _listing(names: list[str], n: int = 4) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def check_run_dir(out: Path, resume: bool, overwrite: bool = False) -> str | None:
+    """Decide what may happen to run directory ``out`` before anything is written or loaded.
+
+    Raises ``ValueError`` (one line, naming the fix) when the run would replace output it was not asked to:
+
+    * ``out`` is a file;
+    * ``out`` holds anything (metrics, trees, curves, config, checkpoints) and neither ``--resume`` nor
+      ``--overwrite`` was given (a default CPU run never writes a checkpoint; its logs count as a run too);
+    * ``--resume`` together with ``--overwrite``.
+
+    Returns the one-line note to print when ``--resume`` has no checkpoint to continue from (then a run
+    starts at step 0: in an empty directory, or over logged rounds no checkpoint covers, which a resumed
+    run always redoes), else None. ``--overwrite`` is the caller's to carry out (:func:`clear_run_dir`)."""
     if out.exists() and not out.is_dir():
-        raise SystemExit(f"--out {out} is a file; give a directory")
-    if out.exists() and any(out.glob("checkpoints/step_*")) and not resume:
-        raise SystemExit(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+        raise ValueError(f"--out {out} is a file; give a directory")
+    if resume and overwrite:
+        raise ValueError(
+            f"--resume and --overwrite contradict each other: --resume continues the run in {out}, "
+            "--overwrite deletes it; give one"
+        )
+    held = run_outputs(out)
+    if overwrite:
+        return None
+    if not held:
+        return f"--resume: {out} holds no run yet; starting a fresh one there" if resume else None
+    rounds = logged_rounds(out)
+    logged = f"{rounds} logged round{'s' if rounds != 1 else ''}"
+    if not resume:
+        if has_checkpoint(out):
+            raise ValueError(
+                f"{out} already holds a run ({_listing(held)}); pass --resume to continue it, --overwrite "
+                "to delete it and start again, or choose another --out"
+            )
+        raise ValueError(
+            f"{out} already holds a run ({_listing(held)}: {logged}, no checkpoint); choose another --out to "
+            "keep it, or pass --overwrite to delete it and start again (--resume would start again from "
+            "step 0 too: there is no checkpoint to continue from)"
+        )
+    if has_checkpoint(out):
+        return None
+    if _has_logs(out):
+        return (
+            f"--resume: {out} holds no checkpoint yet ({logged}, no optimizer step saved); starting again "
+            "from step 0, those rounds are redone and their log lines replaced"
+        )
+    return f"--resume: {out} holds no checkpoint and no logged round yet; starting a fresh run there"
+
+
+RUN_MARKERS = ("config.json", "metrics.jsonl", "trees.jsonl", "checkpoints", "curves.png", "sft_data.jsonl")
+"""Files only a run writes: ``--overwrite`` deletes a directory only if it holds one of them."""
+
+
+def clear_run_dir(out: Path) -> None:
+    """``--overwrite``: delete what ``out`` holds (under its lock, so never beside a live run). Refused for a
+    directory that does not look like a run directory (say ``--out .``), so a typo cannot wipe a tree."""
+    held = run_outputs(out)
+    if not held:
+        return
+    here = Path.cwd().resolve()
+    target = out.resolve()
+    if target == here or target in here.parents or target == Path.home().resolve():
+        raise ValueError(f"--overwrite: {out} is the current directory, one of its parents or your home")
+    if not any(n in RUN_MARKERS for n in held):
+        raise ValueError(
+            f"--overwrite: {out} does not look like a run directory (it holds {_listing(held)} but none of "
+            f"{', '.join(RUN_MARKERS)}); delete it yourself or choose another --out"
+        )
+    lock_out(out)
+    for name in held:
+        p = out / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def prepare_out(out: Path, resume: bool, overwrite: bool = False) -> None:
+    """Refuse to replace a run (or a file) by accident, or to write beside a live run; create the directory.
+
+    See :func:`check_run_dir` for what is refused; ``overwrite`` deletes what the directory holds first."""
+    try:
+        note = check_run_dir(out, resume, overwrite)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     out.mkdir(parents=True, exist_ok=True)
     lock_out(out)
+    if overwrite:
+        try:
+            clear_run_dir(out)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+    if note:
+        print(note, flush=True)
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,10 @@
-"""CodeAct cost, worker process vs in-process interpreter, side by side (target: one-call step <= 1 ms).
+"""CodeAct cost: worker process, its fixed-order mode and the in-process interpreter, side by side
+(target: one-call step <= 1 ms).
 
 Measures, for ``TextCraftEnv(executor="worker")`` (default: an isolated process per agent, tools over a
-pipe) and ``TextCraftEnv(executor="inprocess")`` (``common/sandbox.py``: restricted, traced, no isolation):
+pipe), ``TextCraftEnv(executor="worker-ordered")`` (the same workers, each cell segment served inline on
+the event loop: siblings act in one fixed order) and ``TextCraftEnv(executor="inprocess")``
+(``common/sandbox.py``: restricted, traced, no isolation):
 
 * a full CodeAct step with one tool call, ``session.step(reply)`` = parse the reply, check the cell,
   run it (one ``craft`` round trip to the trainer for the worker), format the observation: median and
@@ -110,15 +113,19 @@ async def bench_executor(executor: str, scale: float) -> dict[str, tuple[float, 
     return rows
 
 
+EXECUTORS = {"worker": "worker", "worker-ordered": "ordered", "inprocess": "in-process"}
+
+
 async def main_async(scale: float) -> None:
-    worker = await bench_executor("worker", scale)
-    inproc = await bench_executor("inprocess", scale)
-    width = max(len(k) for k in worker)
-    print(f"{'measure':<{width}}  {'worker':>10}  {'in-process':>10}  unit   target")
-    print("-" * (width + 44))
-    for key, (value, unit) in worker.items():
+    rows = {name: await bench_executor(name, scale) for name in EXECUTORS}
+    first = rows["worker"]
+    width = max(len(k) for k in first)
+    print(f"{'measure':<{width}}  " + "  ".join(f"{h:>10}" for h in EXECUTORS.values()) + "  unit   target")
+    print("-" * (width + 12 * len(EXECUTORS) + 20))
+    for key, (_, unit) in first.items():
         target = "<= 1000 us" if key.startswith("one-call CodeAct step, median") else ""
-        print(f"{key:<{width}}  {value:>10,.1f}  {inproc[key][0]:>10,.1f}  {unit:<5}  {target}")
+        values = "  ".join(f"{rows[name][key][0]:>10,.1f}" for name in EXECUTORS)
+        print(f"{key:<{width}}  {values}  {unit:<5}  {target}")
 
 
 def main() -> None:

@@ -131,10 +131,11 @@ class TrainConfig:
     """Checkpoint every N optimizer steps."""
     seed: int = 0
     """Seed of task sampling, rollouts and model init (tiny)."""
-    codeact_executor: Literal["worker", "inprocess"] = "worker"
-    """TextCraft cells: worker (an isolated process per agent, rlimits: the safe default) | inprocess (the
-    restricted interpreter in the trainer's process: faster, and parallel sibling agents act on the shared
-    world in one fixed order, so a run repeats exactly; for tests and trusted models)."""
+    codeact_executor: Literal["worker", "worker-ordered", "inprocess"] = "worker"
+    """TextCraft cells: worker (an isolated process per agent, rlimits: the safe default) | worker-ordered
+    (the same isolated workers, each cell served inline on the event loop: parallel sibling agents act on
+    the shared world in one fixed order, so a run repeats exactly; no two cells run at once) | inprocess
+    (the restricted interpreter in the trainer's process: faster, also one fixed order; trusted models)."""
     tensorboard: bool = False
     """Also write TensorBoard event files to `out/tb` (needs the `tensorboard` package; no account)."""
     eval_tasks: str | None = None

@@ -9,8 +9,10 @@
   fork, C-level busy loops, 10 GB allocations, 100 MB prints, sockets, /etc/passwd, closing fds, signals
   to the trainer, threads, protocol floods) end within the time limit + grace, the trainer process is
   untouched, and the next cell works (in a new worker when the old one died).
+* The worker's two modes: the tests marked ``MODES`` run with the plain mode and with the fixed-order mode
+  (``ordered=True``: each cell segment served inline; ``tests/test_codeact_ordered.py``).
 
-Run: ``python -m pytest tests/test_codeact_worker.py -q`` (about 30 s on 2 cores; Linux only).
+Run: ``python -m pytest tests/test_codeact_worker.py -q`` (about 45 s on 2 cores; Linux only).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from common.codeact.worker import decode, encode
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the worker needs Linux")
 
 FAST = WorkerLimits(wall_time_s=0.3, cpu_time_s=1.0, grace_s=0.7, memory_mb=512)
+MODES = pytest.mark.parametrize("ordered", [False, True], ids=["plain", "ordered"])
+"""Run a test with both modes of the worker (the hostile cases must be contained by each)."""
 
 
 def craft(ingredients, target):
@@ -42,8 +46,8 @@ async def slow(seconds, tag="done"):
     return tag
 
 
-def worker(limits: WorkerLimits = FAST, **tools) -> CodeActWorker:
-    return CodeActWorker({"craft": craft, **tools}, {"launch_subagent": slow}, limits)
+def worker(limits: WorkerLimits = FAST, ordered: bool = False, **tools) -> CodeActWorker:
+    return CodeActWorker({"craft": craft, **tools}, {"launch_subagent": slow}, limits, ordered=ordered)
 
 
 def run(w: CodeActWorker, *codes: str):
@@ -55,8 +59,9 @@ def run(w: CodeActWorker, *codes: str):
 
 
 # ---- semantics ------------------------------------------------------------------------------------
-def test_last_expression_echo_and_persistence():
-    w = worker()
+@MODES
+def test_last_expression_echo_and_persistence(ordered):
+    w = worker(ordered=ordered)
     r = run(w, "x = 20", "x + 1", "print('a')\nx * 2", "x;", "None", "{'b': 1, 'a': [1, 2]}", "_")
     assert [c.stdout for c in r] == [
         "",
@@ -73,8 +78,9 @@ def test_last_expression_echo_and_persistence():
     w.close()
 
 
-def test_standard_library_and_full_asyncio():
-    w = worker(WorkerLimits(wall_time_s=5))
+@MODES
+def test_standard_library_and_full_asyncio(ordered):
+    w = worker(WorkerLimits(wall_time_s=5), ordered=ordered)
     code = """
 import json, re, math, itertools, functools, collections, heapq, fractions, statistics, datetime, random, dataclasses
 import asyncio
@@ -99,8 +105,9 @@ math.comb(5, 2), str(fractions.Fraction(1, 3)), collections.Counter("aab").most_
     w.close()
 
 
-def test_tracebacks_show_cell_lines_and_tool_errors_are_catchable():
-    w = worker()
+@MODES
+def test_tracebacks_show_cell_lines_and_tool_errors_are_catchable(ordered):
+    w = worker(ordered=ordered)
     r = run(w, "a = 1\n\nprint(b)")
     assert r.error.splitlines() == [
         "Traceback (most recent call last):",
@@ -116,8 +123,9 @@ def test_tracebacks_show_cell_lines_and_tool_errors_are_catchable():
     w.close()
 
 
-def test_gather_of_two_launches_runs_both_while_the_worker_waits():
-    w = worker()  # wall limit 0.3 s; each launch takes 0.5 s of the trainer's time
+@MODES
+def test_gather_of_two_launches_runs_both_while_the_worker_waits(ordered):
+    w = worker(ordered=ordered)  # wall limit 0.3 s; each launch takes 0.5 s of the trainer's time
     t0 = time.perf_counter()
     r = run(w, "a, b = await asyncio.gather(launch_subagent(0.5, 'A'), launch_subagent(0.5, 'B'))\n[a, b]")
     elapsed = time.perf_counter() - t0
@@ -203,11 +211,15 @@ def test_plain_data_encoding_round_trip_and_refusals():
             decode(bad)
 
 
-def test_a_cancelled_caller_kills_the_worker_and_the_next_cell_restarts_it():
-    w = worker(WorkerLimits(wall_time_s=5))
+@MODES
+def test_a_cancelled_caller_kills_the_worker_and_the_next_cell_restarts_it(ordered):
+    w = worker(WorkerLimits(wall_time_s=5), ordered=ordered)
+    # ordered: the event loop waits while the cell's code runs, so a caller can only be cancelled while
+    # the cell awaits a launch
+    code = "await launch_subagent(3)" if ordered else "import time\ntime.sleep(3)"
 
     async def go():
-        task = asyncio.ensure_future(w.run("import time\ntime.sleep(3)"))
+        task = asyncio.ensure_future(w.run(code))
         await asyncio.sleep(0.3)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -274,8 +286,9 @@ def _contained(w: CodeActWorker, code: str, limit: float) -> object:
 
 
 @pytest.mark.parametrize("code,expected,restarted", PROCESS_LEVEL, ids=[c for c, _, _ in PROCESS_LEVEL])
-def test_process_level_attacks_are_contained(code: str, expected: str, restarted: bool):
-    w = worker()
+@MODES
+def test_process_level_attacks_are_contained(code: str, expected: str, restarted: bool, ordered: bool):
+    w = worker(ordered=ordered)
     run(w, "pass")  # started (the start-up time is not the cell's)
     r = _contained(w, code, FAST.wall_time_s + FAST.grace_s + 1.5)
     assert r.error is not None and expected in r.error, (code, r)
@@ -283,8 +296,9 @@ def test_process_level_attacks_are_contained(code: str, expected: str, restarted
     w.close()
 
 
-def test_a_segfault_is_reported_and_the_trainer_survives():
-    w = worker(WorkerLimits(wall_time_s=8, memory_mb=1024))
+@MODES
+def test_a_segfault_is_reported_and_the_trainer_survives(ordered):
+    w = worker(WorkerLimits(wall_time_s=8, memory_mb=1024), ordered=ordered)
     run(w, "pass")
     code = "import sys\nsys.setrecursionlimit(10**7)\na = []\nfor _ in range(300000):\n    a = [a]\nrepr(a)"
     r = _contained(w, code, 12)
@@ -292,16 +306,18 @@ def test_a_segfault_is_reported_and_the_trainer_survives():
     w.close()
 
 
-def test_huge_output_is_capped():
-    w = worker(WorkerLimits(wall_time_s=5, max_output_chars=1000))
+@MODES
+def test_huge_output_is_capped(ordered):
+    w = worker(WorkerLimits(wall_time_s=5, max_output_chars=1000), ordered=ordered)
     r = run(w, "print('x' * 100_000_000)")
     assert r.error is None and len(r.stdout) < 1200 and "100000001 more characters" not in r.stdout
     assert r.stdout.startswith("x" * 1000) and "output truncated" in r.stdout
     w.close()
 
 
-def test_a_timed_out_cell_keeps_its_namespace():
-    w = worker()
+@MODES
+def test_a_timed_out_cell_keeps_its_namespace(ordered):
+    w = worker(ordered=ordered)
     r = run(w, "x = 41", "while True:\n    x += 0", "x + 1")
     assert r[1].timed_out and not r[1].restarted and "TimeoutError" in r[1].error
     assert r[2].stdout == "42\n"
@@ -309,24 +325,27 @@ def test_a_timed_out_cell_keeps_its_namespace():
 
 
 @pytest.mark.parametrize("code,expected", HOSTILE, ids=[c for c, _ in HOSTILE])
-def test_every_in_process_hostile_case_is_contained_by_the_worker(code: str, expected: str):
+@MODES
+def test_every_in_process_hostile_case_is_contained_by_the_worker(code: str, expected: str, ordered: bool):
     # In real Python many of these are legal (imports, eval, open of a stdlib path would be); what the
     # worker must guarantee is: bounded time, a healthy trainer, and a working next cell.
-    w = worker()
+    w = worker(ordered=ordered)
     run(w, "pass")
     _contained(w, code, FAST.wall_time_s + FAST.grace_s + 1.5)
     w.close()
 
 
-def test_isolation_is_reported():
-    w = worker()
+@MODES
+def test_isolation_is_reported(ordered):
+    w = worker(ordered=ordered)
     run(w, "pass")
     assert w.isolation is not None and w.isolation.startswith("rlimits+audit")
     w.close()
 
 
-def test_a_forged_answer_cannot_shift_later_results():
-    w = worker()
+@MODES
+def test_a_forged_answer_cannot_shift_later_results(ordered):
+    w = worker(ordered=ordered)
     run(w, "pass")
     forge = (
         "import os, json\n"

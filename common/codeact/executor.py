@@ -8,6 +8,14 @@ world or on the fork the session was given, and answers. Async tools (``launch_s
 tasks of the trainer, so ``await asyncio.gather(launch_subagent(a), launch_subagent(b))`` runs both
 children concurrently while the worker waits.
 
+Two modes. The default runs every worker's cell segments concurrently with the trainer's event loop
+(agents on different worlds run their cells in parallel; agents on one world take turns, in an order the
+OS scheduler sets). ``ordered=True`` (``TextCraftEnv(executor="worker-ordered")``) serves each segment
+**inline**: from the moment the trainer lets a cell run until it ends or waits for launches in flight,
+the trainer blocks on that worker's pipe and answers its tool calls in place, as an in-process
+interpreter runs a cell on the event loop. No other agent's work can slip in by OS timing, so sibling
+agents act on a shared world in the event loop's order and a run repeats exactly (the resume tests).
+
 The trainer's guarantees, whatever the cell does (it is untrusted):
 
 * a cell ends within ``wall_time_s + grace_s`` of its own running time: time while the trainer works for
@@ -30,11 +38,13 @@ import asyncio
 import collections
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -285,6 +295,10 @@ class _Run:
         self.done = False
         self.turn: asyncio.Lock = asyncio.Lock()
         self.holding = False
+        self.final: CellResult | dict[str, Any] | None = None
+        """Ordered mode: how the cell ended (the worker's ``done`` message, or the trainer's verdict)."""
+        self.watching = False
+        """Ordered mode: the loop watches the pipe (the cell waits for launches in flight)."""
 
     def put(self, kind: str, value: Any = None) -> None:
         """An event for :meth:`get` (called from the pipe reader and from finished tool calls)."""
@@ -335,6 +349,7 @@ class CodeActWorker:
         async_tools: Mapping[str, Callable[..., Awaitable[Any]]] | None = None,
         limits: WorkerLimits | None = None,
         turn_key: Any = None,
+        ordered: bool = False,
     ):
         if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
             raise RuntimeError(
@@ -346,6 +361,9 @@ class CodeActWorker:
         """Workers with the same key (the world they act on) run their cells' code one segment at a
         time, switching only where a cell waits (an ``await`` that blocks), as the paper's cells do on
         its single event loop; None: a private key."""
+        self.ordered = ordered
+        """Serve each cell segment inline, blocking the event loop (see the module docstring): siblings'
+        cells run in the event loop's order, so runs repeat; no two cells run at once in this trainer."""
         self.async_tools = dict(async_tools or {})
         for name in [*self.tools, *self.async_tools]:
             if not name.isidentifier() or name.startswith("_"):
@@ -393,6 +411,7 @@ class CodeActWorker:
         """Kill the worker (if it still runs) and close its pipes; with ``wait``, returns how it ended."""
         if self._ticket is None:
             return None
+        self._unregister()
         if self._finalizer is not None:
             self._finalizer.detach()
         status = _stop_worker(self._zygote, self._ticket, self._wfd, self._rfd, wait)
@@ -409,6 +428,18 @@ class CodeActWorker:
                     break
                 await asyncio.sleep(0.01)
         return self._stop()
+
+    def _unregister(self) -> None:
+        """Take the pipes out of the event loop's selector (before they are closed: a closed fd left
+        registered would shadow a later pipe that reuses its number)."""
+        run = self._run
+        if run is not None and self._rfd >= 0 and not run.loop.is_closed():
+            run.loop.remove_reader(self._rfd)
+            run.watching = False
+        if self._writer_on is not None:
+            if not self._writer_on.is_closed():
+                self._writer_on.remove_writer(self._wfd)
+            self._writer_on = None
 
     def close(self) -> None:
         """Stop the worker without waiting for it (idempotent). A later ``run`` starts a new one."""
@@ -521,7 +552,12 @@ class CodeActWorker:
         except Exception as e:
             reply = self._reply(cid, error=e)
         if not run.done and self._ticket is not None:
-            self._send(reply)
+            if self.ordered:  # the worker is idle: answer, then serve what the answer wakes, inline
+                run.inflight.discard(asyncio.current_task())  # type: ignore[arg-type]
+                self._send(reply)
+                self._segment(run)
+            else:
+                self._send(reply)
 
     # --- cells ----------------------------------------------------------------------------------------
     async def run(self, code: str) -> CellResult:
@@ -534,10 +570,14 @@ class CodeActWorker:
             self._start()
         loop = asyncio.get_running_loop()
         run = self._run = _Run(loop)
-        run.turn = _turn_lock(self.turn_key if self.turn_key is not None else self, loop)
-        loop.add_reader(self._rfd, self._on_readable)
+        if self.ordered:
+            serve = self._serve_ordered(run, code)
+        else:
+            run.turn = _turn_lock(self.turn_key if self.turn_key is not None else self, loop)
+            loop.add_reader(self._rfd, self._on_readable)
+            serve = self._serve(run, code)
         try:
-            return await self._serve(run, code)
+            return await serve
         except BaseException:
             self._stop()
             raise
@@ -584,27 +624,16 @@ class CodeActWorker:
             timeout = None if run.inflight else budget - run.used - (run.loop.time() - run.t0)
             if timeout is not None and timeout <= 0:
                 self._stop()
-                return CellResult(
-                    "",
-                    f"TimeoutError: the cell did not finish within its {lim.wall_time_s:g} s time limit and "
-                    f"was stopped. {LOST}",
-                    timed_out=True,
-                    restarted=True,
-                )
+                return self._timed_out()
             event = await run.get(timeout)
             if event is None:
                 continue
             kind, msg = event
             if kind == "eof":
-                how = _describe(await self._stop_after_exit())
-                return CellResult(
-                    "", f"WorkerError: the Python process running this cell {how}. {LOST}", restarted=True
-                )
+                return self._died(await self._stop_after_exit())
             if kind == "bad":
                 self._stop()
-                return CellResult(
-                    "", f"WorkerError: the Python process sent {msg} and was stopped. {LOST}", restarted=True
-                )
+                return self._bad(msg)
             if kind == "wake":
                 continue
             typ = msg.get("type")
@@ -639,6 +668,191 @@ class CodeActWorker:
                     run.done = True
                     await asyncio.gather(*run.inflight, return_exceptions=True)
                 return self._result(msg)
+
+    # --- ordered mode: cell segments served inline ----------------------------------------------------
+    async def _serve_ordered(self, run: _Run, code: str) -> CellResult:
+        """Ordered mode: every exchange with the worker happens inline (the event loop waits), so where the
+        cell's segments fall among other agents' work depends only on the event loop's order."""
+        lim = self.limits
+        # read inline too: awaiting it would let a sibling whose worker is ready first go first
+        if not self._ready:
+            event = self._read_inline(lim.start_timeout_s)
+            kind, msg = event if event is not None else ("bad", "no ready message")
+            if kind != "msg" or msg.get("type") != "ready":
+                how = _describe(self._stop())
+                return CellResult("", f"WorkerError: the Python worker could not start (it {how}).")
+            self._ready = True
+            self.isolation = str(msg.get("isolation"))
+        self.cells += 1
+        self._send(
+            {
+                "type": "run",
+                "code": code,
+                "cell": self.cells,
+                "wall_time_s": lim.wall_time_s,
+                "cpu_time_s": lim.cpu_time_s,
+                "max_output_chars": lim.max_output_chars,
+            }
+        )
+        self._segment(run)
+        while run.final is None:  # the cell waits for launches: they run as tasks; each answer resumes it
+            await run.get(None)
+        if isinstance(run.final, CellResult):
+            return run.final
+        if run.inflight:  # launched children cannot be un-launched: let them end
+            await asyncio.gather(*run.inflight, return_exceptions=True)
+        return self._result(run.final)
+
+    def _segment(self, run: _Run) -> None:
+        """Serve the worker inline until its cell ends (``run.final``) or waits with launches in flight
+        (then the loop watches the pipe, for a cell woken by its own timer). The cell's own time here is
+        bounded by ``wall_time_s + grace_s`` (tool calls excluded), past which the worker is killed."""
+        if run.final is not None or self._ticket is None or self._run is not run:
+            return
+        try:
+            self._serve_inline(run)
+        except Exception as e:  # noqa: BLE001 -- a trainer-side failure must not leave the cell hanging
+            self._stop()
+            self._finish(run, CellResult("", f"WorkerError: {type(e).__name__}: {e}. {LOST}", restarted=True))
+
+    def _serve_inline(self, run: _Run) -> None:
+        if run.watching:
+            run.loop.remove_reader(self._rfd)
+            run.watching = False
+        lim = self.limits
+        budget = lim.wall_time_s + lim.grace_s
+        while True:
+            left = budget - run.used
+            if left <= 0:
+                self._stop()
+                return self._finish(run, self._timed_out())
+            t0 = time.monotonic()
+            event = self._read_inline(left)  # the tool calls below are not timed: the trainer's time
+            run.used += time.monotonic() - t0
+            if event is None:
+                continue
+            kind, msg = event
+            if kind == "eof":
+                return self._finish(run, self._died(self._stop_after_exit_inline()))
+            if kind == "bad":
+                self._stop()
+                return self._finish(run, self._bad(msg))
+            typ = msg.get("type")
+            if typ == "idle":  # the cell's loop waits: for launches in flight, or for its own timer
+                if run.inflight:
+                    run.loop.add_reader(self._rfd, self._on_idle_readable, run)
+                    run.watching = True
+                    return None
+            elif typ == "resume":
+                self._send({"type": "go"})
+            elif typ == "call":
+                if msg.get("name") in self.async_tools:
+                    task = asyncio.ensure_future(self._async_call(msg, run))
+                    run.inflight.add(task)
+                    task.add_done_callback(lambda t, run=run: self._call_finished(t, run))
+                else:
+                    self._send(self._sync_call(msg))
+            elif typ == "done":
+                if msg.get("cell") != self.cells:
+                    continue  # a stale or forged answer for an earlier cell
+                return self._finish(run, msg)
+
+    def _on_idle_readable(self, run: _Run) -> None:
+        """The pipe of a waiting cell is readable: its own timer woke it (or it died). A launch answer's
+        task may have served it already in this loop iteration: then there is nothing to read."""
+        if self._run is not run or run.final is not None or self._rfd < 0:
+            return
+        if b"\n" not in self._rbuf:
+            poller = select.poll()
+            poller.register(self._rfd, select.POLLIN)
+            if not poller.poll(0):
+                return
+        self._segment(run)
+
+    def _finish(self, run: _Run, outcome: CellResult | dict[str, Any]) -> None:
+        run.final = outcome
+        run.done = True  # launches still in flight: their answers are not sent
+        if run.watching and self._rfd >= 0:
+            run.loop.remove_reader(self._rfd)
+        run.watching = False
+        run.put("wake")
+
+    def _read_inline(self, timeout: float) -> tuple[str, Any] | None:
+        """The worker's next message, waiting at most ``timeout`` seconds with the event loop blocked:
+        ``("msg", dict)``, ``("eof", None)``, ``("bad", why)``, or None when the time ran out. Pending
+        writes to the worker are flushed meanwhile (a large answer may not fit the pipe at once)."""
+        deadline = time.monotonic() + timeout
+        poller = select.poll()  # not select(): the trainer may hold fds past FD_SETSIZE
+        while True:
+            i = self._rbuf.find(b"\n")
+            if i >= 0:
+                line, self._rbuf = self._rbuf[:i], self._rbuf[i + 1 :]
+                try:
+                    msg = json.loads(line)
+                except (ValueError, RecursionError):
+                    msg = None
+                if not isinstance(msg, dict):
+                    return ("bad", "a malformed message")
+                return ("msg", msg)
+            if len(self._rbuf) > self.limits.max_message_bytes:
+                return ("bad", "a message larger than max_message_bytes")
+            try:
+                chunk = os.read(self._rfd, 1 << 16)
+            except BlockingIOError:
+                chunk = None
+            except OSError:
+                chunk = b""
+            if chunk is not None:
+                if not chunk:
+                    return ("eof", None)
+                self._rbuf += chunk
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            poller.register(self._rfd, select.POLLIN)
+            if self._wbuf:
+                poller.register(self._wfd, select.POLLOUT)
+            ready = poller.poll(max(1, int(left * 1000 + 0.999)))
+            if self._wbuf and any(fd == self._wfd for fd, _ in ready):
+                self._flush()
+            for fd in {self._rfd, self._wfd}:
+                try:
+                    poller.unregister(fd)
+                except KeyError:
+                    pass
+
+    def _stop_after_exit_inline(self) -> int | None:
+        """:meth:`_stop_after_exit` without yielding to the event loop."""
+        if self._ticket is not None and self._zygote is not None:
+            for _ in range(50):
+                if self._zygote.poll(self._ticket) is not None:
+                    break
+                time.sleep(0.01)
+        return self._stop()
+
+    # --- outcomes of a cell the trainer ended -----------------------------------------------------------
+    def _timed_out(self) -> CellResult:
+        return CellResult(
+            "",
+            f"TimeoutError: the cell did not finish within its {self.limits.wall_time_s:g} s time limit and "
+            f"was stopped. {LOST}",
+            timed_out=True,
+            restarted=True,
+        )
+
+    @staticmethod
+    def _died(status: int | None) -> CellResult:
+        how = _describe(status)
+        return CellResult(
+            "", f"WorkerError: the Python process running this cell {how}. {LOST}", restarted=True
+        )
+
+    @staticmethod
+    def _bad(what: str) -> CellResult:
+        return CellResult(
+            "", f"WorkerError: the Python process sent {what} and was stopped. {LOST}", restarted=True
+        )
 
     def _call_finished(self, task: asyncio.Future[Any], run: _Run) -> None:
         run.inflight.discard(task)

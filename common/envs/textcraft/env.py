@@ -64,6 +64,10 @@ from .prompts import TextCraftPrompts, load_prompts
 from .tasks import DEFAULT_MAX_STEPS, book_for_task, goal_text, parse_goal_targets
 from .world import TextCraftWorld
 
+EXECUTORS = ("worker", "worker-ordered", "inprocess")
+"""``TextCraftEnv(executor=...)`` / ``--codeact-executor``: an isolated worker process per agent; the same
+with siblings' cells in one fixed order (repeatable runs); the in-process interpreter."""
+
 
 @dataclass
 class LaunchRecord:
@@ -132,14 +136,18 @@ class TextCraftSession(AgentSession):
         self.tool_calls: Counter[str] = Counter()
         self._created_launches: list[Coroutine[Any, Any, str]] = []
         self._hook_error: str | None = None
-        if executor == "worker":
+        if executor in ("worker", "worker-ordered"):
             self.executor: CodeActWorker | Sandbox = CodeActWorker(
-                self._sync_tools(), {"launch_subagent": self._launch}, worker_limits, turn_key=world
+                self._sync_tools(),
+                {"launch_subagent": self._launch},
+                worker_limits,
+                turn_key=world,
+                ordered=executor == "worker-ordered",
             )
         elif executor == "inprocess":
             self.executor = Sandbox(tools=self._inprocess_tools(), limits=sandbox_limits)
         else:
-            raise ValueError(f"executor must be 'worker' or 'inprocess', got {executor!r}")
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
 
     # --- tools (run here, in the trainer, on the shared world) ------------------------------------------
     def _sync_tools(self) -> dict[str, Any]:
@@ -390,11 +398,13 @@ class TextCraftEnv(Environment):
     ):
         """``max_steps``: every agent's step budget (None: the record's ``max_steps``); ``task_dir``: base
         for relative ``misc.recipes_path`` (records from :func:`load_tasks` are already absolute);
-        ``executor``: ``"worker"`` (default: an isolated process per agent) or ``"inprocess"`` (the
-        restricted in-process interpreter, ``sandbox_limits``; faster, no isolation, restricted Python);
+        ``executor``: ``"worker"`` (default: an isolated process per agent), ``"worker-ordered"`` (the
+        same workers, each cell segment served inline on the event loop: parallel siblings act on the
+        shared world in one fixed order, so a run repeats exactly) or ``"inprocess"`` (the restricted
+        in-process interpreter, ``sandbox_limits``; faster, no isolation, restricted Python);
         ``prompts_dir``: templates that replace the packaged ones (``--prompts DIR``)."""
-        if executor not in ("worker", "inprocess"):
-            raise ValueError(f"executor must be 'worker' or 'inprocess', got {executor!r}")
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
         self.max_steps = max_steps
         self.sandbox_limits = sandbox_limits
         self.task_dir = task_dir

@@ -49,6 +49,10 @@ class Level2Config:
     export_hf: bool = True
     """At the end write the trained model as a Hugging Face directory OUT/model (weights in --dtype, config,
     tokenizer), loadable by `sera eval --model OUT/model` and by vLLM / SGLang."""
+    collective_timeout_s: float = 600.0
+    """Seconds a collective (FSDP's all-gather / reduce-scatter, the weight broadcast) may wait for its peers
+    before it fails. A rank stuck past it (a hung NCCL call, a lost node) fails its call, and the driver
+    restarts the actors from the last checkpoint as for a dead actor."""
     trainer_gpus: float = -1.0
     """GPUs per trainer actor (-1 = 1 when the Ray cluster has GPUs, else 0; 0.5 shares a GPU)."""
     server_gpus: float = -1.0

@@ -115,6 +115,10 @@ class HFServer:
         """The served weights on CPU (tests compare them with the trainer's, bit for bit)."""
         return {k: v.detach().cpu().clone() for k, v in self.engine.model.state_dict().items()}
 
+    def shutdown(self) -> bool:
+        """End what this server started outside its own process (nothing for in-process engines)."""
+        return True
+
     def join_sync_group(self, host: str, port: int, rank: int, size: int) -> bool:
         from level2_distributed.sync import make_sync_group
 
@@ -156,6 +160,7 @@ class SGLangServer:
             [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--dtype", dtype,
              "--host", "0.0.0.0", "--port", str(self.port), "--max-running-requests", str(max_batch_size),
              "--random-seed", str(seed)],
+            start_new_session=True,  # its own process group: shutdown() ends the server and its workers
         )  # fmt: skip
         deadline = time.time() + 900
         while time.time() < deadline:
@@ -233,9 +238,21 @@ class SGLangServer:
         self.version = version
         return time.perf_counter() - t0
 
+    def shutdown(self) -> bool:
+        """End the SGLang process (and its children); ``ray.kill`` alone would leave them running."""
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            import signal
+
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=20)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, signal.SIGKILL)
+        return True
+
     def __del__(self) -> None:
-        if getattr(self, "proc", None) is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        self.shutdown()
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -27,12 +27,15 @@ import torch.distributed as dist
 TIMEOUT = timedelta(minutes=10)
 
 
-def make_sync_group(host: str, port: int, rank: int, size: int, device: torch.device):
+def make_sync_group(host: str, port: int, rank: int, size: int, device: torch.device, timeout_s: float = 0):
     """A standalone process group (its own TCP store; it does not touch the default group)."""
-    store = dist.TCPStore(host, port, size, rank == 0, timeout=TIMEOUT)
+    timeout = timedelta(seconds=timeout_s) if timeout_s else TIMEOUT
+    store = dist.TCPStore(host, port, size, rank == 0, timeout=timeout)
     if device.type == "cuda":
-        return dist.ProcessGroupNCCL(store, rank, size)
-    return dist.ProcessGroupGloo(store, rank, size, TIMEOUT)
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, opts)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
 def broadcast_tensor(group, tensor: torch.Tensor) -> None:

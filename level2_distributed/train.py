@@ -52,11 +52,10 @@ from common.train_config import TrainConfig
 from level1_batched.packing import pack_microbatches
 from level1_batched.rollouts import collect_groups_in_flight
 from level2_distributed.config import Level2Config
+from level2_distributed.placement import Placement, actor_env, recoverable
 from level2_distributed.sync import get_all
 
 ROOT = Path(__file__).resolve().parents[1]
-PASS_ENV = ("SERA_L2_FAULT", "SERA_L2_THREADS", "HF_HOME", "SERA_CACHE")
-"""Environment variables the actors inherit from the driver (fault injection, threads, model caches)."""
 MAX_RESTARTS = 3
 
 
@@ -125,6 +124,7 @@ class System:
         self.cfg, self.l2, self.tokenizer = cfg, l2, tokenizer
         self.trainers: list[Any] = []
         self.servers: list[Any] = []
+        self.placement: Placement | None = None
         self.restarts = 0
 
     def start(self) -> None:
@@ -135,12 +135,15 @@ class System:
         from level2_distributed.trainer import TrainerRank
 
         self.stop()
-        env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+        env = actor_env()
         opts = {"num_cpus": 0, "runtime_env": {"env_vars": env}, "max_concurrency": 1}
-        trainer_cls = ray.remote(TrainerRank).options(num_gpus=actor_gpus(self.l2.trainer_gpus), **opts)
+        t_gpus, s_gpus = actor_gpus(self.l2.trainer_gpus), actor_gpus(self.l2.server_gpus)
+        if t_gpus >= 1 and (s_gpus >= 1 or self.l2.servers == 0):  # whole GPUs: placement groups
+            self.placement = Placement(self.l2.trainers, self.l2.servers)
+        trainer_cls = ray.remote(TrainerRank)
         world = self.l2.trainers
         self.trainers = [
-            trainer_cls.remote(
+            trainer_cls.options(num_gpus=t_gpus, **opts, **self._where("trainer", r)).remote(
                 r,
                 world,
                 self.cfg,
@@ -149,25 +152,27 @@ class System:
                 fast_trainer=self.l2.trainer_fast,
                 checkpoint_fraction=self.l2.trainer_checkpoint_fraction,
                 compile_layers=self.l2.trainer_compile_layers,
+                collective_timeout_s=self.l2.collective_timeout_s,
             )  # fmt: skip
             for r in range(world)
         ]
         host, port = ray.get([self.trainers[0].node_ip.remote(), self.trainers[0].free_port.remote()])
-        server_cls = ray.remote(SGLangServer if self.l2.server_engine == "sglang" else HFServer).options(
-            num_gpus=actor_gpus(self.l2.server_gpus),
-            num_cpus=0,
-            runtime_env={"env_vars": env},
-            max_concurrency=1000,
-        )
+        server_cls = ray.remote(SGLangServer if self.l2.server_engine == "sglang" else HFServer)
         self.servers = [
-            server_cls.remote(
+            server_cls.options(
+                num_gpus=s_gpus,
+                num_cpus=0,
+                runtime_env={"env_vars": env},
+                max_concurrency=1000,
+                **self._where("server", i),
+            ).remote(
                 self.cfg.model,
                 self.cfg.optim.dtype,
                 self.cfg.seed,
                 self.l2.server_batch_size,
                 self.l2.server_engine,
-            )
-            for _ in range(self.l2.servers)
+            )  # fmt: skip
+            for i in range(self.l2.servers)
         ]
         ray.get([t.setup.remote(f"{host}:{port}") for t in self.trainers])
         info = ray.get(self.servers[0].info.remote())
@@ -177,12 +182,26 @@ class System:
 
         self.router = Router(self.servers, self.tokenizer, info["max_context_tokens"])
 
+    def _where(self, role: str, index: int) -> dict[str, Any]:
+        """The actor's scheduling strategy (its placement-group bundle), or nothing without placement groups."""
+        if self.placement is None:
+            return {}
+        return self.placement.trainer(index) if role == "trainer" else self.placement.server(index)
+
     def stop(self) -> None:
         import ray
 
+        for a in self.servers:  # servers first: an engine process of theirs ends with them (shutdown)
+            try:
+                ray.get(a.shutdown.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - a dead or hung server: ray.kill below
+                pass
         for a in self.trainers + self.servers:
             ray.kill(a, no_restart=True)
         self.trainers, self.servers = [], []
+        if self.placement is not None:
+            self.placement.remove()
+            self.placement = None
 
     def sync(self, version: int, out: Path) -> dict[str, float]:
         from level2_distributed.sync import sync_weights
@@ -309,8 +328,10 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
                 else dict(NO_UPDATE)
             )
             t_train = time.perf_counter() - t1
-        except ray.exceptions.RayActorError as exc:  # a trainer rank or a server died: restart, reload, redo
-            if system.restarts >= MAX_RESTARTS:
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+            # a trainer rank or a server died, or a collective failed / timed out (NCCL, gloo): restart,
+            # reload, redo; any other task error is a bug and propagates
+            if system.restarts >= MAX_RESTARTS or not recoverable(exc):
                 raise
             system.restarts += 1
             bar.log(

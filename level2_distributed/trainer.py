@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,10 @@ from level1_batched.packing import accumulate_gradients_packed
 from level2_distributed.checkpoint import DCPCheckpointer
 
 FAULT_ENV = "SERA_L2_FAULT"
-"""Fault injection for the recovery test: ``RANK:ROUND:MARKER_FILE`` makes trainer ``RANK`` exit in the
+"""Fault injection for the recovery tests: ``RANK:ROUND:MARKER_FILE`` makes trainer ``RANK`` exit in the
 middle of round ``ROUND``'s step (after its backward, before the optimizer) once (the marker file records
-that it fired). Not a user option."""
+that it fired); ``RANK:ROUND:MARKER_FILE:hang`` makes it hang there instead (the other ranks' next
+collective times out: the NCCL-timeout case, with gloo on CPU). Not a user option."""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -258,6 +260,7 @@ class TrainerRank:
         fast_trainer: bool = False,
         checkpoint_fraction: float = 1.0,
         compile_layers: bool = False,
+        collective_timeout_s: float = 600.0,
     ) -> None:
         self.rank, self.world, self.cfg = rank, world, cfg
         self.activation_checkpointing, self.microbatch_tokens = activation_checkpointing, microbatch_tokens
@@ -267,6 +270,7 @@ class TrainerRank:
             "compile_layers": compile_layers,
         }
         self.sync_group = None
+        self.timeout_s = float(collective_timeout_s)
         self.replicated: list = []
         self.load_report: dict[str, float] = {}
 
@@ -291,8 +295,9 @@ class TrainerRank:
         else:
             torch.set_num_threads(max(1, int(os.environ.get("SERA_L2_THREADS", "1"))))
         dist.init_process_group(
-            "nccl" if cuda else "gloo", init_method=f"tcp://{master}", rank=self.rank, world_size=self.world
-        )
+            "nccl" if cuda else "gloo", init_method=f"tcp://{master}", rank=self.rank, world_size=self.world,
+            timeout=timedelta(seconds=self.timeout_s),
+        )  # fmt: skip
         model, self.replicated, self.load_report = build_sharded_model(
             self.cfg.model, self.cfg.seed, self.device, self.cfg.optim.dtype, self.world,
             checkpointing=self.activation_checkpointing, **self.fast,
@@ -363,8 +368,12 @@ class TrainerRank:
         if not spec:
             return
         rank, at, marker = spec.split(":", 2)
+        hang = marker.endswith(":hang")
+        marker = marker.removesuffix(":hang")
         if int(rank) == self.rank and int(at) == round and not Path(marker).exists():
             Path(marker).write_text("fired")
+            if hang:  # skip the next collective: the peers wait in it until their timeout
+                time.sleep(10 * self.timeout_s)
             os._exit(1)  # a crash in the middle of the step: gradients computed, no update applied
 
     # ------------------------------------------------------------------ weights out
@@ -386,7 +395,7 @@ class TrainerRank:
         from level2_distributed.sync import make_sync_group
 
         if self.rank == 0:
-            self.sync_group = make_sync_group(host, port, 0, size, self.device)
+            self.sync_group = make_sync_group(host, port, 0, size, self.device, self.timeout_s)
         return True
 
     def broadcast_weights(self, dtype: str) -> float:

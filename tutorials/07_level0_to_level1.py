@@ -20,6 +20,7 @@
 # %%
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -32,6 +33,9 @@ from level1_batched.train import accumulate_gradients_packed, balanced_shards, p
 torch.set_num_threads(1)  # a small model on a busy 2-core machine: one thread is faster
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "rl_fixture.json"
 fx = json.loads(FIXTURE.read_text())
+if os.environ.get("SERA_TUTORIAL_QUICK"):  # the test suite's short run (tests/test_tutorials.py): one stage,
+    # the smallest (3 datums); tests/test_level1.py checks every stage against the same golden numbers
+    fx["stages"] = {"delegation": fx["stages"]["delegation"]}
 print("fixture model", fx["model"], "| stages", {s: len(v["datums"]) for s, v in fx["stages"].items()})
 
 

@@ -23,6 +23,7 @@
 
 # %%
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -164,9 +165,12 @@ from common.train_config import TrainConfig  # noqa: E402
 from level0_single_process.train import train  # noqa: E402
 
 runs = {}
+# SERA_TUTORIAL_QUICK: the test suite's short run (tests/test_tutorials.py); RAO's one step shows its point
+quick = bool(os.environ.get("SERA_TUTORIAL_QUICK"))
 for method, schedule in (("sera", "execution:1,rubric:1"), ("rao", "execution:1")):
     rl_cfg = TrainConfig.make(
-        model=str(out / "model"), method=method, schedule=schedule, steps=2, out=str(out.parent / method),
+        model=str(out / "model"), method=method, schedule=schedule, steps=1 if quick and method == "rao" else 2,
+        out=str(out.parent / method),
         env="textcraft", tasks_per_step=2, rollouts_per_task=2, max_steps=3, max_new_tokens=16,
         rubric_max_new_tokens=16, oracle_mix=0.7, score_noise=0.3, difficulty="medium", n_tasks=16,
         max_task_replacements=3, max_idle_rounds=4, lr=1e-3, codeact_executor="inprocess",

@@ -57,10 +57,16 @@ class Level2Config:
     """GPUs per trainer actor (-1 = 1 when the Ray cluster has GPUs, else 0; 0.5 shares a GPU)."""
     server_gpus: float = -1.0
     """GPUs per server actor (-1 = 1 when the Ray cluster has GPUs, else 0; 0.5 shares a GPU)."""
+    colocate: bool = False
+    """Each GPU holds a trainer rank AND an inference engine in one actor (level2_distributed/colocate.py):
+    the engine sleeps during the update and wakes for rollouts; weights move on the device, in the process
+    (no NCCL group with two ranks on one GPU). --servers is then --trainers. The one-GPU path
+    (--single-node 1 sets it); an option on clusters."""
     ray_address: str = ""
     """Ray cluster to join (`auto` = the one `ray start` made on this node; empty = start a local one)."""
     single_node: int = 0
-    """Preset for one node with N GPUs: N/2 servers + N/2 trainer ranks (N = 1: both share the GPU)."""
+    """Preset for one node with N GPUs: N/2 servers + N/2 trainer ranks; N = 1 (or with --colocate): every
+    GPU holds a trainer rank and its engine (colocated mode)."""
     paper_cluster: bool = False
     """Preset for the paper's system: 2 nodes x 8 H200 = 8 SGLang servers + 8 FSDP ranks (join with
     --ray-address auto on the head node)."""
@@ -89,8 +95,14 @@ class Level2Config:
                 self, trainers=8, servers=8, server_engine="sglang", trainer_gpus=1.0, server_gpus=1.0,
                 paper_cluster=False, ray_address=self.ray_address or "auto",
             )  # fmt: skip
-        if self.single_node == 1:
-            return replace(self, trainers=1, servers=1, trainer_gpus=0.5, server_gpus=0.5, single_node=0)
+        if self.colocate and not self.single_node:
+            return replace(self, servers=self.trainers, server_gpus=0.0)
+        if self.single_node == 1 or (
+            self.single_node > 1 and self.colocate
+        ):  # every GPU: a rank + its engine
+            n = self.single_node
+            return replace(self, trainers=n, servers=n, trainer_gpus=1.0, server_gpus=0.0, single_node=0,
+                           colocate=True)  # fmt: skip
         if self.single_node > 1:
             half = self.single_node // 2
             return replace(self, trainers=half, servers=self.single_node - half, single_node=0,

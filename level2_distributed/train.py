@@ -138,9 +138,15 @@ class System:
         env = actor_env()
         opts = {"num_cpus": 0, "runtime_env": {"env_vars": env}, "max_concurrency": 1}
         t_gpus, s_gpus = actor_gpus(self.l2.trainer_gpus), actor_gpus(self.l2.server_gpus)
-        if t_gpus >= 1 and (s_gpus >= 1 or self.l2.servers == 0):  # whole GPUs: placement groups
-            self.placement = Placement(self.l2.trainers, self.l2.servers)
-        trainer_cls = ray.remote(TrainerRank)
+        colocate = self.l2.colocate
+        if t_gpus >= 1 and (s_gpus >= 1 or colocate):  # whole GPUs: placement groups
+            self.placement = Placement(self.l2.trainers, self.l2.servers, colocate=colocate)
+        if colocate:  # an async actor (its engine serves concurrent calls), one per GPU
+            from level2_distributed.colocate import ColocatedRank
+
+            trainer_cls, opts = ray.remote(ColocatedRank), {**opts, "max_concurrency": 1000}
+        else:
+            trainer_cls = ray.remote(TrainerRank)
         world = self.l2.trainers
         self.trainers = [
             trainer_cls.options(num_gpus=t_gpus, **opts, **self._where("trainer", r)).remote(
@@ -157,6 +163,16 @@ class System:
             for r in range(world)
         ]
         host, port = ray.get([self.trainers[0].node_ip.remote(), self.trainers[0].free_port.remote()])
+        if colocate:
+            ray.get([t.setup.remote(f"{host}:{port}") for t in self.trainers])
+            engine = "vllm" if self.l2.server_engine == "vllm" else "hf"
+            infos = ray.get([t.setup_engine.remote(engine, self.cfg.optim.dtype, self.l2.server_batch_size)
+                             for t in self.trainers])  # fmt: skip
+            self.servers = list(self.trainers)
+            from level2_distributed.servers import Router
+
+            self.router = Router(self.servers, self.tokenizer, infos[0]["max_context_tokens"])
+            return
         server_cls = ray.remote(SGLangServer if self.l2.server_engine == "sglang" else HFServer)
         self.servers = [
             server_cls.options(
@@ -191,12 +207,13 @@ class System:
     def stop(self) -> None:
         import ray
 
-        for a in self.servers:  # servers first: an engine process of theirs ends with them (shutdown)
+        colocated = self.servers == self.trainers
+        for a in [] if colocated else self.servers:  # servers first: an engine process of theirs ends too
             try:
                 ray.get(a.shutdown.remote(), timeout=30)
             except Exception:  # noqa: BLE001 - a dead or hung server: ray.kill below
                 pass
-        for a in self.trainers + self.servers:
+        for a in self.trainers + ([] if colocated else self.servers):
             ray.kill(a, no_restart=True)
         self.trainers, self.servers = [], []
         if self.placement is not None:
@@ -206,6 +223,10 @@ class System:
     def sync(self, version: int, out: Path) -> dict[str, float]:
         from level2_distributed.sync import sync_weights
 
+        if self.l2.colocate:  # in-process, on the device: every rank loads its own engine
+            t0 = time.perf_counter()
+            get_all([t.sync_engine.remote(version) for t in self.trainers])
+            return {"time/sync_s": time.perf_counter() - t0, "sync/version": float(version)}
         return sync_weights(
             self.trainers,
             self.servers,
@@ -218,6 +239,8 @@ class System:
     def train(self, datums: list[Any], weights: list[float], n_tokens: float, rnd: int) -> dict[str, float]:
         """One optimizer step over all ranks; loss shares summed, the (global) grad norm from rank 0."""
 
+        if self.l2.colocate:
+            get_all([t.sleep.remote() for t in self.trainers])  # the engines give the GPU to the update
         lengths = [len(d.prompt_ids) + len(d.output_ids) for d in datums]
         dealt = deal_microbatches(lengths, self.l2.trainer_microbatch_tokens, len(self.trainers))
         refs = [
@@ -227,6 +250,8 @@ class System:
             for t, mbs in zip(self.trainers, dealt, strict=True)
         ]
         parts = get_all(refs)
+        if self.l2.colocate:
+            get_all([t.wake.remote() for t in self.trainers])  # the engines serve the next rollouts
         summed = {k: sum(p[k] for p in parts) for k in ("loss/cispo", "loss/clip_frac", "train/microbatches",
                                                          "train/packed_tokens")}  # fmt: skip
         return {

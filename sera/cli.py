@@ -190,7 +190,7 @@ def arrange_panels(cmd, panels: dict[str, tuple[str, ...]], fallback) -> None:
     """Put every option of ``cmd`` (a :func:`~common.config.dataclass_command`) under a help panel and order
     them panel by panel, each panel's names in the order given. ``fallback(name)`` names the panel of an
     option no panel lists (so a field added to a config later still lands somewhere sensible)."""
-    rank = {name: (i, j) for i, names in enumerate(panels.values()) for j, name in enumerate(names)}
+    key = {name: (i, j) for i, names in enumerate(panels.values()) for j, name in enumerate(names)}
     panel_of = {name: panel for panel, names in panels.items() for name in names}
     order = list(panels)
     params = list(cmd.__signature__.parameters.values())
@@ -198,11 +198,11 @@ def arrange_panels(cmd, panels: dict[str, tuple[str, ...]], fallback) -> None:
     for k, p in enumerate(options):
         panel = panel_of.get(p.name) or getattr(p.default, "rich_help_panel", None) or fallback(p.name)
         p.default.rich_help_panel = panel
-        if p.name not in rank:
+        if p.name not in key:
             if panel not in order:
                 order.append(panel)
-            rank[p.name] = (order.index(panel), 1000 + k)
-    options.sort(key=lambda p: rank[p.name])
+            key[p.name] = (order.index(panel), 1000 + k)
+    options.sort(key=lambda p: key[p.name])
     cmd.__signature__ = cmd.__signature__.replace(parameters=head + options)
 
 
@@ -357,7 +357,7 @@ def _rollout(cfg, given: Given) -> None:
     from common.run.rollout import make_env_with_prompts, pick_task
 
     log = check_out_file(Path(cfg.log))
-    check_extras(env=cfg.env, generated=cfg.task is None, policy=cfg.policy)
+    check_extras(env=cfg.env, generated=cfg.task is None, policy=cfg.policy, what="--task")
     row = pick_task(cfg.env, cfg.task, cfg.seed)
     rcfg = cfg.runtime()
     stats = LiveStats()

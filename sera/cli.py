@@ -688,8 +688,8 @@ def _train(
     # optional packages, before anything loads
     if level == 2:
         require("ray", "--level 2 (Ray)")
-        if l2.server_engine in ("sglang", "vllm"):
-            require(l2.server_engine, f"--server-engine {l2.server_engine}")
+        if l2.server_engine in ("sglang", "vllm") and not getattr(l2, "server_python", ""):
+            require(l2.server_engine, f"--server-engine {l2.server_engine}")  # in this interpreter
     check_extras(env=cfg.env, generated=not cfg.tasks, engine=l1.engine if level == 1 else "")
     if cfg.tensorboard:
         require("tensorboard", "--tensorboard")

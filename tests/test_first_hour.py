@@ -199,7 +199,7 @@ OPTIONAL_CASES = [
 ]
 
 OPTIONAL_IMPORT = re.compile(
-    r"^\s*(?:import|from)\s+(ray|textworld|vllm|sglang|torch\.utils\.tensorboard)\b|sglang\.launch_server",
+    r"^\s*(?:import|from)\s+(ray|textworld|vllm|sglang|torch\.utils\.tensorboard)\b|[\"']sglang\.launch_server[\"']",
     re.M,
 )
 IMPORT_SITES = {

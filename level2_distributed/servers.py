@@ -22,7 +22,6 @@ exception in the driver, which restarts the system from the last checkpoint.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -220,7 +219,10 @@ class _ProcessServer:
         return True
 
     def __del__(self) -> None:
-        self.shutdown(force=True)
+        try:
+            self.shutdown(force=True)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to do
+            pass
 
 
 class EngineProcessServer(_ProcessServer):
@@ -281,116 +283,121 @@ class EngineProcessServer(_ProcessServer):
         return time.perf_counter() - t0
 
 
-class SGLangServer:
-    """One SGLang server process on this actor's GPU, driven over its documented HTTP API (untested here:
-    SGLang pins torch 2.9.1; see the module docstring)."""
+SGLANG_GROUP = "sera_weight_sync"
+"""``group_name`` of the weight-update group (SGLang keys its groups by name; the trainer builds its side
+with the same name: ``sync.init_named_group``)."""
 
-    def __init__(
-        self, model: str, dtype: str, seed: int, max_batch_size: int, engine: str = "sglang"
-    ) -> None:
-        import ray
 
+class SGLangServer(_ProcessServer):
+    """One SGLang server process on this actor's GPU, driven over SGLang's HTTP API as its source defines it
+    (``sglang/srt/entrypoints/http_server.py`` + ``managers/io_struct.py``; README says which version was read):
+
+    * started with ``--server-python`` (an SGLang venv with its own torch; default: this interpreter) as
+      ``python -m sglang.launch_server``, with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (without it SGLang returns
+      log-probs of the temperature-scaled distribution; the trainer scores the raw one) and
+      ``--enable-deterministic-inference`` when ``deterministic`` (without it ``sampling_seed`` is ignored);
+    * ``/generate`` with ``input_ids``, ``return_logprob``; behaviour log-probs from
+      ``meta_info.output_token_logprobs`` (``[logprob, token_id, text]`` triples);
+    * the score path: ``/generate`` with ``max_new_tokens=0``, ``logprob_start_len=len(prompt)``: the
+      teacher-forced log-probs are the tail of ``meta_info.input_token_logprobs``;
+    * context: the smaller of the model's ``max_position_embeddings`` (``config.json``) and the KV pool the
+      server reports (``/get_server_info`` -> ``internal_states[0].max_total_num_tokens``);
+    * weights: ``/init_weights_update_group`` (``master_address``, ``master_port``, ``rank_offset``,
+      ``world_size``, ``group_name``, ``backend``) and ``/update_weights_from_distributed`` (``names``,
+      ``dtypes``, ``shapes``, ``group_name``, ``flush_cache``); fallback ``/update_weights_from_disk``.
+
+    Untested against a real SGLang here (SGLang pins torch 2.9.1); tests/test_sglang_contract.py runs it
+    against a fake server that follows that source."""
+
+    def __init__(self, model: str, dtype: str, seed: int, max_batch_size: int, engine: str = "sglang",
+                 server_python: str = "", gpu_memory_utilization: float = 0.85, deterministic: bool = True) -> None:  # fmt: skip
+        from common.policy.models import load_tokenizer, resolve_model_path
         from level2_distributed.sync import free_port
 
         self.port, self.seed, self.version = free_port(), seed, 0
-        self.host = ray.util.get_node_ip_address()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--dtype", dtype,
-             "--host", "0.0.0.0", "--port", str(self.port), "--max-running-requests", str(max_batch_size),
-             "--random-seed", str(seed)],
-            start_new_session=True,  # its own process group: shutdown() ends the server and its workers
-        )  # fmt: skip
-        deadline = time.time() + 900
-        while time.time() < deadline:
-            try:
-                self._get("/health")
-                break
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"sglang.launch_server exited with {self.proc.returncode}") from None
-                time.sleep(2)
-        else:
-            raise RuntimeError("sglang.launch_server did not become healthy in 15 minutes")
-        self.model_info = json.loads(self._get("/get_model_info"))
-
-    def _get(self, path: str) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
-            return r.read().decode()
-
-    def _post(self, path: str, body: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}",
-            json.dumps(body).encode(),
-            {"Content-Type": "application/json"},
+        self.path = resolve_model_path(model)
+        self.tok = load_tokenizer(model)
+        cmd = [server_python or sys.executable, "-m", "sglang.launch_server", "--model-path", self.path,
+               "--dtype", dtype, "--host", "127.0.0.1", "--port", str(self.port),
+               "--max-running-requests", str(max_batch_size), "--random-seed", str(seed),
+               "--mem-fraction-static", str(gpu_memory_utilization)]  # fmt: skip
+        if deterministic:
+            cmd.append("--enable-deterministic-inference")
+        self._launch(cmd, env={"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"})
+        server = json.loads(self._get("/get_server_info"))
+        states = server.get("internal_states") or [{}]
+        pool = int(states[0].get("max_total_num_tokens") or 0)
+        window = int(_config_value(self.path, "max_position_embeddings") or 0) or int(
+            server.get("context_length") or 0
         )
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read().decode())
+        self.max_context = min(x for x in (pool, window) if x > 0) if (pool or window) else 8192
 
     async def generate(self, request: GenerationRequest) -> tuple[Completion, int]:
-        from common.policy.engine import completion_text
-        from common.policy.models import load_tokenizer
+        from common.policy.engine import completion_text, prompt_for
 
-        tok = getattr(self, "tok", None) or load_tokenizer(self.model_info.get("model_path", ""))
-        self.tok = tok
-        from common.policy.context import build_prompt_ids
-
+        self._maybe_fail()
         sp = request.sampling
-        prompt_ids, truncated = build_prompt_ids(tok, request.messages, 10**9)
-        body = {
-            "input_ids": prompt_ids,
-            "sampling_params": {"max_new_tokens": sp.max_new_tokens, "temperature": sp.temperature,
-                                "top_p": sp.top_p, "stop": list(sp.stop), "sampling_seed": sp.seed},
-            "return_logprob": True,
-        }  # fmt: skip
+        prompt_ids, truncated = prompt_for(self.tok, request, self.max_context)
+        params = {"max_new_tokens": sp.max_new_tokens, "temperature": sp.temperature, "top_p": sp.top_p,
+                  "stop": list(sp.stop) or None, "ignore_eos": sp.ignore_eos, "no_stop_trim": True}  # fmt: skip
+        if sp.seed is not None:
+            params["sampling_seed"] = int(sp.seed)
         version = self.version
-        out = await asyncio.to_thread(self._post, "/generate", body)
-        pairs = out["meta_info"]["output_token_logprobs"]  # [(logprob, token_id, text?), ...]
+        out = await self._post(
+            "/generate", {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}
+        )
+        pairs = out["meta_info"]["output_token_logprobs"]  # [[logprob, token_id, text], ...]
         ids, lps = [int(p[1]) for p in pairs], [float(p[0]) for p in pairs]
-        text, _ = completion_text(tok, ids, tuple(sp.stop))
-        reason = out["meta_info"].get("finish_reason", {}) or {}
-        return Completion(text, prompt_ids, ids, lps, "length" if reason.get("type") == "length" else "stop",
-                          truncated), version  # fmt: skip
+        text, _ = completion_text(self.tok, ids, tuple(sp.stop))
+        reason = out["meta_info"].get("finish_reason") or {}
+        finish = "length" if reason.get("type") == "length" else "stop"
+        return Completion(text, prompt_ids, ids, lps, finish, truncated), version
+
+    async def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        if not output_ids:
+            return []
+        out = await self._post("/generate", {
+            "input_ids": list(prompt_ids) + list(output_ids), "return_logprob": True,
+            "logprob_start_len": len(prompt_ids), "sampling_params": {"max_new_tokens": 0, "temperature": 0}})  # fmt: skip
+        entries = out["meta_info"]["input_token_logprobs"]  # [[logprob | None, token_id, text], ...]
+        return [float(e[0]) for e in entries[-len(output_ids) :]]
 
     def info(self) -> dict[str, Any]:
-        return {
-            "max_context_tokens": int(self.model_info.get("max_total_num_tokens", 8192)),
-            "version": self.version,
-        }
+        return {"max_context_tokens": self.max_context, "version": self.version}
 
-    def load_from_disk(self, path: str, version: int) -> float:
+    async def load_from_disk(self, path: str, version: int) -> float:
         t0 = time.perf_counter()
-        self._post("/update_weights_from_disk", {"model_path": path})
+        await self._post("/update_weights_from_disk", {"model_path": path})
         self.version = version
         return time.perf_counter() - t0
 
-    def join_sync_group(self, host: str, port: int, rank: int, size: int) -> bool:
-        self._post("/init_weights_update_group", {"master_address": host, "master_port": port, "rank_offset": rank,
-                                                  "world_size": size, "group_name": "sera_sync", "backend": "nccl"})  # fmt: skip
+    async def join_sync_group(self, host: str, port: int, rank: int, size: int) -> bool:
+        import torch
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        out = await self._post("/init_weights_update_group", {
+            "master_address": host, "master_port": port, "rank_offset": rank, "world_size": size,
+            "group_name": SGLANG_GROUP, "backend": backend})  # fmt: skip
+        if not out.get("success", False):
+            raise RuntimeError(f"SGLang /init_weights_update_group failed: {out.get('message')}")
         return True
 
-    def receive_broadcast(self, specs: list[tuple[str, list[int], str]], version: int, dtype: str) -> float:
+    async def receive_broadcast(
+        self, specs: list[tuple[str, list[int], str]], version: int, dtype: str
+    ) -> float:
         t0 = time.perf_counter()
-        self._post("/update_weights_from_distributed", {
+        out = await self._post("/update_weights_from_distributed", {
             "names": [s[0] for s in specs], "dtypes": [dtype] * len(specs), "shapes": [s[1] for s in specs],
-            "group_name": "sera_sync", "flush_cache": True})  # fmt: skip
+            "group_name": SGLANG_GROUP, "flush_cache": True})  # fmt: skip
+        if not out.get("success", False):
+            raise RuntimeError(f"SGLang /update_weights_from_distributed failed: {out.get('message')}")
         self.version = version
         return time.perf_counter() - t0
 
-    def shutdown(self) -> bool:
-        """End the SGLang process (and its children); ``ray.kill`` alone would leave them running."""
-        proc = getattr(self, "proc", None)
-        if proc is not None and proc.poll() is None:
-            import signal
 
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(proc.pid, signal.SIGKILL)
-        return True
-
-    def __del__(self) -> None:
-        self.shutdown()
+def _config_value(path: str, key: str) -> Any:
+    f = os.path.join(path, "config.json")
+    return json.loads(open(f).read()).get(key) if os.path.isfile(f) else None
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -38,6 +38,48 @@ def make_sync_group(host: str, port: int, rank: int, size: int, device: torch.de
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
+def init_named_group(
+    backend: str, host: str, port: int, rank: int, size: int, group_name: str, timeout_s: float = 0
+):
+    """The weight-update group as SGLang builds its side of it (``init_custom_process_group`` in
+    ``sglang/srt/utils``, called by ``ModelRunner.init_weights_update_group``): a ``tcp://`` rendezvous,
+    the store wrapped in ``PrefixStore(group_name, store)``, then torch's ``_new_process_group_helper``
+    (which prefixes again per group and backend). Trainer rank 0 must build the SAME group, or the two
+    sides look for each other's keys under different names and the broadcast never completes (the raw
+    ``TCPStore`` of :func:`make_sync_group` does not meet SGLang's). Returns the process group (use
+    ``dist.broadcast(t, src=0, group=pg)``)."""
+    import inspect
+
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
+
+    timeout = timedelta(seconds=timeout_s) if timeout_s else TIMEOUT
+    store, rank, size = next(rendezvous(f"tcp://{host}:{port}", rank, size, timeout=timeout))
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    params = inspect.signature(_new_process_group_helper).parameters  # pg_options became backend_options
+    opts = {"backend_options": None} if "backend_options" in params else {"pg_options": None}
+    pg, _ = _new_process_group_helper(size, rank, [], Backend(backend), store, group_name=group_name, timeout=timeout,
+                                      **opts)  # fmt: skip
+    _world.pg_group_ranks[pg] = {i: i for i in range(size)}
+    return pg
+
+
+class NamedGroup:
+    """A group from :func:`init_named_group` behind the ``group.broadcast(t, 0).wait()`` calls of this module."""
+
+    def __init__(self, pg) -> None:
+        self.pg = pg
+
+    def broadcast(self, tensor: torch.Tensor, src: int):
+        return dist.broadcast(tensor, src=src, group=self.pg, async_op=True)
+
+
 def broadcast_tensor(group, tensor: torch.Tensor) -> None:
     """Send ``tensor`` from member 0 to every member (blocking)."""
     group.broadcast(tensor, 0).wait()
@@ -72,13 +114,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def setup_broadcast(trainers: list[Any], servers: list[Any]) -> None:
-    """Form the sync group: trainer rank 0 + every server (called once, then after any restart)."""
+def setup_broadcast(trainers: list[Any], servers: list[Any], group_name: str = "") -> None:
+    """Form the sync group: trainer rank 0 + every server (called once, then after any restart).
+    ``group_name`` (SGLang servers): build it as SGLang does (:func:`init_named_group`)."""
     import ray
 
     host, port = ray.get([trainers[0].node_ip.remote(), trainers[0].free_port.remote()])  # rank 0's node
     size = 1 + len(servers)
-    refs = [t.join_sync_group.remote(host, port, size) for t in trainers]
+    refs = [t.join_sync_group.remote(host, port, size, group_name) for t in trainers]
     refs += [s.join_sync_group.remote(host, port, i + 1, size) for i, s in enumerate(servers)]
     ray.get(refs)
 

@@ -206,7 +206,9 @@ class System:
         ray.get([t.setup.remote(f"{host}:{port}") for t in self.trainers])
         info = ray.get(self.servers[0].info.remote())
         if self.l2.weight_sync == "broadcast":
-            setup_broadcast(self.trainers, self.servers)
+            from level2_distributed.servers import SGLANG_GROUP
+
+            setup_broadcast(self.trainers, self.servers, SGLANG_GROUP if self.engine == "sglang" else "")
         from level2_distributed.servers import Router
 
         self.router = Router(self.servers, self.tokenizer, info["max_context_tokens"])

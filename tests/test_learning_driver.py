@@ -22,8 +22,8 @@ KNOBS = {
     "PYTHON": sys.executable,
     "MODEL": "tiny",
     "ENGINE": "hf",
-    "SFT_STEPS": "2",
-    "SFT_TASKS": "2",
+    "SFT_STEPS": "1",  # one step and one task's demonstrations: a model is written, resumed or not
+    "SFT_TASKS": "1",
     "RL_STEPS": "2",
     "RL_TURNS": "1 2",
     "N_EVAL": "1",

@@ -336,7 +336,7 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
     truncate_logs(out, state.round)
     (out / "config.json").write_text(json.dumps({**asdict(cfg), "level2": asdict(l2)}, indent=2))
     print(f"[level2] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | {l2.trainers} FSDP "
-          f"ranks, {l2.servers} {l2.server_engine} servers, sync {l2.weight_sync}, max staleness {l2.max_staleness} "
+          f"ranks, {l2.servers} {system.engine} servers, sync {l2.weight_sync}, max staleness {l2.max_staleness} "
           f"| steps {state.step}->{cfg.steps}")  # fmt: skip
     env, sampler = (
         make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir, cfg.codeact_executor),

@@ -5,7 +5,7 @@
   1's tensor by tensor;
 * weight sync: after a broadcast (and after a disk reload) the server scores a completion with exactly the
   trainer's log-probs;
-* a 3-step end-to-end run with the tiny model writes the fixed metric names, the versions and a sharded
+* a 2-step end-to-end run with the tiny model writes the fixed metric names, the versions and a sharded
   checkpoint; the checkpoint loads at another world size (2 ranks -> 1);
 * a trainer rank killed in the middle of a step: the driver restarts the actors, reloads the last checkpoint
   and redoes the round: the same rounds, losses and final weights as the uninterrupted run.
@@ -192,10 +192,11 @@ def test_weight_sync_gives_the_server_the_trainers_log_probs(local_ray, tmp_path
 
 
 # ----------------------------------------------------------------------------------------------------
-# End to end: 3 steps; then the same run with a trainer rank killed mid-step.
+# End to end: 2 steps; then the same run with a trainer rank killed mid-step (in step 2, after step 1's
+# checkpoint: the restarted gang resumes from it; a third step added ~20 s per run on CI and checked nothing more).
 # ----------------------------------------------------------------------------------------------------
 BASE = dict(
-    env="textcraft", model="tiny", steps=3, schedule="execution:1", tasks_per_step=1, rollouts_per_task=2,
+    env="textcraft", model="tiny", steps=2, schedule="execution:1", tasks_per_step=1, rollouts_per_task=2,
     max_steps=3, max_new_tokens=12, rubric_max_new_tokens=16, oracle_mix=0.7, score_noise=0.3,
     difficulty="medium", n_tasks=16, max_task_replacements=3, max_idle_rounds=6,
     codeact_executor="inprocess",  # parallel siblings act in one fixed order: runs repeat exactly (test_level0)
@@ -226,9 +227,9 @@ def reference_run(local_ray, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_three_step_run_writes_the_fixed_metrics(reference_run, capsys):
+def test_two_step_run_writes_the_fixed_metrics(reference_run, capsys):
     out, history = reference_run
-    assert [h["step"] for h in history if not h["train/skipped"]] == [0, 1, 2]
+    assert [h["step"] for h in history if not h["train/skipped"]] == [0, 1]
     for h in history:
         for name in (*METRIC_NAMES, "loss/cispo", "grad_norm", "tokens_per_s", "time/sync_s", "time/rollout_s",
                      "time/train_s", "offpolicy/gap_mean", "offpolicy/gap_max"):  # fmt: skip
@@ -238,7 +239,7 @@ def test_three_step_run_writes_the_fixed_metrics(reference_run, capsys):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == list(range(len(rows)))
     assert any(r["grad_norm"] > 0 for r in rows)
-    ckpt = out / "checkpoints" / "step_000003"
+    ckpt = out / "checkpoints" / "step_000002"
     assert (ckpt / "run.json").exists() and len(list(ckpt.glob("*.distcp"))) == 2  # one shard file per rank
     assert (out / "curves.png").exists()
 
@@ -247,12 +248,12 @@ def test_three_step_run_writes_the_fixed_metrics(reference_run, capsys):
 def test_checkpoint_loads_at_another_world_size(reference_run):
     """Written by 2 FSDP ranks, read by 1: the full weights are those of the checkpoint."""
     out, _ = reference_run
-    want = final_weights(out, 3)
+    want = final_weights(out, 2)
     one = gang(1, activation_checkpointing=False)
     try:
-        cfg = json.loads((out / "checkpoints" / "step_000003" / "run.json").read_text())["config"]
+        cfg = json.loads((out / "checkpoints" / "step_000002" / "run.json").read_text())["config"]
         state = ray.get(one[0].load_latest.remote(str(out), cfg))
-        assert state["step"] == 3
+        assert state["step"] == 2
         got = ray.get(one[0].full_state_dict.remote())
         assert got.keys() == want.keys()
         for k in want:
@@ -282,7 +283,7 @@ def test_killed_trainer_rank_mid_step_resumes_without_loss_or_duplication(refere
     assert [r["loss/cispo"] for r in got] == pytest.approx(
         [r["loss/cispo"] for r in want], rel=1e-5, abs=1e-9
     )
-    a, b = final_weights(out, 3), final_weights(ref_out, 3)
+    a, b = final_weights(out, 2), final_weights(ref_out, 2)
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     print("level 2: max |param diff| after a trainer rank was killed mid-step:", diff)
     assert diff <= 1e-6

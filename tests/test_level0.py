@@ -139,8 +139,13 @@ def test_three_step_run_covers_every_stage(tmp_path: Path, env: str):
     # ordered mode; with the plain one the OS scheduler set the order: 5 rounds in one CI run, 8 in another).
     # Measured: 5 rounds (execution, delegation, rubric twice idle, rubric), every stage trained, instead of 8
     # rounds of 2 tasks (user+sys 87 s vs 192 s on 2 loaded cores).
-    extra = dict(tasks_per_step=1, codeact_executor="worker-ordered") if env == "textcraft" else {}
-    cfg = small_config(tmp_path, env, max_idle_rounds=4, **extra)
+    # TextWorld: execution and delegation train at their first round, then no rubric round trains and the run
+    # ends on --max-idle-rounds; 2 idle rubric rounds (each with counterfactual groups) instead of 4.
+    extra = {
+        "textcraft": dict(tasks_per_step=1, codeact_executor="worker-ordered", max_idle_rounds=4),
+        "textworld": dict(max_idle_rounds=2),
+    }[env]
+    cfg = small_config(tmp_path, env, **extra)
     history = train(cfg, progress=False)
     check_clock(history, cfg.schedule)
     assert [h["stage"] for h in history if not h["train/skipped"]] == ["execution", "delegation", "rubric"][

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -61,15 +63,35 @@ def test_there_are_tutorials():
     assert not missing, f"KEY_LINES names tutorials that do not exist: {missing}"
 
 
+LEFT_BEHIND_LIMIT = 5 * 2**20
+"""Bytes a tutorial may leave in its temporary directory (library caches); its own runs must be gone."""
+
+
+def _size(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink())
+
+
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_tutorial_runs(path: Path):
     # SERA_TUTORIAL_QUICK: the tutorials that honour it (07, 09) run a smaller version of their demo (their
-    # default numbers are for people); every KEY_LINES check below still holds on the short run
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", "SERA_TUTORIAL_QUICK": "1"}
-    r = subprocess.run(
-        [sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    # default numbers are for people); every KEY_LINES check below still holds on the short run.
+    # TMPDIR: a directory of the test's own (short: Ray puts sockets there), so what the tutorial leaves
+    # behind can be measured; Ray's session logs (tmp/ray) are Ray's and not counted.
+    tmp = Path(tempfile.mkdtemp(prefix="sera-tut-", dir="/tmp"))
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg", "SERA_TUTORIAL_QUICK": "1",
+               "TMPDIR": str(tmp)}  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        left = sorted(p.name for p in tmp.iterdir() if p.name != "ray")
+        size = sum(_size(tmp / n) if (tmp / n).is_dir() else (tmp / n).stat().st_size for n in left)
+        assert size < LEFT_BEHIND_LIMIT and not [n for n in left if n.startswith("sera_tutorial")], (
+            f"{path.name} left {size / 2**20:.1f} MB in its temporary directory: {left}"
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert r.stdout.strip(), "a tutorial should show something"
     check = KEY_LINES.get(path.stem)
     if check is not None:

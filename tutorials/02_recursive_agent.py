@@ -65,7 +65,8 @@ print("TUTORIAL02 children", len(children), "mean_score", sum(c.score for c in c
 # CLI does the same: `sera rollout ... --log runs/r.jsonl` then `sera view runs/r.jsonl --html r.html`.
 
 # %%
-page = write_html([tree], Path(tempfile.mkdtemp()) / "tree.html")
+WORK = tempfile.TemporaryDirectory(prefix="sera_tutorial02_")  # deleted when Python exits
+page = write_html([tree], Path(WORK.name) / "tree.html")
 html = page.read_text()
 print(page, f"{len(html):,} bytes")
 assert html.lstrip().lower().startswith("<!doctype html")

@@ -15,7 +15,8 @@ from common.rl.batch import METRIC_NAMES
 from common.train_config import TrainConfig
 from level0_single_process.train import train
 
-out = Path(tempfile.mkdtemp()) / "run"
+WORK = tempfile.TemporaryDirectory(prefix="sera_tutorial06_")  # deleted when Python exits
+out = Path(WORK.name) / "run"
 cfg = TrainConfig.make(model="tiny", steps=2, out=str(out), schedule="execution:1,delegation:1", difficulty="medium",
                   tasks_per_step=1, rollouts_per_task=2, max_steps=3, max_new_tokens=16, oracle_mix=0.7)
 history = train(cfg, progress=False)

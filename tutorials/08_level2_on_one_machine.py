@@ -99,7 +99,8 @@ n_tok = float(sum(x.num_trained_tokens for x in datums))
 ray.get([a.train_step.remote(mb, n_tok) for a, mb in zip(ranks, dealt(datums, weights, 2), strict=True)])
 print("sync group ...", flush=True)
 setup_broadcast(ranks, [server])
-m = sync_weights(ranks, [server], "broadcast", 1, tempfile.mkdtemp(), "float32")
+WORK = tempfile.TemporaryDirectory(prefix="sera_tutorial08_")  # deleted when Python exits
+m = sync_weights(ranks, [server], "broadcast", 1, WORK.name, "float32")
 after = ray.get(server.score_logprobs.remote(d.prompt_ids, d.output_ids))
 # every FSDP rank takes part in a forward (the weights are sharded): ask both, read rank 0's answer
 want = ray.get([r.score_logprobs.remote(d.prompt_ids, d.output_ids) for r in ranks])[0]

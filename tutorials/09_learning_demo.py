@@ -128,11 +128,16 @@ print(f"before SFT: parse rate {before[0]:.2f}, verdict right {before[1]:.2f}")
 
 # %% [markdown]
 # ## 3. SFT on oracle score calls (train split), loss on the reply tokens only
+# The oracle trees are built with the CodeAct worker's fixed-order mode, so the same seed gives the same
+# examples and this cell repeats exactly: 60 steps reach a parse rate of 0.91 on the held-out prompts
+# (measured twice, identical). With the racing default executor the data varied run to run and 40 steps
+# gave 0.00-0.18.
 
 # %%
-out = Path(tempfile.mkdtemp()) / "sft"
+WORK = tempfile.TemporaryDirectory(prefix="sera_tutorial09_")  # deleted when Python exits
+out = Path(WORK.name) / "sft"
 cfg = SFTConfig.make(model="tiny", out=str(out), n_tasks=8, child_noise=0.5, roles="score", look_up=False,
-                     steps=40, batch_size=4, lr=3e-3, warmup=2, save_every=40)  # fmt: skip
+                     steps=60, batch_size=4, lr=3e-3, warmup=2, save_every=60)  # fmt: skip
 history = sft(cfg, progress=False)
 first, last = history[0]["loss/sft"], history[-1]["loss/sft"]
 print(f"SFT loss {first:.2f} -> {last:.2f}; token accuracy "

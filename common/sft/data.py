@@ -145,12 +145,14 @@ def oracle_trees(
 ) -> list[Tree]:
     """One oracle tree per task and per ``trees_per_task`` (rollout seed ``hash(seed, task, r)``), run by the
     real runtime with the training rollout settings (Execution-stage shape: rubrics on, K=1). ``look_up``
-    (TextCraft): every agent first looks its recipes up (``oracle.lookup_reply``)."""
+    (TextCraft): every agent first looks its recipes up (``oracle.lookup_reply``). TextCraft cells run in
+    the CodeAct worker's fixed-order mode: siblings act in one order, so the same seed gives the same trees."""
     from common.policy import make_policy
     from common.run.data import hash_seed
     from common.run.rollout import make_env_with_prompts, stage_runtime_config
 
-    env = make_env_with_prompts(env_name, rollout.prompts_dir)  # the training texts, as RL sees them
+    # the training texts, as RL sees them; sibling cells in one fixed order, so a seed gives the same data
+    env = make_env_with_prompts(env_name, rollout.prompts_dir, "worker-ordered")
     extra = {"look_up": True} if look_up and env_name == "textcraft" else {}
     teacher = make_policy("oracle", env=env_name, delegate=True, **extra)
     noise = None

@@ -31,6 +31,9 @@ from common.codeact.worker import decode, encode
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the worker needs Linux")
 
 FAST = WorkerLimits(wall_time_s=0.3, cpu_time_s=1.0, grace_s=0.7, memory_mb=512)
+CONTAINED_S = FAST.wall_time_s + FAST.grace_s + 3.0
+"""Seconds a hostile cell plus the worker's restart may take: the kill deadline and a margin for a loaded
+2-core machine (a cell never killed would take its whole loop: minutes to forever)."""
 MODES = pytest.mark.parametrize("ordered", [False, True], ids=["plain", "ordered"])
 """Run a test with both modes of the worker (the hostile cases must be contained by each)."""
 
@@ -290,7 +293,7 @@ def _contained(w: CodeActWorker, code: str, limit: float) -> object:
 def test_process_level_attacks_are_contained(code: str, expected: str, restarted: bool, ordered: bool):
     w = worker(ordered=ordered)
     run(w, "pass")  # started (the start-up time is not the cell's)
-    r = _contained(w, code, FAST.wall_time_s + FAST.grace_s + 1.5)
+    r = _contained(w, code, CONTAINED_S)
     assert r.error is not None and expected in r.error, (code, r)
     assert r.restarted == restarted and w.restarts == int(restarted), (code, r)
     w.close()
@@ -331,7 +334,7 @@ def test_every_in_process_hostile_case_is_contained_by_the_worker(code: str, exp
     # worker must guarantee is: bounded time, a healthy trainer, and a working next cell.
     w = worker(ordered=ordered)
     run(w, "pass")
-    _contained(w, code, FAST.wall_time_s + FAST.grace_s + 1.5)
+    _contained(w, code, CONTAINED_S)
     w.close()
 
 

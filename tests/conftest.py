@@ -121,3 +121,15 @@ def vllm_worker_runs(request) -> dict:
     out, err = _split_parts(proc.stdout), _split_parts(proc.stderr)
     # a script the process never reached (an earlier one crashed it): the whole stderr
     return {name: (proc.returncode, out.get(name, ""), err.get(name, proc.stderr)) for name in scripts}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray with 2 CPUs whose actors import this checkout (level-2 test modules; test_level2.py and
+    test_level2_colocate.py keep their own variants)."""
+    ray = pytest.importorskip("ray", reason="level 2 needs Ray: pip install 'ray[default]'")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})  # fmt: skip
+    yield ray
+    ray.shutdown()

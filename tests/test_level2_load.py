@@ -27,15 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "rl_fixture.json"
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
-    yield ray
-    ray.shutdown()
-
-
 def test_meta_load_fast_trainer_and_hf_export(local_ray, tmp_path):
     from transformers import AutoModelForCausalLM
 

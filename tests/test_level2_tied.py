@@ -33,15 +33,6 @@ LOGP_TOL = 1e-4
 """Server vs trainer log-probs with bit-identical fp32 weights (different kernels / summation order)."""
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
-    yield ray
-    ray.shutdown()
-
-
 def execution_batch() -> tuple[list[Datum], list[float]]:
     st = json.loads(FIXTURE.read_text())["stages"]["execution"]
     return [Datum(**d) for d in st["datums"]], st["weights"]

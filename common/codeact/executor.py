@@ -560,6 +560,20 @@ class CodeActWorker:
                 self._send(reply)
 
     # --- cells ----------------------------------------------------------------------------------------
+    def _send_run(self, code: str) -> None:
+        """Ask the worker to run ``code`` as cell ``self.cells`` under this worker's limits."""
+        lim = self.limits
+        self._send(
+            {
+                "type": "run",
+                "code": code,
+                "cell": self.cells,
+                "wall_time_s": lim.wall_time_s,
+                "cpu_time_s": lim.cpu_time_s,
+                "max_output_chars": lim.max_output_chars,
+            }
+        )
+
     async def run(self, code: str) -> CellResult:
         """Run one cell; never raises for anything the cell does (cancellation of the caller propagates,
         and then the worker is killed)."""
@@ -608,16 +622,7 @@ class CodeActWorker:
         self.cells += 1
         await run.turn.acquire()
         run.holding = True
-        self._send(
-            {
-                "type": "run",
-                "code": code,
-                "cell": self.cells,
-                "wall_time_s": lim.wall_time_s,
-                "cpu_time_s": lim.cpu_time_s,
-                "max_output_chars": lim.max_output_chars,
-            }
-        )
+        self._send_run(code)
         run.resume()
         budget = lim.wall_time_s + lim.grace_s
         while True:
@@ -684,16 +689,7 @@ class CodeActWorker:
             self._ready = True
             self.isolation = str(msg.get("isolation"))
         self.cells += 1
-        self._send(
-            {
-                "type": "run",
-                "code": code,
-                "cell": self.cells,
-                "wall_time_s": lim.wall_time_s,
-                "cpu_time_s": lim.cpu_time_s,
-                "max_output_chars": lim.max_output_chars,
-            }
-        )
+        self._send_run(code)
         self._segment(run)
         while run.final is None:  # the cell waits for launches: they run as tasks; each answer resumes it
             await run.get(None)

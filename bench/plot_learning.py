@@ -22,7 +22,7 @@ import typer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
 from common.eval import aggregate, load_results  # noqa: E402
-from common.run.metrics import read_metrics  # noqa: E402
+from common.run.metrics import pyplot_or_note, read_metrics  # noqa: E402
 
 RUNS = {"sera": "SFT + SERA", "rao": "SFT + RAO"}
 STAGES = ("execution", "delegation", "rubric")
@@ -137,10 +137,8 @@ def markdown(res: dict[str, Any], out: Path) -> str:
 
 
 def figure(res: dict[str, Any], png: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    if (plt := pyplot_or_note(png)) is None:  # the table is written all the same
+        return
 
     runs = {k: rl_summary(v) for k, v in res["rl"].items()}
     fig, ax = plt.subplots(1, 4, figsize=(17, 3.9))

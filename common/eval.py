@@ -296,10 +296,10 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
 
 def plot_tiers(reports: dict[str, dict[str, Any]], out_png: Path) -> None:
     """Bar chart of per-tier success rates; several reports are drawn side by side."""
-    import matplotlib
+    from common.run.metrics import pyplot_or_note
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    if (plt := pyplot_or_note(out_png)) is None:
+        return
 
     tiers = list(dict.fromkeys(t for r in reports.values() for t in r["per_tier"]))
     width = 0.8 / max(1, len(reports))

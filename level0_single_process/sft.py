@@ -36,7 +36,7 @@ import torch
 from common.agent.log import append_tree
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import seed_everything, task_pool
-from common.run.metrics import MetricsWriter
+from common.run.metrics import MetricsWriter, pyplot_or_note
 from common.run.optim import make_optimizer
 from common.sft.config import SFTConfig
 from common.sft.data import batch_at, oracle_trees, read_examples, summary, tree_examples, write_examples
@@ -120,10 +120,8 @@ def train_step(model, optimizer, examples, cfg: SFTConfig) -> dict[str, float]:
 
 def plot_sft_curves(metrics_path: Path, out_png: Path) -> None:
     """curves.png of an SFT run: the loss (all, and per role), token accuracy and gradient norm by step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    if (plt := pyplot_or_note(out_png)) is None:
+        return
 
     rows = [json.loads(x) for x in metrics_path.read_text().splitlines() if x.strip()]
     fig, axes = plt.subplots(2, 3, figsize=(11, 5.5))

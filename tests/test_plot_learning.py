@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,3 +72,16 @@ def test_partial_eval_without_limit_counts_the_task_file(tmp_path):
     (d / "results" / "00000.json").write_text(json.dumps({"index": 0, "success": True, "tier": "easy"}))
     r = pl.partial_report(d)
     assert (r["n_done"], r["n_tasks"], r["successes"]) == (1, 4, 1)  # 3 tasks not done, not failed
+
+
+def test_figures_are_skipped_with_a_note_without_matplotlib(tmp_path, monkeypatch, capsys):
+    """A bare GPU image may lack matplotlib: a finished run (SFT, RL, eval, learning.sh) must not fail on its
+    figure; it says which PNG was not drawn and writes everything else."""
+    from common.run.metrics import plot_curves
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "round": 1, "loss/total": 0.5}\n')
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    plot_curves(metrics, tmp_path / "curves.png")
+    assert not (tmp_path / "curves.png").exists()
+    assert "curves.png is not drawn" in capsys.readouterr().err

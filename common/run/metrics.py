@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import resource
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -180,13 +181,25 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def pyplot_or_note(out_png: Path) -> Any:
+    """matplotlib's pyplot (Agg backend), or None after one line saying ``out_png`` is not drawn: matplotlib is a
+    core dependency, but a bare GPU image may lack it, and a finished run must never fail on its figure."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"note: matplotlib is not installed, so {out_png} is not drawn", file=sys.stderr)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_curves(metrics_path: Path, out_png: Path) -> None:
     """curves.png: the six fixed metrics against the optimizer step (rounds without an update are hollow
     markers; a panel without any value says so instead of drawing empty axes)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    if (plt := pyplot_or_note(out_png)) is None:
+        return
     from matplotlib.ticker import MaxNLocator
 
     rows = read_metrics(metrics_path)

@@ -1,21 +1,25 @@
-"""CodeAct cost: worker process, its fixed-order mode and the in-process interpreter, side by side
-(target: one-call step <= 1 ms).
+"""CodeAct cost: the worker process and its fixed-order mode, side by side (target: one-call step <= 1 ms).
 
 Measures, for ``TextCraftEnv(executor="worker")`` (default: an isolated process per agent, tools over a
-pipe), ``TextCraftEnv(executor="worker-ordered")`` (the same workers, each cell segment served inline on
-the event loop: siblings act in one fixed order) and ``TextCraftEnv(executor="inprocess")``
-(``common/sandbox.py``: restricted, traced, no isolation):
+pipe) and ``TextCraftEnv(executor="worker-ordered")`` (the same workers, each cell segment served inline on
+the event loop: siblings act in one fixed order):
 
 * a full CodeAct step with one tool call, ``session.step(reply)`` = parse the reply, check the cell,
   run it (one ``craft`` round trip to the trainer for the worker), format the observation: median and
   90th percentile;
 * an empty cell (``pass``): the fixed cost per cell;
 * a cell with 20 tool calls (each one is a pipe round trip for the worker);
-* a 100k-iteration Python loop (per iteration: the worker runs plain CPython, the in-process
-  interpreter traces every line);
+* a 100k-iteration Python loop (per iteration: the worker runs plain CPython);
 * starting a session until its first cell can run (the worker is forked from a warm zygote; spares
   are isolated in advance);
-* a step that gathers two ``launch_subagent`` calls (echo hook: the round trip, not a child's work).
+* a step that gathers two ``launch_subagent`` calls (echo hook: the round trip, not a child's work);
+* two sessions on different worlds each running a 1M-iteration loop cell at once (gathered): wall time.
+  The plain mode runs both cells in parallel; the fixed-order mode runs one after the other (its cost:
+  no two cells run at once in one trainer).
+
+Below the table, a reference: the same one-call code and loop as plain ``exec`` in this process (what
+the code costs without a worker). The in-process interpreter's column (removed in issue #24) stays in
+``bench/RESULTS.md``.
 
 Simplifies: one asyncio loop, a 3-recipe world, no model; medians over many repeats on a shared machine
 (run it twice; the spread between runs is the noise).
@@ -43,11 +47,16 @@ TABLE = {
 TASK = {
     "id": "bench",
     "goal": "Craft the following items: 1x torch",
-    "misc": {"target_items": {"torch": 1}, "initial_inventory": {"log": 10**6, "coal": 10**6}, "recipes": TABLE},
+    "misc": {
+        "target_items": {"torch": 1},
+        "initial_inventory": {"log": 10**6, "coal": 10**6},
+        "recipes": TABLE,
+    },
 }
 ONE_CALL = 'print(craft({"log": 1}, ("plank", 4)))'
 TWENTY_CALLS = 'for _ in range(20):\n    craft({"log": 1}, ("plank", 4))'
 LOOP = "total = 0\nfor i in range(100000):\n    total += i"
+BIG_LOOP = "total = 0\nfor i in range(1000000):\n    total += i"
 GATHER = 'r = await asyncio.gather(launch_subagent({"stick": 4}), launch_subagent({"plank": 4}))'
 
 
@@ -110,10 +119,38 @@ async def bench_executor(executor: str, scale: float) -> dict[str, tuple[float, 
         fresh.close()
 
     rows["session start + first cell, median"] = (statistics.median(await timings(start, max(10, int(100 * scale)))) * 1e3, "ms")  # fmt: skip
+
+    pair = [session(), session()]  # two worlds: the plain mode may run their cells at once
+    for p in pair:
+        await p.step(reply("pass"))
+
+    async def both() -> None:
+        results = await asyncio.gather(*(p.step(reply(BIG_LOOP)) for p in pair))
+        assert all(r.info.get("cell_error") is None for r in results), results
+
+    rows["two 1M-loop cells at once (two worlds), wall"] = (statistics.median(await timings(both, max(3, int(10 * scale)))) * 1e3, "ms")  # fmt: skip
+    for p in pair:
+        p.close()
     return rows
 
 
-EXECUTORS = {"worker": "worker", "worker-ordered": "ordered", "inprocess": "in-process"}
+def plain_exec(scale: float) -> dict[str, float]:
+    """The same code as plain ``exec`` of a precompiled code object in this process: no worker at all."""
+    ns: dict[str, Any] = {"craft": lambda ingredients, target: "ok", "print": lambda *a, **k: None}
+    one, loop = compile(ONE_CALL, "<plain>", "exec"), compile(LOOP, "<plain>", "exec")
+    n = max(1000, int(100_000 * scale))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        exec(one, ns)
+    one_us = (time.perf_counter() - t0) / n * 1e6
+    m = max(3, int(30 * scale))
+    t0 = time.perf_counter()
+    for _ in range(m):
+        exec(loop, ns)
+    return {"one_call_us": one_us, "loop_ns": (time.perf_counter() - t0) / m / 100_000 * 1e9}
+
+
+EXECUTORS = {"worker": "worker", "worker-ordered": "ordered"}
 
 
 async def main_async(scale: float) -> None:
@@ -126,6 +163,11 @@ async def main_async(scale: float) -> None:
         target = "<= 1000 us" if key.startswith("one-call CodeAct step, median") else ""
         values = "  ".join(f"{rows[name][key][0]:>10,.1f}" for name in EXECUTORS)
         print(f"{key:<{width}}  {values}  {unit:<5}  {target}")
+    plain = plain_exec(scale)
+    print(
+        f"reference, plain exec in this process: one-call code {plain['one_call_us']:,.2f} us, "
+        f"loop iteration {plain['loop_ns']:,.1f} ns"
+    )
 
 
 def main() -> None:

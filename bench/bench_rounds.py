@@ -103,7 +103,7 @@ def main() -> None:
         env="textcraft", model=args.model, tasks_per_step=args.tasks, rollouts_per_task=args.rollouts,
         max_steps=args.max_steps, max_new_tokens=args.max_new_tokens, rubric_max_new_tokens=384,
         score_max_new_tokens=128, difficulty="easy", n_tasks=256, lr=1e-5, dtype="float32",
-        codeact_executor="inprocess",
+        codeact_executor="worker-ordered",  # the same siblings order for every path
     )  # fmt: skip
     engines: dict[bool, object] = {}  # engine_process -> engine (before and after share the in-process one)
     env = make_env_with_prompts(base.env, None, base.codeact_executor)

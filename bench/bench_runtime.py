@@ -80,7 +80,7 @@ def main() -> None:
         rollouts("textcraft", tc, OraclePolicy(lambda x: tc_oracle(x, delegate=True)), RuntimeConfig())
     )
     s, n = per_step(trees)
-    rows.append(("oracle + delegation, TextCraft", s * 1e3, n, "incl. sandboxed cells and oracle planning"))
+    rows.append(("oracle + delegation, TextCraft", s * 1e3, n, "incl. CodeAct worker cells, oracle planning"))
     print(f"{'workload':40s} {'ms/step':>8s} {'steps':>7s}  note")
     for name, ms, n, note in rows:
         print(f"{name:40s} {ms:8.3f} {n:7d}  {note}")

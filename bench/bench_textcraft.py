@@ -1,7 +1,7 @@
 """Micro-benchmarks of TextCraft-Synth: fork latency, raw tool calls/s, CodeAct steps/s, oracle episodes/s.
 
 Targets (SPEC §2 "cheap fork is a performance goal"): ``fork()`` < 50 us for a typical inventory, one
-CodeAct step with one craft call < 1 ms (parse + sandbox cell + observation).
+CodeAct step with one craft call < 1 ms (parse + worker cell + observation).
 
 What it simplifies: single process, CPU only, no model; the "typical inventory" is that of a generated
 hard task (base items + distractors) after its gold crafts ran (so it also holds intermediates).

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from common.agent.runtime import RuntimeConfig
+from common.codeact import check_executor
 from common.config import build_config, check_ranges
 
 Method = Literal["rao", "rao_d", "sera_wo_d_rt", "sera_wo_d", "sera"]
@@ -131,11 +132,10 @@ class TrainConfig:
     """Checkpoint every N optimizer steps."""
     seed: int = 0
     """Seed of task sampling, rollouts and model init (tiny)."""
-    codeact_executor: Literal["worker", "worker-ordered", "inprocess"] = "worker"
+    codeact_executor: str = "worker"
     """TextCraft cells: worker (an isolated process per agent, rlimits: the safe default) | worker-ordered
     (the same isolated workers, each cell served inline on the event loop: parallel sibling agents act on
-    the shared world in one fixed order, so a run repeats exactly; no two cells run at once) | inprocess
-    (the restricted interpreter in the trainer's process: faster, also one fixed order; trusted models)."""
+    the shared world in one fixed order, so a run repeats exactly; no two cells run at once)."""
     tensorboard: bool = False
     """Also write TensorBoard event files to `out/tb` (needs the `tensorboard` package; no account)."""
     eval_tasks: str | None = None
@@ -171,6 +171,7 @@ class TrainConfig:
             ],
             [("oracle_mix", self.oracle_mix)],
         )
+        check_executor(self.codeact_executor, "--codeact-executor")  # one line naming the choices
         if bool(self.eval_tasks) != (self.eval_every > 0):
             raise ValueError("--eval-tasks and --eval-every go together (a held-out file and how often)")
 

@@ -96,6 +96,13 @@ def test_unknown_model_fails_fast_naming_the_places_searched(files, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_the_removed_in_process_executor_is_one_line_naming_the_choices(tmp_path):
+    """``--codeact-executor inprocess`` (removed in issue #24) fails before a model loads, naming the choices."""
+    r = sera("train", "--codeact-executor", "inprocess", "--out", str(tmp_path / "run"))
+    one_line_error(r, "--codeact-executor must be one of worker, worker-ordered, got 'inprocess'", "removed")
+    assert not (tmp_path / "run").exists()
+
+
 def test_model_names_resolve_from_local_places_only(tmp_path, monkeypatch):
     """Alias, a local model directory and an id in the local HF cache resolve; anything else raises a
     FileNotFoundError (so the CLI shows one line), without any network look-up."""

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.codeact import CellResult
 from common.envs.textcraft import codeact
 from common.envs.textcraft.codeact import ParsedReply, format_cell_observation, parse_codeact_reply
-from common.sandbox import CellResult
 
 CODE = "inv = view_inventory()\nprint(craft({'log': 1}, ('stick', 4)))"
 

@@ -355,7 +355,7 @@ def interrupt(args: list[str], ready, timeout: float = 90) -> subprocess.Complet
 def test_ctrl_c_of_a_short_train_run_prints_the_resume_command(tmp_path):
     out = tmp_path / "run"
     args = ["train", "--model", "tiny", "--steps", "50", "--max-new-tokens", "8", "--codeact-executor",
-            "inprocess", "--resume", "--out", str(out)]  # fmt: skip
+            "worker-ordered", "--resume", "--out", str(out)]  # fmt: skip
     done = interrupt(args, lambda: (out / "config.json").exists())  # the model loaded, the loop started
     assert done.returncode == 130, done.stderr[-3000:]
     assert done.stdout.splitlines()[0] == f"--resume: {out} holds no run yet; starting a fresh one there"
@@ -363,7 +363,7 @@ def test_ctrl_c_of_a_short_train_run_prints_the_resume_command(tmp_path):
     said = done.stderr.strip().splitlines()
     assert said[-2].startswith("interrupted: ") and str(out) in said[-2], said
     resume = said[-1].removeprefix("resume with: ").split("   ")[0]
-    assert resume == (f"sera train --model tiny --steps 50 --max-new-tokens 8 --codeact-executor inprocess "
+    assert resume == (f"sera train --model tiny --steps 50 --max-new-tokens 8 --codeact-executor worker-ordered "
                       f"--out {out} --resume"), resume  # fmt: skip
 
 

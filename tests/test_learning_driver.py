@@ -31,7 +31,7 @@ KNOBS = {
     "BATCH": "8",
     "AGENT": "--max-steps 2 --max-new-tokens 12",
     "CALLS": "--rubric-max-new-tokens 16 --score-max-new-tokens 16",
-    "RL_EXTRA": "--codeact-executor inprocess --n-tasks 8 --tasks-per-step 1 --rollouts-per-task 2 "
+    "RL_EXTRA": "--codeact-executor worker-ordered --n-tasks 8 --tasks-per-step 1 --rollouts-per-task 2 "
     "--oracle-mix 0.7 --score-noise 0.3 --max-task-replacements 3 --lr 1e-3",
     "OMP_NUM_THREADS": "1",
 }

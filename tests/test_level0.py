@@ -26,13 +26,13 @@ FIXED_REDUCTIONS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MKL_DYNAMIC
 """Environment of the resume tests' training processes: one CPU thread, so every float reduction runs in
 one fixed order whatever the machine's load."""
 
-REPEATABLE = dict(codeact_executor="inprocess")
+REPEATABLE = dict(codeact_executor="worker-ordered")
 """What makes a TextCraft run repeat exactly, for the resume tests: with the default worker executor each
 agent's cells run in its own process, so sibling agents that a parent launched in parallel act on the
 shared world in an order set by the OS scheduler (in CI under load, one sibling crafted an intermediate
 before the other read the inventory in one run and after it in the other: the oracle then planned 2 crafts
-instead of 3 and the runs parted). That race is the system's real behaviour; in-process cells run on the
-event loop in one fixed order."""
+instead of 3 and the runs parted). That race is the system's real behaviour; the fixed-order mode serves
+each cell segment inline on the event loop, so siblings act in the event loop's order."""
 
 
 def load_fixture() -> dict:
@@ -222,7 +222,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
     a, b = _params(Path(ref.out), 2), _params(Path(killed.out), 2)
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     print("max |param diff| after resume:", diff)
-    assert diff == 0.0  # bit-identical: one thread, in-process cells (REPEATABLE), same trajectory
+    assert diff == 0.0  # bit-identical: one thread, fixed-order cells (REPEATABLE), same trajectory
     rows = [json.loads(x) for x in (Path(killed.out) / "metrics.jsonl").read_text().splitlines()]
     ref_rows = [json.loads(x) for x in (Path(ref.out) / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [r["round"] for r in ref_rows]  # no lost or duplicated round

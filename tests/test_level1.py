@@ -424,7 +424,7 @@ def test_level1_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
         max_steps=3, max_new_tokens=12, rubric_max_new_tokens=16, oracle_mix=0.7, score_noise=0.3,
         difficulty="medium", n_tasks=16, max_task_replacements=3, max_idle_rounds=6,
         lr=1e-3,  # large enough that another trajectory moves the weights by far more than rounding
-        codeact_executor="inprocess",  # parallel siblings in one fixed order (test_level0.REPEATABLE)
+        codeact_executor="worker-ordered",  # parallel siblings in one fixed order (test_level0.REPEATABLE)
     )  # fmt: skip
     # two steps: killed in step 2 after step 1's checkpoint, resumed from it (a third step only cost time)
     ref = TrainConfig.make(**base, out=str(tmp_path / "ref"))

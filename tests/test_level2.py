@@ -199,7 +199,7 @@ BASE = dict(
     env="textcraft", model="tiny", steps=2, schedule="execution:1", tasks_per_step=1, rollouts_per_task=2,
     max_steps=3, max_new_tokens=12, rubric_max_new_tokens=16, oracle_mix=0.7, score_noise=0.3,
     difficulty="medium", n_tasks=16, max_task_replacements=3, max_idle_rounds=6,
-    codeact_executor="inprocess",  # parallel siblings act in one fixed order: runs repeat exactly (test_level0)
+    codeact_executor="worker-ordered",  # siblings act in one fixed order: runs repeat exactly (test_level0)
 )  # fmt: skip
 
 

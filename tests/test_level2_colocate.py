@@ -89,7 +89,7 @@ def test_colocated_level2_run(local_ray, tmp_path):
     cfg = TrainConfig.make(env="textcraft", model="tiny-tied", steps=1, schedule="execution:1", tasks_per_step=1,
                            rollouts_per_task=2, max_steps=2, max_new_tokens=8, rubric_max_new_tokens=8,
                            oracle_mix=0.7, score_noise=0.3, difficulty="medium", n_tasks=8, max_idle_rounds=4,
-                           codeact_executor="inprocess", out=str(tmp_path / "run"))  # fmt: skip
+                           codeact_executor="worker-ordered", out=str(tmp_path / "run"))  # fmt: skip
     l2 = Level2Config(trainers=1, colocate=True, server_batch_size=2, activation_checkpointing=False)
     history = train(cfg, l2, progress=False)
     assert history and history[-1]["step"] == 0 and history[-1]["offpolicy/gap_max"] == 0.0

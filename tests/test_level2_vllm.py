@@ -49,7 +49,7 @@ def test_vllm_servers_two_step_run_with_a_killed_server(tmp_path, monkeypatch):
         cfg = TrainConfig.make(env="textcraft", model="tiny-tied", dtype="float32", steps=2, schedule="execution:1",
                                tasks_per_step=1, rollouts_per_task=2, max_steps=2, max_new_tokens=8,
                                rubric_max_new_tokens=8, oracle_mix=0.7, score_noise=0.3, difficulty="medium",
-                               n_tasks=8, max_idle_rounds=4, codeact_executor="inprocess", out=str(out))  # fmt: skip
+                               n_tasks=8, max_idle_rounds=4, codeact_executor="worker-ordered", out=str(out))  # fmt: skip
         l2 = Level2Config(trainers=1, servers=1, server_engine="vllm", server_python=str(VLLM_PYTHON),
                           weight_sync="broadcast", sync_check=True, server_batch_size=4,
                           activation_checkpointing=False)  # fmt: skip

@@ -14,7 +14,6 @@ import pytest
 from common.envs.base import ChildResult, LaunchRequest
 from common.envs.textcraft import prompts
 from common.envs.textcraft.env import TextCraftEnv, TextCraftSession, echo_launch_hook
-from common.sandbox import SandboxLimits
 
 TABLE = {
     "recipes": {
@@ -425,10 +424,10 @@ def test_child_with_empty_finish_fails():
     run(go())
 
 
-@pytest.mark.parametrize("executor", ["worker", "inprocess"])
-def test_both_executors_solve_the_task(executor):
+@pytest.mark.parametrize("executor", ["worker", "worker-ordered"])
+def test_both_worker_modes_solve_the_task(executor):
     async def go():
-        env = TextCraftEnv(executor=executor, sandbox_limits=SandboxLimits())
+        env = TextCraftEnv(executor=executor)
         s = env.root_session(env.make_world(TASK), TASK, echo_launch_hook)
         r = await s.step(reply(SOLVE))
         assert "Successfully crafted 2 torch(s)" in r.observation
@@ -436,3 +435,8 @@ def test_both_executors_solve_the_task(executor):
         assert r.done and s.success()
 
     run(go())
+
+
+def test_the_removed_in_process_executor_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="one of worker, worker-ordered, got 'inprocess' \\(the in-process"):
+        TextCraftEnv(executor="inprocess")

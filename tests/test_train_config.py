@@ -188,9 +188,11 @@ def test_eval_paper_runs_the_papers_textcraft_val_set(tmp_path: Path):
 def test_codeact_executor_reaches_the_textcraft_env_only():
     from common.run.rollout import make_env_with_prompts
 
-    cfg = TrainConfig.make(codeact_executor="inprocess")
-    assert make_env_with_prompts("textcraft", None, cfg.codeact_executor).executor == "inprocess"
+    cfg = TrainConfig.make(codeact_executor="worker-ordered")
+    assert make_env_with_prompts("textcraft", None, cfg.codeact_executor).executor == "worker-ordered"
     assert make_env_with_prompts("textcraft", None, None).executor == "worker"  # the safe default
-    assert not hasattr(make_env_with_prompts("textworld", None, "inprocess"), "executor")
+    assert not hasattr(make_env_with_prompts("textworld", None, "worker-ordered"), "executor")
     with pytest.raises(ValueError, match="executor must be"):
         make_env_with_prompts("textcraft", None, "subprocess")
+    with pytest.raises(ValueError, match="the in-process interpreter was removed"):
+        make_env_with_prompts("textcraft", None, "inprocess")

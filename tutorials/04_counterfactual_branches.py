@@ -75,9 +75,9 @@ class MixedBranches(Policy):
 task = generate_tasks(split="train", n=1, seed=4, difficulty="hard")[0]  # tutorial 2's task: 3 delegations
 policy = TeacherForcedPolicy(HFPolicy("tiny", dtype="float32"), MixedBranches(), oracle_mix=1.0)
 cfg = RuntimeConfig(counterfactual_k=K, temperature=0.0)
-# in-process CodeAct cells: the K branches act in one fixed order, and no cell of a loaded machine hits a
-# worker's wall-clock limit (the default worker executor isolates untrusted model code; here it is the oracle's)
-tree = asyncio.run(run_root(task, make_env("textcraft", executor="inprocess"), policy, cfg))
+# the fixed-order CodeAct worker: each agent's cells run in an isolated process, served one segment at a time
+# on the event loop, so the K branches act in one fixed order and the numbers below repeat in every run
+tree = asyncio.run(run_root(task, make_env("textcraft", executor="worker-ordered"), policy, cfg))
 groups = counterfactual_groups(tree)
 for g, branches in groups.items():
     print(g, [(b.node_id, b.branch_index, "live" if b.committed else "fork", b.branch_label, b.score)

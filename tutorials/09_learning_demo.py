@@ -163,7 +163,7 @@ assert after[0] > before[0], (before, after)
 # verified outcomes rank the rubric (pair accuracy) and train the rubric writer. RAO writes no rubric: a
 # child's reward is its verified outcome and only the Execution stage exists. The tiny model still cannot
 # act, so 70 % of the replies are the oracle's, teacher-forced through the model (`--oracle-mix`), and
-# in-process CodeAct cells keep the run repeatable (`--codeact-executor inprocess`).
+# the fixed-order CodeAct worker keeps the run repeatable (`--codeact-executor worker-ordered`).
 
 # %%
 from common.train_config import TrainConfig  # noqa: E402
@@ -178,7 +178,7 @@ for method, schedule in (("sera", "execution:1,rubric:1"), ("rao", "execution:1"
         out=str(out.parent / method),
         env="textcraft", tasks_per_step=2, rollouts_per_task=2, max_steps=3, max_new_tokens=16,
         rubric_max_new_tokens=16, oracle_mix=0.7, score_noise=0.3, difficulty="medium", n_tasks=16,
-        max_task_replacements=3, max_idle_rounds=4, lr=1e-3, codeact_executor="inprocess",
+        max_task_replacements=3, max_idle_rounds=4, lr=1e-3, codeact_executor="worker-ordered",
     )  # fmt: skip
     runs[method] = train(rl_cfg, progress=False)
     for h in runs[method]:

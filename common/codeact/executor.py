@@ -12,8 +12,8 @@ Two modes. The default runs every worker's cell segments concurrently with the t
 (agents on different worlds run their cells in parallel; agents on one world take turns, in an order the
 OS scheduler sets). ``ordered=True`` (``TextCraftEnv(executor="worker-ordered")``) serves each segment
 **inline**: from the moment the trainer lets a cell run until it ends or waits for launches in flight,
-the trainer blocks on that worker's pipe and answers its tool calls in place, as an in-process
-interpreter runs a cell on the event loop. No other agent's work can slip in by OS timing, so sibling
+the trainer blocks on that worker's pipe and answers its tool calls in place, as the paper's in-process
+IPython runs a cell on the event loop. No other agent's work can slip in by OS timing, so sibling
 agents act on a shared world in the event loop's order and a run repeats exactly (the resume tests).
 
 The trainer's guarantees, whatever the cell does (it is untrusted):
@@ -51,10 +51,50 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..sandbox import CellResult
 from .worker import decode, dumps, encode
 
 WORKER_FILE = Path(__file__).resolve().parent / "worker.py"
+
+EXECUTORS = ("worker", "worker-ordered")
+"""The CodeAct executors (``TextCraftEnv(executor=...)``, ``--codeact-executor``): an isolated worker
+process per agent; the same with siblings' cells served in one fixed order (``ordered=True``: repeatable
+runs). The in-process interpreter (``inprocess``) was removed (issue #24): ``worker-ordered`` gives its
+fixed order with the worker's isolation."""
+
+
+def check_executor(name: str, what: str = "executor") -> None:
+    """Raise one ``ValueError`` naming the choices when ``name`` is not an executor.
+
+    >>> check_executor("inprocess", "--codeact-executor")
+    Traceback (most recent call last):
+    ValueError: --codeact-executor must be one of worker, worker-ordered, got 'inprocess' (the in-process interpreter was removed: worker-ordered runs cells in its fixed order, isolated)
+    """
+    if name not in EXECUTORS:
+        removed = (
+            " (the in-process interpreter was removed: worker-ordered runs cells in its fixed order, isolated)"
+            if name == "inprocess"
+            else ""
+        )
+        raise ValueError(f"{what} must be one of {', '.join(EXECUTORS)}, got {name!r}{removed}")
+
+
+@dataclass
+class CellResult:
+    """What one cell produced."""
+
+    stdout: str
+    """Captured output (``print`` and the echoed last expression), capped at ``max_output_chars``."""
+    error: str | None
+    """None on success; else a traceback-style message with the cell's line numbers, ending in a line
+    such as ``NameError: name 'x' is not defined`` or ``TimeoutError: cell exceeded ...``."""
+    timed_out: bool = False
+    """True when the cell was stopped by the time limit."""
+    restarted: bool = False
+    """True when the cell's process died or was killed: its namespace is gone."""
+    unawaited_launches: int = 0
+    """Launch coroutines the cell created but never awaited (closed unrun)."""
+    syntax_error: tuple[str, str] | None = None
+    """``(source line, message)`` when the cell did not compile."""
 
 
 @dataclass
@@ -353,8 +393,8 @@ class CodeActWorker:
     ):
         if not hasattr(os, "fork") or not hasattr(socket, "send_fds"):
             raise RuntimeError(
-                "the CodeAct worker needs a POSIX system (fork, SCM_RIGHTS); "
-                "use TextCraftEnv(executor='inprocess') here"
+                "the CodeAct worker needs a POSIX system with fork and SCM_RIGHTS (Linux): "
+                "TextCraft cells cannot run here"
             )
         self.tools = dict(tools)
         self.turn_key = turn_key
@@ -462,14 +502,10 @@ class CodeActWorker:
                 run.put("eof")
                 return
             self._rbuf += chunk
-            while (i := self._rbuf.find(b"\n")) >= 0:
-                line, self._rbuf = self._rbuf[:i], self._rbuf[i + 1 :]
-                try:
-                    msg = json.loads(line)
-                except (ValueError, RecursionError):
-                    msg = None
-                if not isinstance(msg, dict):
-                    run.put("bad", "a malformed message")
+            while (event := self._next_message()) is not None:
+                kind, msg = event
+                if kind == "bad":
+                    run.put("bad", msg)
                     return
                 if msg.get("type") == "call" and msg.get("name") in self.tools and run.holding:
                     # Fast path: a plain tool call is answered right here, without waking _serve.
@@ -482,6 +518,19 @@ class CodeActWorker:
                 run.put("bad", "a message larger than max_message_bytes")
                 run.loop.remove_reader(self._rfd)
                 return
+
+    def _next_message(self) -> tuple[str, Any] | None:
+        """The next whole line of the read buffer, taken out of it: ``("msg", dict)`` or ``("bad", why)``
+        (not a JSON object); None until a line is complete."""
+        i = self._rbuf.find(b"\n")
+        if i < 0:
+            return None
+        line, self._rbuf = self._rbuf[:i], self._rbuf[i + 1 :]
+        try:
+            msg = json.loads(line)
+        except (ValueError, RecursionError):
+            msg = None
+        return ("msg", msg) if isinstance(msg, dict) else ("bad", "a malformed message")
 
     def _send(self, obj: dict[str, Any]) -> None:
         self._wbuf += dumps(obj)
@@ -539,7 +588,7 @@ class CodeActWorker:
             return self._reply(cid, fn(*args, **kwargs))
         except (ValueError, RecursionError) as e:
             return self._reply(cid, error=ValueError(f"malformed tool call ({e})"))
-        except Exception as e:  # the tool's own error is the cell's error, as in-process
+        except Exception as e:  # the tool's own error is the cell's error, as in the paper's executor
             return self._reply(cid, error=e)
 
     async def _async_call(self, msg: dict[str, Any], run: _Run) -> None:
@@ -609,16 +658,21 @@ class CodeActWorker:
                 self._writer_on = None
             self._run = None
 
+    def _take_ready(self, event: tuple[str, Any] | None) -> CellResult | None:
+        """The worker's first message, which must be ``ready``: None when it is, else the cell's error."""
+        kind, msg = event if event is not None else ("bad", "no ready message")
+        if kind != "msg" or msg.get("type") != "ready":
+            return CellResult(
+                "", f"WorkerError: the Python worker could not start (it {_describe(self._stop())})."
+            )
+        self._ready = True
+        self.isolation = str(msg.get("isolation"))
+        return None
+
     async def _serve(self, run: _Run, code: str) -> CellResult:
         lim = self.limits
-        if not self._ready:
-            event = await run.get(lim.start_timeout_s)
-            kind, msg = event if event is not None else ("bad", "no ready message")
-            if kind != "msg" or msg.get("type") != "ready":
-                how = _describe(self._stop())
-                return CellResult("", f"WorkerError: the Python worker could not start (it {how}).")
-            self._ready = True
-            self.isolation = str(msg.get("isolation"))
+        if not self._ready and (failed := self._take_ready(await run.get(lim.start_timeout_s))):
+            return failed
         self.cells += 1
         await run.turn.acquire()
         run.holding = True
@@ -680,14 +734,8 @@ class CodeActWorker:
         cell's segments fall among other agents' work depends only on the event loop's order."""
         lim = self.limits
         # read inline too: awaiting it would let a sibling whose worker is ready first go first
-        if not self._ready:
-            event = self._read_inline(lim.start_timeout_s)
-            kind, msg = event if event is not None else ("bad", "no ready message")
-            if kind != "msg" or msg.get("type") != "ready":
-                how = _describe(self._stop())
-                return CellResult("", f"WorkerError: the Python worker could not start (it {how}).")
-            self._ready = True
-            self.isolation = str(msg.get("isolation"))
+        if not self._ready and (failed := self._take_ready(self._read_inline(lim.start_timeout_s))):
+            return failed
         self.cells += 1
         self._send_run(code)
         self._segment(run)
@@ -780,16 +828,8 @@ class CodeActWorker:
         deadline = time.monotonic() + timeout
         poller = select.poll()  # not select(): the trainer may hold fds past FD_SETSIZE
         while True:
-            i = self._rbuf.find(b"\n")
-            if i >= 0:
-                line, self._rbuf = self._rbuf[:i], self._rbuf[i + 1 :]
-                try:
-                    msg = json.loads(line)
-                except (ValueError, RecursionError):
-                    msg = None
-                if not isinstance(msg, dict):
-                    return ("bad", "a malformed message")
-                return ("msg", msg)
+            if (event := self._next_message()) is not None:
+                return event
             if len(self._rbuf) > self.limits.max_message_bytes:
                 return ("bad", "a message larger than max_message_bytes")
             try:

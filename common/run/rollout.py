@@ -111,7 +111,7 @@ def make_env_with_prompts(
     prompt_set: Literal["training", "evaluation"] = "training",
 ):
     """``make_env`` with the user's prompt templates, where given (one --prompts-dir for every template),
-    for TextCraft the CodeAct executor (``worker`` | ``worker-ordered`` | ``inprocess``), where given, and the prompt set:
+    for TextCraft the CodeAct executor (``worker`` | ``worker-ordered``), where given, and the prompt set:
     ``training`` (the default: every training tier builds its environment here) or ``evaluation``
     (``sera eval``, ``sera rollout``). The public code has two TextWorld builders
     (``textworld_training.py`` / ``textworld_evaluation.py``); TextCraft uses one set for both."""

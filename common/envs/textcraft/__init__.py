@@ -21,7 +21,7 @@ import importlib
 from typing import Any
 
 _EXPORTS: dict[str, str] = {
-    # name -> submodule (imported on first use, so ``recipes``/``tasks`` never pull in the sandbox)
+    # name -> submodule (imported on first use, so ``recipes``/``tasks`` never pull in the CodeAct worker)
     "LaunchRecord": "env",
     "TextCraftEnv": "env",
     "TextCraftSession": "env",

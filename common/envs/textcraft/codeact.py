@@ -11,7 +11,7 @@ commonly produce:
 
 Only the first ``<python>`` block is run; a bare Markdown fence without the tags is NOT run (the
 error says so), so the reply format stays the one the system prompt teaches.
-:func:`format_cell_observation` turns a :class:`~common.sandbox.CellResult` into the next observation
+:func:`format_cell_observation` turns a :class:`~common.codeact.CellResult` into the next observation
 with the template ``templates/textcraft_observation.txt`` (platoon's layout: ``[Cell i Output]``, the output or
 ``(No output)``, ``Error: ...`` right after it, then the next line).
 
@@ -24,7 +24,7 @@ import re
 import textwrap
 from dataclasses import dataclass
 
-from ...sandbox import CellResult
+from ...codeact import CellResult
 from .prompts import TextCraftPrompts, load_prompts
 
 _THOUGHT_OPEN = re.compile(r"<thought\s*>", re.IGNORECASE)

@@ -1,8 +1,9 @@
 """TextCraft-Synth as a SERA environment: :class:`TextCraftEnv` makes worlds and CodeAct agent sessions.
 
-One session = one agent (root or child) with its own persistent Python: by default a
+One session = one agent (root or child) with its own persistent Python: a
 :class:`~common.codeact.CodeActWorker` process (real Python, standard-library imports, full asyncio,
-last-expression echo, isolated; see ``common/codeact``). Its tools run HERE, on the SHARED world (or on
+last-expression echo, isolated; see ``common/codeact``; ``executor="worker-ordered"`` serves its cells in
+one fixed order). Its tools run HERE, on the SHARED world (or on
 the fork the runtime gave the child), when the cell calls them:
 
 * ``craft`` / ``get_info`` / ``view_inventory`` -- :class:`TextCraftWorld` methods;
@@ -40,16 +41,13 @@ Run: ``pytest tests/test_textcraft_env.py -q``.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from collections import Counter
-from collections.abc import Coroutine, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...codeact import CodeActWorker, WorkerLimits, check_cell, stuck_in_loop
-from ...sandbox import Sandbox, SandboxLimits
+from ...codeact import CodeActWorker, WorkerLimits, check_cell, check_executor, stuck_in_loop
 from ..base import (
     AgentSession,
     ChildResult,
@@ -63,10 +61,6 @@ from .codeact import parse_codeact_reply
 from .prompts import TextCraftPrompts, load_prompts
 from .tasks import DEFAULT_MAX_STEPS, book_for_task, goal_text, parse_goal_targets
 from .world import TextCraftWorld
-
-EXECUTORS = ("worker", "worker-ordered", "inprocess")
-"""``TextCraftEnv(executor=...)`` / ``--codeact-executor``: an isolated worker process per agent; the same
-with siblings' cells in one fixed order (repeatable runs); the in-process interpreter."""
 
 
 @dataclass
@@ -105,7 +99,6 @@ class TextCraftSession(AgentSession):
         is_root: bool = False,
         executor: str = "worker",
         worker_limits: WorkerLimits | None = None,
-        sandbox_limits: SandboxLimits | None = None,
         prompts: TextCraftPrompts | None = None,
     ):
         self.world = world
@@ -134,20 +127,15 @@ class TextCraftSession(AgentSession):
         """Every step's code, stripped ("" for a malformed reply): the loop detector's input."""
         self.launches: list[LaunchRecord] = []
         self.tool_calls: Counter[str] = Counter()
-        self._created_launches: list[Coroutine[Any, Any, str]] = []
         self._hook_error: str | None = None
-        if executor in ("worker", "worker-ordered"):
-            self.executor: CodeActWorker | Sandbox = CodeActWorker(
-                self._sync_tools(),
-                {"launch_subagent": self._launch},
-                worker_limits,
-                turn_key=world,
-                ordered=executor == "worker-ordered",
-            )
-        elif executor == "inprocess":
-            self.executor = Sandbox(tools=self._inprocess_tools(), limits=sandbox_limits)
-        else:
-            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+        check_executor(executor)
+        self.executor = CodeActWorker(
+            self._sync_tools(),
+            {"launch_subagent": self._launch},
+            worker_limits,
+            turn_key=world,
+            ordered=executor == "worker-ordered",
+        )
 
     # --- tools (run here, in the trainer, on the shared world) ------------------------------------------
     def _sync_tools(self) -> dict[str, Any]:
@@ -172,15 +160,6 @@ class TextCraftSession(AgentSession):
             return self.prompts.finish_recorded(msg)
 
         return {"craft": craft, "get_info": get_info, "view_inventory": view_inventory, "finish": finish}
-
-    def _inprocess_tools(self) -> dict[str, Any]:
-        def launch_subagent(targets: Any = None, context: Any = "") -> Coroutine[Any, Any, str]:
-            # A plain function returning the coroutine, so a call that is never awaited can be noticed.
-            coro = self._launch(targets, context)
-            self._created_launches.append(coro)
-            return coro
-
-        return {**self._sync_tools(), "launch_subagent": launch_subagent, "asyncio": asyncio}
 
     def _record_finish(self, msg: str) -> None:
         if not self.finished:
@@ -241,16 +220,6 @@ class TextCraftSession(AgentSession):
         remaining = self.max_steps - (self.steps_used - 1)
         return self.prompts.launch_report(text, result.steps_used, budget, remaining)
 
-    def _close_unawaited_launches(self) -> int:
-        """In-process executor: close launch coroutines the cell created but never awaited."""
-        found = 0
-        for coro in self._created_launches:
-            if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
-                coro.close()
-                found += 1
-        self._created_launches.clear()
-        return found
-
     # --- AgentSession -------------------------------------------------------------------------------
     def system_prompt(self) -> str:
         return self.prompts.system(self.max_steps)
@@ -278,7 +247,7 @@ class TextCraftSession(AgentSession):
 
     async def _run_cell(self, index: int, code: str, info: dict[str, Any]) -> str:
         """Check, run and describe one cell (the observation text)."""
-        check = check_cell(code, parse=not isinstance(self.executor, CodeActWorker))
+        check = check_cell(code, parse=False)
         if check.kind is not None:
             info["rejected"] = check.kind
             error = {
@@ -298,11 +267,8 @@ class TextCraftSession(AgentSession):
             info["rejected"] = "syntax"
             return self.prompts.observation(index, "", self.prompts.syntax_error(*result.syntax_error))
         stdout = result.stdout
-        unawaited = result.unawaited_launches + (
-            self._close_unawaited_launches() if isinstance(self.executor, Sandbox) else 0
-        )
-        if unawaited:
-            stdout += self.prompts.unawaited_runtime(unawaited) + "\n"
+        if result.unawaited_launches:
+            stdout += self.prompts.unawaited_runtime(result.unawaited_launches) + "\n"
         return self.prompts.observation(index, stdout, result.error)
 
     async def step(self, reply: str) -> StepResult:
@@ -378,8 +344,7 @@ class TextCraftSession(AgentSession):
 
     def close(self) -> None:
         """Stop this agent's worker process (done when it halts; idempotent)."""
-        if isinstance(self.executor, CodeActWorker):
-            self.executor.close()
+        self.executor.close()
 
 
 class TextCraftEnv(Environment):
@@ -390,7 +355,6 @@ class TextCraftEnv(Environment):
     def __init__(
         self,
         max_steps: int | None = DEFAULT_MAX_STEPS,
-        sandbox_limits: SandboxLimits | None = None,
         task_dir: str | Path | None = None,
         executor: str = "worker",
         worker_limits: WorkerLimits | None = None,
@@ -400,13 +364,10 @@ class TextCraftEnv(Environment):
         for relative ``misc.recipes_path`` (records from :func:`load_tasks` are already absolute);
         ``executor``: ``"worker"`` (default: an isolated process per agent), ``"worker-ordered"`` (the
         same workers, each cell segment served inline on the event loop: parallel siblings act on the
-        shared world in one fixed order, so a run repeats exactly) or ``"inprocess"`` (the restricted
-        in-process interpreter, ``sandbox_limits``; faster, no isolation, restricted Python);
+        shared world in one fixed order, so a run repeats exactly); ``worker_limits``: the workers' limits;
         ``prompts_dir``: templates that replace the packaged ones (``--prompts DIR``)."""
-        if executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+        check_executor(executor)
         self.max_steps = max_steps
-        self.sandbox_limits = sandbox_limits
         self.task_dir = task_dir
         self.executor = executor
         self.worker_limits = worker_limits
@@ -421,7 +382,6 @@ class TextCraftEnv(Environment):
         return {
             "executor": self.executor,
             "worker_limits": self.worker_limits,
-            "sandbox_limits": self.sandbox_limits,
             "prompts": self.prompts,
         }
 

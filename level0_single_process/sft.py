@@ -205,12 +205,10 @@ def sft(cfg: SFTConfig, progress: bool = True) -> list[dict[str, Any]]:
     return history
 
 
-if __name__ == "__main__":
-    import sys
+if __name__ == "__main__":  # `sera sft`, run as a program (common/run/entry.py)
+    from common.run.entry import exec_sera
 
-    from sera.cli import app
-
-    app(["sft", *sys.argv[1:]])
+    exec_sera(["sft"], "level0_single_process.sft")
 
 
 def export_checkpoint(run_dir: str | Path, base_model: str, out_dir: str | Path) -> Path:

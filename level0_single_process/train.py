@@ -220,9 +220,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
     return history
 
 
-if __name__ == "__main__":
-    import sys
+if __name__ == "__main__":  # `sera train --level 0`, run as a program (common/run/entry.py)
+    from common.run.entry import exec_sera
 
-    from sera.cli import app
-
-    app(["train", "--level", "0", *sys.argv[1:]])
+    exec_sera(["train", "--level", "0"], "level0_single_process.train")

@@ -353,15 +353,10 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
 # Command line (`python -m level1_batched.train`, torchrun): the `sera train` options at level 1.
 # ----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
-    import sys
+    """Become ``sera train --level 1 ARGS`` (common/run/entry.py: the CLI imports this tier, not the reverse)."""
+    from common.run.entry import exec_sera
 
-    from sera.cli import app
-
-    try:
-        app(["train", "--level", "1", *(sys.argv[1:] if argv is None else argv)], standalone_mode=True)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    exec_sera(["train", "--level", "1"], "level1_batched.train", argv)
 
 
 if __name__ == "__main__":

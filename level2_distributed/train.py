@@ -439,11 +439,10 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
 # Command line (`python -m level2_distributed.train`): the `sera train` options at level 2.
 # ----------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> None:
-    import sys
+    """Become ``sera train --level 2 ARGS`` (common/run/entry.py: the CLI imports this tier, not the reverse)."""
+    from common.run.entry import exec_sera
 
-    from sera.cli import app
-
-    app(["train", "--level", "2", *(sys.argv[1:] if argv is None else argv)], standalone_mode=True)
+    exec_sera(["train", "--level", "2"], "level2_distributed.train", argv)
 
 
 if __name__ == "__main__":

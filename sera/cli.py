@@ -12,7 +12,9 @@
 Every command is built from a typed config dataclass (its fields are the options, their docstrings the
 help), validates its input before loading a model, and answers bad input with one line and exit code 2.
 Heavy imports (torch, transformers, textworld) happen inside the commands, so ``sera --help`` is instant.
-This module is the only place that imports the tiers; nothing under ``common/`` does.
+This module is the only place that imports the tiers; nothing under ``common/`` does, and no tier imports
+this module: a tier's own entry point (``python -m level1_batched.train``) runs this command as a program
+(``common/run/entry.py``), so imports flow cli -> tiers -> common.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import asyncio
 import functools
 import importlib.util
 import inspect
+import json
 import os
 import shlex
 import shutil
@@ -36,6 +39,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from common.config import Given, dataclass_command, field_docs, option_type
+from common.run.entry import ENTRY_ENV
 
 # Help layout: rich panels on a wide terminal; on a narrow one (< 100 columns) rich's option table cuts long
 # option names ("--rollouts-per-t…"), so help falls back to click's plain layout, which wraps the text
@@ -142,11 +146,18 @@ def friendly(fn):
     return wrapper
 
 
+_ENTRY = os.environ.pop(ENTRY_ENV, None)
+"""Set when a tier's own entry point became this process (``common/run/entry.py``); not passed on."""
+
+
 def typed_command(name: str) -> str:
     """The command line as the user typed it: ``sera NAME ...`` (``python -m sera`` shown as ``sera``), or
     ``python -m MODULE ...`` for a tier's own entry point (``python -m level1_batched.train``, also what
     torchrun runs: then put the torchrun launcher in front again)."""
     args = sys.argv[1:]
+    if _ENTRY is not None:
+        entry = json.loads(_ENTRY)
+        return shlex.join([*entry["as"], *args[entry["skip"] :]])
     if args[:1] == [name] or not sys.argv[0].endswith(".py") or sys.argv[0].endswith("__main__.py"):
         return shlex.join(["sera", *args])
     script = Path(sys.argv[0]).resolve()
@@ -702,9 +713,15 @@ def _train(
 
             train(cfg)
         elif level == 1:
+            import torch.distributed as dist
+
             from level1_batched.train import train as train_level1
 
-            train_level1(cfg, l1)
+            try:
+                train_level1(cfg, l1)
+            finally:  # torchrun's ranks leave the process group they joined
+                if dist.is_available() and dist.is_initialized():
+                    dist.destroy_process_group()
         else:
             from level2_distributed.train import train as train_level2
 

@@ -2,6 +2,8 @@
 
 * nothing under ``common/`` imports a tier, torch.distributed, Ray or an inference-server package;
 * no tier imports another tier's ``train.py`` (only tests and the CLI do);
+* no tier imports the CLI (``sera``): imports flow cli -> tiers -> common; a tier's own entry point runs
+  the ``sera`` command as a program (``common/run/entry.py``), issue #24;
 * every runnable file opens with a docstring.
 """
 
@@ -49,6 +51,13 @@ def test_the_guard_can_fail():
 def test_no_tier_imports_a_train_script(tier: str):
     for path in (ROOT / tier).rglob("*.py"):
         bad = [n for n in imports_of(path) if n.split(".")[0] in TIERS and n.split(".")[-1] == "train"]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_no_tier_imports_the_cli(tier: str):
+    for path in (ROOT / tier).rglob("*.py"):
+        bad = [n for n in imports_of(path) if _forbidden(n, ("sera",))]
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 

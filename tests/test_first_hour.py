@@ -337,10 +337,11 @@ def test_helps_say_how_resuming_works(helps):
 
 
 # ---- 6. Ctrl-C says what was saved and how to resume ---------------------------------------------------
-def interrupt(args: list[str], ready, timeout: float = 90) -> subprocess.CompletedProcess:
-    """Start ``sera ARGS``, wait for ``ready()``, send SIGINT (as Ctrl-C does), return the finished run."""
+def interrupt(args: list[str], ready, timeout: float = 90, program: tuple[str, ...] = ("-m", "sera")):
+    """Start ``python PROGRAM ARGS`` (``sera ARGS``), wait for ``ready()``, send SIGINT (as Ctrl-C does),
+    return the finished run (a CompletedProcess)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sera", *args], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+        [sys.executable, *program, *args], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     t0 = time.time()
@@ -365,6 +366,22 @@ def test_ctrl_c_of_a_short_train_run_prints_the_resume_command(tmp_path):
     resume = said[-1].removeprefix("resume with: ").split("   ")[0]
     assert resume == (f"sera train --model tiny --steps 50 --max-new-tokens 8 --codeact-executor worker-ordered "
                       f"--out {out} --resume"), resume  # fmt: skip
+
+
+def test_a_tiers_own_entry_point_is_the_sera_command(tmp_path):
+    """``python level0_single_process/train.py`` runs ``sera train --level 0`` as a program (the tier does not
+    import the CLI, issue #24): its help, from any directory, and a Ctrl-C that names the tier's command."""
+    script = subprocess.run([sys.executable, str(ROOT / "level0_single_process" / "train.py"), "--help"],
+                            cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert script.returncode == 0 and "--codeact-executor" in script.stdout, script.stderr[-3000:]
+    out = tmp_path / "run"
+    args = ["--model", "tiny", "--steps", "50", "--max-new-tokens", "8", "--out", str(out)]
+    done = interrupt(
+        args, lambda: (out / "config.json").exists(), program=("-m", "level0_single_process.train")
+    )
+    assert done.returncode == 130, done.stderr[-3000:]
+    resume = done.stderr.strip().splitlines()[-1].removeprefix("resume with: ").split("   ")[0]
+    assert resume == f"python -m level0_single_process.train {' '.join(args)} --resume", resume
 
 
 def test_ctrl_c_message_names_the_checkpoint(tmp_path, capsys):

@@ -8,6 +8,7 @@
 | `metrics.py`    | the metrics line (the same names in every tier), metrics.jsonl, TensorBoard, plots |
 | `progress.py`   | a live display inside a step (agents, model calls, tokens/s) and the step bar     |
 | `checkpoint.py` | the checkpoint interface (torch.save here; level 2 plugs in torch.distributed.checkpoint) |
+| `entry.py`      | a tier's own entry point (`python -m level1_batched.train`) runs the `sera` command as a program |
 
 A tier's ``train.py`` keeps the algorithm visible in its loop (stage, rollouts, rewards -> advantages ->
 datums, the CISPO loss, the optimizer step) and imports these pieces; no tier imports another tier's

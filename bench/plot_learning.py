@@ -146,7 +146,11 @@ def figure(res: dict[str, Any], png: Path, title: str) -> None:
     for i, (k, name) in enumerate(RUNS.items()):
         if k in runs and runs[k]["evals"]:
             xs, ys = zip(*runs[k]["evals"], strict=True)
-            a.plot(xs, [100 * y for y in ys], "o-", color=f"C{i}", label=name)
+            # SERA: large hollow circles, RAO: small filled squares, so equal values stay visible as both
+            style = (
+                {"marker": "o", "ms": 9, "mfc": "none", "lw": 2} if k == "sera" else {"marker": "s", "ms": 4}
+            )
+            a.plot(xs, [100 * y for y in ys], "-", color=f"C{i}", label=name, **style)
     sft0 = [ev[0][1] for ev in (r["evals"] for r in runs.values()) if ev and ev[0][0] == 0]
     if sft0:
         a.axhline(100 * sft0[0], color="gray", ls="--", lw=1, label="SFT (step 0)")

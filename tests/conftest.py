@@ -149,7 +149,7 @@ def local_ray():
     test_level2_colocate.py keep their own variants)."""
     ray = pytest.importorskip("ray", reason="level 2 needs Ray: pip install 'ray[default]'")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})  # fmt: skip
     yield ray
     ray.shutdown()

@@ -45,6 +45,7 @@ def local_ray():
     """A local Ray with 2 CPUs; actors import this checkout."""
     if not ray.is_initialized():
         ray.init(
+            address="local",  # a new cluster of its own, never one another process left running
             num_cpus=2,
             include_dashboard=False,
             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},

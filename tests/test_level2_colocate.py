@@ -29,7 +29,7 @@ LOGP_TOL = 1e-4
 def local_ray():
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
     yield ray
     ray.shutdown()

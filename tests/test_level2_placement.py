@@ -76,7 +76,7 @@ def test_a_collective_timeout_is_recovered_like_a_dead_actor(tmp_path, monkeypat
         ray.shutdown()
     marker = tmp_path / "hang_fired"
     monkeypatch.setenv("SERA_L2_FAULT", f"1:7:{marker}:hang")  # rank 1 hangs in round 7's step
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "SERA_L2_FAULT": os.environ["SERA_L2_FAULT"]}})  # fmt: skip
     try:
         cfg = TrainConfig.make(model="tiny", dtype="float32", seed=0)

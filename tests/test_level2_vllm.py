@@ -42,7 +42,7 @@ def test_vllm_servers_two_step_run_with_a_killed_server(tmp_path, monkeypatch):
         ray.shutdown()
     marker = tmp_path / "server_killed"
     monkeypatch.setenv("SERA_L2_SERVER_FAULT", f"6:{marker}")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "SERA_L2_SERVER_FAULT": f"6:{marker}"}})  # fmt: skip
     try:
         out = tmp_path / "run"

@@ -38,7 +38,7 @@ from level2_distributed.trainer import TrainerRank
 ROOT = Path(__file__).resolve().parents[1]
 fx = json.loads((ROOT / "tests" / "fixtures" / "rl_fixture.json").read_text())
 os.environ.setdefault("SERA_L2_THREADS", "1")
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
          runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "SERA_L2_THREADS": "1"}})  # fmt: skip
 
 # %% [markdown]

@@ -8,9 +8,11 @@ the Hugging Face hub (transformers, tokenizers), Ray's and vLLM's usage statisti
 (level 1's data parallel, level 2's FSDP ranks: every rank on this machine) use the loopback interface
 instead of resolving the machine's host name, which a machine without DNS can make wait.
 
-The suite runs on 2 processes (pytest-xdist, ``-n 2 --dist loadgroup`` in pyproject.toml; ``-n 0`` for one):
-the modules that start vLLM run on one worker together, as do the modules that start Ray clusters (two
-clusters or two vLLM engines at once would only fight over the same 2 cores and memory).
+The suite runs on 2 processes (pytest-xdist, ``-n 2 --dist loadfile`` in pyproject.toml; ``-n 0`` for one),
+each module on one of them. Tests that start Ray start a cluster of their own (``address="local"``), never
+joining one that another worker started. (``--dist loadgroup``, which would keep the vLLM and the Ray
+modules on one worker each, does nothing with pytest 9.2 and pytest-xdist 3.8: xdist writes the group into
+``item._nodeid``, which pytest 9 no longer reads.)
 """
 
 from __future__ import annotations
@@ -31,22 +33,6 @@ OFFLINE = {
 }
 for _name, _value in OFFLINE.items():
     os.environ.setdefault(_name, _value)
-
-XDIST_GROUPS = {
-    "vllm": ("test_engine_vllm_cpu", "test_engine_level1_vllm", "test_policy_openai"),
-    "ray": ("test_level2", "test_level2_colocate", "test_level2_load", "test_level2_placement",
-            "test_level2_tied", "test_level2_vllm", "test_tutorials"),
-}  # fmt: skip
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """Each module of ``XDIST_GROUPS`` runs on its group's one worker under ``--dist loadgroup``."""
-    group_of = {m: g for g, mods in XDIST_GROUPS.items() for m in mods}
-    for item in items:
-        module = getattr(item, "module", None)
-        group = group_of.get(module.__name__.rpartition(".")[2]) if module else None
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One 10-minute call of the H200 learning run: goes on with `bench/learning.sh` where the last call stopped and
-# copies what it has so far (times, logs, metrics, reports, figure; no weights) to $OUT/learn.
+# packs what it has so far (times, logs, metrics, reports, figure; no weights) into $OUT/learn.tgz.
 #
 # On the lent H200, after steps 1-6 of ../shared/gpu/device-vllm-steps.md (vLLM and SmolLM2 under /tmp/site),
 # each call of the run is this one command; /tmp/keep survives between calls made back to back:
@@ -15,10 +15,9 @@ export PYTHONPATH=/tmp/site:$PWD SERA_CACHE=/tmp/keep/cache VLLM_USE_FLASHINFER_
 RUN=${RUN:-/tmp/keep/learn}
 BUDGET_S=${BUDGET_S:-540} PARALLEL=${PARALLEL:-1} ENGINE=vllm bash bench/learning.sh "$RUN"
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv || true
-if [ -n "${OUT:-}" ]; then  # the small files only: checkpoints, models and compile caches stay on the machine
-  mkdir -p "$OUT/learn"
-  (cd "$RUN" && find . \( -name checkpoints -o -name model -o -name 'vllm_cache*' \) -prune -o -type f \
-    \( -name '*.jsonl' -o -name '*.json' -o -name '*.txt' -o -name '*.log' -o -name '*.md' -o -name '*.png' \) \
-    -size -8M -print0 | xargs -0 -r cp --parents -t "$OUT/learn")
-  du -sh "$OUT/learn"
+if [ -n "${OUT:-}" ]; then  # one archive of the small files (the machine returns few files, each size-capped):
+  # checkpoints, models, compile caches, SFT data and rollout trees stay on the machine
+  (cd "$RUN" && find . \( -name checkpoints -o -name model -o -name 'vllm_cache*' \) -prune -o -type f -size -3M \
+    ! -name 'sft_data*' ! -name 'trees*' -print | tar -czf "$OUT/learn.tgz" -T -)
+  ls -l "$OUT/learn.tgz"
 fi

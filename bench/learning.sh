@@ -12,7 +12,7 @@
 #   MODEL=tiny SFT_STEPS=4 RL_STEPS=2 EVAL_EVERY=1 N_EVAL=2 bash bench/learning.sh runs/learning_dry   # CPU
 #
 # Knobs (environment): MODEL, ENGINE (hf | vllm), SFT_STEPS/SFT_TASKS/SFT_LR, RL_STEPS/RL_LR, RL_TURNS (the
-# step each SERA/RAO turn trains to; default half, then all), N_EVAL/EVAL_EVERY (held-out tasks, how often),
+# step each SERA/RAO turn trains to; default half, then all; with PARALLEL=1 one turn to RL_STEPS), N_EVAL/EVAL_EVERY (held-out tasks, how often),
 # BATCH (engine batch), AGENT/CALLS (agent sizes, rubric/score caps), RL_EXTRA/SFT_EXTRA (more flags),
 # PYTHON (interpreter), BUDGET_S, PHASES, PARALLEL (1: each turn runs SERA and RAO at the same time; a
 # round is a chain of dependent generations, so one run leaves most of a GPU idle: two share it, each
@@ -27,8 +27,8 @@
 set -u
 O=${1:-runs/learning}; mkdir -p "$O"; O=$(cd "$O" && pwd)
 MODEL=${MODEL:-smollm2}; ENGINE=${ENGINE:-hf}
-SFT_STEPS=${SFT_STEPS:-120}; SFT_TASKS=${SFT_TASKS:-64}; SFT_LR=${SFT_LR:-1e-4}
-RL_STEPS=${RL_STEPS:-20}; RL_LR=${RL_LR:-1e-5}; N_EVAL=${N_EVAL:-32}; EVAL_EVERY=${EVAL_EVERY:-5}
+SFT_STEPS=${SFT_STEPS:-20}; SFT_TASKS=${SFT_TASKS:-64}; SFT_LR=${SFT_LR:-1e-4}
+RL_STEPS=${RL_STEPS:-20}; RL_LR=${RL_LR:-5e-5}; N_EVAL=${N_EVAL:-32}; EVAL_EVERY=${EVAL_EVERY:-5}
 BATCH=${BATCH:-256}; BUDGET_S=${BUDGET_S:-100000}
 PHASES=${PHASES:-"data sft rl_sera rl_rao eval_base"}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -70,7 +70,7 @@ SERA_RL="$RL --method sera --schedule execution:2,delegation:1,rubric:2 --resume
 RAO_RL="$RL --method rao --resume --out $O/rl_rao"
 if [ "${PARALLEL:-0}" = 1 ]; then
   SHARE="--gpu-memory-utilization ${GPU_MEM:-0.3} --kv-cache-gib ${KV_GIB:-12}"
-  for target in ${RL_TURNS:-$(( RL_STEPS / 2 )) $RL_STEPS}; do
+  for target in ${RL_TURNS:-$RL_STEPS}; do  # one turn: both run at once, neither waits for the other
     phase "rl_sera_$target" env VLLM_CACHE_ROOT="$O/vllm_cache_sera" $SERA_RL $SHARE --steps "$target" &
     phase "rl_rao_$target" env VLLM_CACHE_ROOT="$O/vllm_cache_rao" $RAO_RL $SHARE --steps "$target" &
     wait

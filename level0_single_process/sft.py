@@ -17,6 +17,10 @@ paper starts from a model that already acts in the format; this loop puts a smal
         AdamW (fp32 master weights, linear warm-up, clip); log; checkpoint
     save out/model/ (save_pretrained + tokenizer): an ordinary HF model directory
 
+``--lora-rank R`` trains a LoRA adapter (peft) instead of every weight: the base is frozen, checkpoints
+hold the adapter only, and the run ends with ``out/adapter/`` (peft's format + ``sera_adapter.json``, which
+``sera train/eval --init-adapter`` merge in; ``common/policy/warmstart.py``) beside the merged ``out/model``.
+
 The examples are the REAL runtime's calls (agent steps with delegations, rubrics, scores) with the prompt
 ids an HFPolicy would send (``RecordingTeacher``), so what is learned is exactly what RL will sample.
 Simplifications: one example per forward pass (no packing, no padding), a constant learning rate after the
@@ -150,8 +154,79 @@ def save_model_dir(model, tokenizer, path: Path) -> None:
     tmp.rename(path)
 
 
+def add_lora(model, cfg: SFTConfig):
+    """``--lora-rank R``: a peft LoRA adapter of rank R on every attention and MLP projection; only the
+    adapter trains (its A matrices random, its B matrices zero: the wrapped model starts equal to the base)."""
+    from peft import LoraConfig, get_peft_model
+
+    from common.policy.warmstart import LORA_TARGETS
+
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                      target_modules=list(LORA_TARGETS), bias="none", task_type="CAUSAL_LM")  # fmt: skip
+    with torch.random.fork_rng(devices=[]):  # the A init is seeded, and the run's RNG stream is untouched
+        torch.manual_seed(cfg.seed)
+        return get_peft_model(model, lora)
+
+
+class TrainedWeights:
+    """What a LoRA run's checkpoints hold: the adapter's weights only (the base weights never change, and
+    the model loads them again on --resume). The ``state_dict`` interface of a module."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(self.model)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(self.model, state)
+        missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
+        if missing:
+            raise SystemExit(f"--resume: the checkpoint lacks adapter weights {missing[:3]}")
+
+
+def save_adapter(model, cfg: SFTConfig, step: int, path: Path) -> None:
+    """The LoRA adapter in peft's format (adapter_config.json + adapter_model.safetensors) plus
+    ``sera_adapter.json`` (base model, environment, the SFT settings and data that made it), atomically."""
+    import shutil
+
+    from common.data import file_mode
+    from common.policy.warmstart import FORMAT, LORA_TARGETS, RECORD, model_key
+
+    key = model_key(cfg.model, cfg.seed)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    (tmp / "README.md").unlink(missing_ok=True)  # peft's empty model-card template
+    peft_config = json.loads((tmp / "adapter_config.json").read_text())
+    peft_config["base_model_name_or_path"] = key  # the model's name, not this machine's cache path
+    (tmp / "adapter_config.json").write_text(json.dumps(peft_config, indent=2))
+    (tmp / "adapter_model.safetensors").chmod(file_mode())  # safetensors writes 0o600
+    summary = path.parent / "sft_data_summary.json"
+    record = {
+        "format": FORMAT,
+        "base_model": key,
+        "env": cfg.env,
+        "lora_rank": cfg.lora_rank,
+        "lora_alpha": cfg.lora_alpha,
+        "target_modules": list(LORA_TARGETS),
+        "sft_steps": step,
+        "data": json.loads(summary.read_text()) if summary.exists() else None,
+        "sft_config": asdict(cfg),
+    }
+    (tmp / RECORD).write_text(json.dumps(record, indent=2))
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+
+
 def sft(cfg: SFTConfig, progress: bool = True) -> list[dict[str, Any]]:
-    """Run the warm start; returns the metrics of the steps taken now. The model lands in ``out/model``."""
+    """Run the warm start; returns the metrics of the steps taken now. The model lands in ``out/model``
+    (and with ``--lora-rank`` the adapter in ``out/adapter``)."""
     from common.policy.models import load_model
 
     out = Path(cfg.out)
@@ -159,6 +234,9 @@ def sft(cfg: SFTConfig, progress: bool = True) -> list[dict[str, Any]]:
     seed_everything(cfg.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_model(cfg.model, dtype=cfg.dtype, device=device, seed=cfg.seed)
+    if cfg.lora_rank:
+        model = add_lora(model, cfg)
+    trained = TrainedWeights(model) if cfg.lora_rank else model  # what checkpoints hold
     max_context = int(getattr(model.config, "max_position_embeddings", None) or 8192)  # as HFPolicy
     t0 = time.perf_counter()
     examples = build_examples(cfg, tokenizer, max_context, out)
@@ -170,11 +248,12 @@ def sft(cfg: SFTConfig, progress: bool = True) -> list[dict[str, Any]]:
     )
     optimizer = make_optimizer(model, optim_cfg)
     ckpt = TorchCheckpointer(out)
-    state = (ckpt.load_latest(model, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
+    state = (ckpt.load_latest(trained, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
     truncate_logs(out, state.round)
     writer = MetricsWriter(out)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
-    print(f"[sft] {cfg.env} | model {cfg.model} | {len(examples)} examples ({t_data:.1f} s) | "
+    lora = f" | LoRA r{cfg.lora_rank} alpha {cfg.lora_alpha:g}" if cfg.lora_rank else ""
+    print(f"[sft] {cfg.env} | model {cfg.model}{lora} | {len(examples)} examples ({t_data:.1f} s) | "
           f"steps {state.step}->{cfg.steps}")  # fmt: skip
     history = []
     while state.step < cfg.steps:
@@ -192,16 +271,21 @@ def sft(cfg: SFTConfig, progress: bool = True) -> list[dict[str, Any]]:
         state.step += 1
         state.round = state.step
         if state.step % cfg.save_every == 0 or state.step == cfg.steps:
-            ckpt.save(state, model, optimizer, asdict(cfg))
+            ckpt.save(state, trained, optimizer, asdict(cfg))
         if progress and (state.step % 5 == 0 or state.step == cfg.steps):
             print(f"[sft] step {state.step}/{cfg.steps} loss {m['loss/sft']:.3f} "
                   f"acc {m['sft/token_acc']:.3f} grad {m['grad_norm']:.2f} ({dt:.1f} s)", flush=True)  # fmt: skip
     writer.close()
     if (out / "metrics.jsonl").exists():
         plot_sft_curves(out / "metrics.jsonl", out / "curves.png")
+    adapter = ""
+    if cfg.lora_rank:
+        save_adapter(model, cfg, state.step, out / "adapter")
+        model = model.merge_and_unload()  # out/model: the base with the adapter merged in
+        adapter = f"; the adapter alone in {out}/adapter (--init-adapter {out}/adapter)"
     save_model_dir(model, tokenizer, out / "model")
     print(f"done: {state.step} SFT steps. Warm start in {out}/model (use --model {out}/model or "
-          f"--policy hf:{out}/model); curves in {out}/curves.png")  # fmt: skip
+          f"--policy hf:{out}/model){adapter}; curves in {out}/curves.png")  # fmt: skip
     return history
 
 
@@ -222,8 +306,14 @@ def export_checkpoint(run_dir: str | Path, base_model: str, out_dir: str | Path)
     ckpts = sorted(Path(run_dir, "checkpoints").glob("step_*"))
     if not ckpts:
         raise FileNotFoundError(f"{run_dir}/checkpoints holds no step_* checkpoint")
-    model, tokenizer = load_model(base_model, dtype="float32")
     state = torch.load(ckpts[-1] / "state.pt", weights_only=False, map_location="cpu")
-    model.load_state_dict(state["model"])
+    config = state.get("config") or {}
+    model, tokenizer = load_model(base_model, dtype="float32", seed=int(config.get("seed", 0)))
+    if config.get("lora_rank"):  # a LoRA SFT checkpoint holds the adapter only
+        model = add_lora(model, SFTConfig.make(**{k: config[k] for k in ("lora_rank", "lora_alpha", "seed")}))
+        TrainedWeights(model).load_state_dict(state["model"])
+        model = model.merge_and_unload()
+    else:
+        model.load_state_dict(state["model"])
     save_model_dir(model, tokenizer, Path(out_dir))
     return Path(out_dir)

@@ -306,8 +306,18 @@ def load_model(
     device: str | torch.device = "cpu",
     *,
     seed: int = 0,
+    adapter: str | Path | None = None,
 ) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)``; ``name_or_path`` is ``smollm2``, ``tiny``, an HF id or a local path."""
+    """Load ``(model, tokenizer)``; ``name_or_path`` is ``smollm2``, ``tiny``, an HF id or a local path.
+    ``adapter``: a peft (LoRA) adapter directory merged into the weights as they load (a warm start,
+    ``common/policy/warmstart.py``; the merge in float32, then the model is cast to ``dtype``)."""
+    if adapter is not None:
+        from common.policy.warmstart import merge_adapter
+
+        model, tokenizer = load_model(name_or_path, dtype="float32", device="cpu", seed=seed)
+        model = merge_adapter(model, adapter)
+        torch_dtype = _torch_dtype(dtype)
+        return (model.to(torch_dtype) if torch_dtype else model).to(device).eval(), tokenizer
     torch_dtype = _torch_dtype(dtype)
     alias = ALIASES.get(name_or_path.lower())
     if alias not in IN_MEMORY:

@@ -24,7 +24,8 @@ class SFTConfig:
     model: str = "smollm2"
     """Model to warm-start: smollm2 | tiny | a local model dir | an HF id already in the local cache."""
     out: str = "runs/sft"
-    """Run directory: sft_data.jsonl, metrics.jsonl, curves.png, checkpoints/, model/ (the warm start)."""
+    """Run directory: sft_data.jsonl, metrics.jsonl, curves.png, checkpoints/, model/ (the warm start), and
+    with --lora-rank adapter/."""
     resume: bool = False
     """Continue from the last checkpoint in `out` (same config required)."""
     tasks: str | None = None
@@ -67,6 +68,13 @@ class SFTConfig:
     """Compute dtype (bfloat16 keeps fp32 master weights in the optimizer)."""
     max_example_tokens: int = 4096
     """Examples longer than this (prompt + reply) are dropped (counted in the metrics)."""
+    lora_rank: int = 0
+    """0: train every weight (full fine-tune). R > 0: train a LoRA adapter of rank R (peft) on every attention
+    and MLP projection (q, k, v, o, gate, up, down) and keep the base weights frozen; the adapter is written
+    to `out`/adapter/ (peft's format, a few MB; `sera train --init-adapter` merges it in) beside the merged
+    model `out`/model/, and checkpoints hold only what is trained."""
+    lora_alpha: float = 32.0
+    """With --lora-rank: LoRA's scale numerator (the update is alpha / rank x B A)."""
     save_every: int = 20
     """Checkpoint every N optimizer steps (and at the end)."""
     seed: int = 0
@@ -87,6 +95,8 @@ class SFTConfig:
                 ("save_every", self.save_every, 1),
                 ("warmup", self.warmup, 0),
                 ("max_example_tokens", self.max_example_tokens, 2),
+                ("lora_rank", self.lora_rank, 0),
+                ("lora_alpha", self.lora_alpha, 0),
             ],
             [("child_noise", self.child_noise)],
         )

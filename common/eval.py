@@ -53,6 +53,10 @@ class EvalConfig:
     """Task file (JSONL or manifest JSON). Required."""
     policy: str = "oracle"
     """Policy: oracle | random | replay:FILE.json | hf:MODEL (smollm2, tiny, a path) | openai:URL#MODEL."""
+    init_adapter: str = "auto"
+    """hf:MODEL / --engine vllm policies: warm-start weights merged into MODEL as it loads: auto = the LoRA
+    adapter shipped with the package for this model and environment, else the plain model | none | PATH
+    (an adapter directory from `sera sft --lora-rank R`). Pinned in the manifest when one is used."""
     out: str = ""
     """Output directory (resumable). Required."""
     resume: bool = False
@@ -170,8 +174,24 @@ def paper_task_file(cfg: EvalConfig) -> EvalConfig:
     return replace(cfg, tasks=str(path))
 
 
-def make_manifest(cfg: EvalConfig, runtime_hash: str) -> dict[str, Any]:
+def eval_init(cfg: EvalConfig) -> Any:
+    """The starting weights of an ``hf:MODEL`` policy (``--init-adapter``, :mod:`common.policy.warmstart`),
+    or None for a policy that loads no model by name; an explicit adapter for any other policy is refused."""
+    from common.policy.warmstart import resolve_init
+
+    if cfg.policy.startswith("hf:") and cfg.policy[3:]:
+        return resolve_init(cfg.init_adapter, cfg.policy[3:], cfg.env, seed=0)  # HFPolicy's model seed
+    if cfg.init_adapter.strip().lower() not in ("auto", "none", ""):
+        raise ValueError(f"--init-adapter applies to hf:MODEL policies, not --policy {cfg.policy}")
+    return None
+
+
+def make_manifest(cfg: EvalConfig, runtime_hash: str, init: Any = None) -> dict[str, Any]:
+    """What an output directory pins; with a warm-start adapter merged in, that adapter too (an eval without
+    one keeps the manifest it always had, so older directories resume)."""
+    adapter = {"init_adapter": init.record()} if init is not None and init.adapter else {}
     return {
+        **adapter,
         "env": cfg.env,
         "tasks_file": str(cfg.tasks),
         "tasks_sha256": file_sha256(cfg.tasks),
@@ -272,12 +292,19 @@ def aggregate(results: list[dict[str, Any]], env: str, n_tasks: int | None = Non
     }
 
 
+def _adapter_note(report: dict[str, Any]) -> str:
+    init = report.get("init_weights") or {}
+    if not init.get("adapter"):
+        return ""
+    return f" + warm-start adapter `{Path(init['adapter']).name if init.get('shipped') else init['adapter']}`"
+
+
 def render_markdown(report: dict[str, Any], title: str = "") -> str:
     """A table like the paper's: one row per tier plus the headline figure."""
     lines = [
         f"# {title or 'SERA evaluation'}",
         "",
-        f"env `{report['env']}` · policy `{report.get('policy', '?')}` · "
+        f"env `{report['env']}` · policy `{report.get('policy', '?')}`{_adapter_note(report)} · "
         f"{report['n_done']}/{report['n_tasks']} tasks done · {report['errors']} errors (counted as failures)",
         "",
         "| tier | tasks | successes | success % |",
@@ -334,10 +361,12 @@ def load_results(out: Path) -> dict[int, dict[str, Any]]:
     return done
 
 
-def write_report(cfg: EvalConfig, out: Path, n_tasks: int, wall: float) -> dict[str, Any]:
+def write_report(cfg: EvalConfig, out: Path, n_tasks: int, wall: float, init: Any = None) -> dict[str, Any]:
     results = load_results(out)
     report = aggregate(list(results.values()), cfg.env, n_tasks=n_tasks)
     report.update(policy=cfg.policy, tasks_file=str(cfg.tasks), wall_seconds=wall)
+    if init is not None:
+        report["init_weights"] = init.record()
     write_json_atomic(out / "report.json", report)
     (out / "report.md").write_text(render_markdown(report, f"SERA evaluation: {cfg.policy} on {cfg.env}"))
     plot_tiers({cfg.policy: report}, out / "success_by_tier.png")
@@ -371,7 +400,8 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
         prompts_dir=cfg.prompts_dir,
         **({"max_new_tokens": cfg.max_new_tokens} if cfg.max_new_tokens else {}),
     )
-    manifest = make_manifest(cfg, rcfg.hash())
+    init = eval_init(cfg) if policy is None else None  # --init-adapter (a mismatched adapter fails here)
+    manifest = make_manifest(cfg, rcfg.hash(), init)
     check_manifest(out, manifest, write=False)  # refuse a mismatch early, write nothing yet
     for torn in (out / "results").glob(".*.tmp"):  # a write a killed run never finished: redone below
         torn.unlink()
@@ -381,11 +411,20 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
     todo = [i for i in range(len(tasks)) if i not in done or done[i].get("error")]
     env = make_env_with_prompts(cfg.env, cfg.prompts_dir, prompt_set="evaluation")
     spec = cfg.policy
+    if init is not None:
+        print(init.line(), flush=True)
     if cfg.engine != "hf" and policy is None:
         if not spec.startswith("hf:"):
             raise ValueError(f"--engine {cfg.engine} runs hf:MODEL policies, not {spec!r}")
-        spec = f"{cfg.engine}:{spec[3:]}"  # e.g. vllm:smollm2 (the kind is registered by its tier)
+        model = spec[3:]
+        if init is not None and init.adapter:  # an engine loads a directory: the merged weights as one
+            from common.policy.warmstart import merged_model_dir
+
+            model = merged_model_dir(init)
+        spec = f"{cfg.engine}:{model}"  # e.g. vllm:smollm2 (the kind is registered by its tier)
     extra = {"max_batch_size": cfg.batch_size} if spec.startswith(("hf:", "vllm:")) else {}
+    if spec.startswith("hf:") and init is not None and init.adapter:
+        extra["adapter"] = init.adapter  # merged into the weights as they load
     pol = policy if policy is not None else make_policy(spec, env=cfg.env, **extra)
     live = LiveStats()
     pol = CountingPolicy(pol, live)  # model calls in flight, tokens, tokens/s for the progress line
@@ -444,7 +483,7 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
         if (out / "report.json").exists()
         else 0.0
     )
-    return write_report(cfg, out, len(tasks), prev + time.perf_counter() - t0)
+    return write_report(cfg, out, len(tasks), prev + time.perf_counter() - t0, init)
 
 
 def _read_report(directory: Path) -> dict[str, Any]:

@@ -96,6 +96,11 @@ class TrainConfig:
     model: str = "smollm2"
     """smollm2 (bundled SmolLM2-135M-Instruct) | tiny (random init, tests) | a local model dir | an HF id
     already in the local cache."""
+    init_adapter: str = "auto"
+    """Warm-start weights merged into --model as it loads: auto = the LoRA adapter shipped with the package
+    for this model and environment (common/assets/warmstart/), else the plain model | none = the plain
+    model | PATH = an adapter directory written by `sera sft --lora-rank R` (OUT/adapter), made for this
+    model and environment. The run says which in one line and records it in config.json."""
     steps: int = 2
     """Optimizer steps to reach (the policy version at the end; paper: 250 TextCraft, 400 TextWorld)."""
     out: str = "runs/level0"

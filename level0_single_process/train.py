@@ -137,14 +137,18 @@ def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float
 # ----------------------------------------------------------------------------------------------------
 def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
     from common.policy.models import load_model
+    from common.policy.warmstart import resolve_init
 
+    init = resolve_init(cfg.init_adapter, cfg.model, cfg.env, cfg.seed)  # a mismatched adapter fails here
     out = Path(cfg.out)
     prepare_out(out, cfg.resume)
     seed_everything(cfg.seed)
     preset, schedule = method_and_schedule(cfg)
     pool = task_pool(cfg.env, cfg.tasks, cfg.n_tasks, cfg.seed, cfg.difficulty)  # bad task files fail here
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a laptop GPU if there is one
-    model, tokenizer = load_model(cfg.model, dtype=cfg.optim.dtype, device=device, seed=cfg.seed)
+    model, tokenizer = load_model(
+        cfg.model, dtype=cfg.optim.dtype, device=device, seed=cfg.seed, adapter=init.adapter
+    )  # --init-adapter: the warm start merged into the weights
     stats = LiveStats()
     policy = CountingPolicy(
         train_policy(cfg, model, tokenizer, max_batch_size=1), stats
@@ -159,7 +163,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
     )
     judge = make_judge(cfg.judge, policy)
     writer = MetricsWriter(out, cfg.tensorboard)
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    (out / "config.json").write_text(json.dumps({**asdict(cfg), "init_weights": init.record()}, indent=2))
+    print(init.line())
     print(
         f"[level0] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | steps {state.step}->{cfg.steps}"
     )

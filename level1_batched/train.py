@@ -201,7 +201,9 @@ def train_on_shard(
 def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = True) -> list[dict[str, Any]]:
     """Run until ``cfg.steps`` optimizer steps; every rank returns the same metrics history."""
     from common.policy.models import load_model
+    from common.policy.warmstart import resolve_init
 
+    init = resolve_init(cfg.init_adapter, cfg.model, cfg.env, cfg.seed)  # a mismatched adapter fails here
     rank, world, device = init_distributed()
     l1 = (l1 or Level1Config()).resolved(cuda=device.type == "cuda")  # the device's defaults filled in
     out = Path(cfg.out)
@@ -212,7 +214,9 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     seed_everything(cfg.seed)
     preset, schedule = method_and_schedule(cfg)
     pool = task_pool(cfg.env, cfg.tasks, cfg.n_tasks, cfg.seed, cfg.difficulty)
-    model, tokenizer = load_model(cfg.model, dtype=cfg.optim.dtype, device=device, seed=cfg.seed)
+    model, tokenizer = load_model(
+        cfg.model, dtype=cfg.optim.dtype, device=device, seed=cfg.seed, adapter=init.adapter
+    )  # --init-adapter: the warm start merged into the weights (a vLLM engine starts from these)
     broadcast_parameters(model)
     if l1.max_tokens_per_microbatch > 1:
         check_packing(model)
@@ -249,8 +253,12 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     if rank == 0:
         truncate_logs(out, state.round)
         (out / "config.json").write_text(
-            json.dumps({**asdict(cfg), "level1": asdict(l1), "world_size": world}, indent=2)
+            json.dumps(
+                {**asdict(cfg), "level1": asdict(l1), "world_size": world, "init_weights": init.record()},
+                indent=2,
+            )
         )
+        print(init.line())
         print(
             f"[level1] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | world {world} "
             f"| {l1} | steps {state.step}->{cfg.steps}"

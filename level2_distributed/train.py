@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +120,12 @@ def actor_gpus(requested: float) -> float:
 class System:
     """Trainer ranks + servers + the sync group. ``start()`` again after a failure makes fresh actors."""
 
-    def __init__(self, cfg: TrainConfig, l2: Level2Config, tokenizer: Any) -> None:
+    def __init__(self, cfg: TrainConfig, l2: Level2Config, tokenizer: Any,
+                 checkpoint_config: dict[str, Any] | None = None) -> None:  # fmt: skip
+        """``checkpoint_config``: the run's config as checkpoints record it (default ``asdict(cfg)``; with
+        --init-adapter the actors' ``cfg.model`` is the merged directory, the checkpoints keep the user's)."""
         self.cfg, self.l2, self.tokenizer = cfg, l2, tokenizer
+        self.checkpoint_config = checkpoint_config if checkpoint_config is not None else asdict(cfg)
         self.trainers: list[Any] = []
         self.servers: list[Any] = []
         self.placement: Placement | None = None
@@ -290,11 +294,11 @@ class System:
 
     def save(self, state: RunState, out: Path) -> None:
 
-        get_all([t.save.remote(asdict(state), str(out), asdict(self.cfg)) for t in self.trainers])
+        get_all([t.save.remote(asdict(state), str(out), self.checkpoint_config) for t in self.trainers])
 
     def load(self, out: Path) -> RunState | None:
 
-        states = get_all([t.load_latest.remote(str(out), asdict(self.cfg)) for t in self.trainers])
+        states = get_all([t.load_latest.remote(str(out), self.checkpoint_config) for t in self.trainers])
         return None if states[0] is None else RunState(**states[0])
 
 
@@ -321,20 +325,29 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
     import ray
 
     from common.policy.models import load_tokenizer
+    from common.policy.warmstart import merged_model_dir, resolve_init
     from level2_distributed.servers import offpolicy_metrics
 
     l2 = (l2 or Level2Config()).resolved()
+    init = resolve_init(cfg.init_adapter, cfg.model, cfg.env, cfg.seed)  # a mismatched adapter fails here
     out = Path(cfg.out).resolve()
     prepare_out(out, cfg.resume)
     seed_everything(cfg.seed)
     preset, schedule = method_and_schedule(cfg)
     pool = task_pool(cfg.env, cfg.tasks, cfg.n_tasks, cfg.seed, cfg.difficulty)
+    # --init-adapter: servers and FSDP ranks load models by path, so they get the merged weights as a model
+    # directory (written once under $SERA_CACHE/merged; on several nodes that cache must be shared)
+    actors_cfg = cfg if init.adapter is None else replace(cfg, model=merged_model_dir(init, cfg.seed))
     ray_init(l2)
-    system = System(cfg, l2, load_tokenizer(cfg.model))
+    system = System(actors_cfg, l2, load_tokenizer(actors_cfg.model), checkpoint_config=asdict(cfg))
     system.start()
     state = (system.load(out) if cfg.resume else None) or RunState()
     truncate_logs(out, state.round)
-    (out / "config.json").write_text(json.dumps({**asdict(cfg), "level2": asdict(l2)}, indent=2))
+    init_record = {**init.record(), "merged_model_dir": actors_cfg.model if init.adapter else None}
+    (out / "config.json").write_text(
+        json.dumps({**asdict(cfg), "level2": asdict(l2), "init_weights": init_record}, indent=2)
+    )
+    print(init.line())
     print(f"[level2] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | {l2.trainers} FSDP "
           f"ranks, {l2.servers} {system.engine} servers, sync {l2.weight_sync}, max staleness {l2.max_staleness} "
           f"| steps {state.step}->{cfg.steps}")  # fmt: skip

@@ -470,6 +470,9 @@ def _eval(cfg, given: Given) -> None:
         raise IsADirectoryError(f"--tasks {cfg.tasks} is a directory; give a task file (JSONL)")
     check_extras(env=cfg.env, policy=cfg.policy, engine=cfg.engine)
     check_model_spec(cfg.policy)
+    from common.eval import eval_init
+
+    eval_init(cfg)  # a bad or mismatched --init-adapter: one line, before anything loads
     try:
         report = asyncio.run(evaluate(cfg))
     except ManifestMismatch as e:
@@ -539,6 +542,7 @@ TRAIN_PANELS: dict[str, tuple[str, ...]] = {
     RUN_PANEL: (
         "level",
         "model",
+        "init_adapter",
         "env",
         "method",
         "steps",
@@ -591,7 +595,17 @@ SFT_PANELS: dict[str, tuple[str, ...]] = {
         "seed",
     ),
     "Oracle data": ("roles", "trees_per_task", "child_noise", "look_up", "max_example_tokens"),
-    "Optimizer": ("batch_size", "lr", "warmup", "weight_decay", "grad_clip", "dtype", "loss_mean"),
+    "Optimizer": (
+        "batch_size",
+        "lr",
+        "warmup",
+        "weight_decay",
+        "grad_clip",
+        "dtype",
+        "loss_mean",
+        "lora_rank",
+        "lora_alpha",
+    ),
     "Checkpoints": ("save_every",),
 }
 RESUMING = (
@@ -705,6 +719,9 @@ def _train(
     if cfg.tensorboard:
         require("tensorboard", "--tensorboard")
     check_model_spec(f"hf:{cfg.model}")  # an unknown --model fails here, before torch loads
+    from common.policy.warmstart import resolve_init
+
+    resolve_init(cfg.init_adapter, cfg.model, cfg.env, cfg.seed)  # a bad or mismatched adapter: one line
     _check_run_dir(cfg, overwrite)
     command = typed_command("train")
     try:

@@ -11,7 +11,13 @@ import importlib
 
 import pytest
 
-MODULES = ["common.config", "common.templates", "common.run.metrics", "common.envs.textcraft.prompts"]
+MODULES = [
+    "common.config",
+    "common.templates",
+    "common.run.metrics",
+    "common.envs.textcraft.prompts",
+    "common.policy.warmstart",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

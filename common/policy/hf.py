@@ -108,9 +108,11 @@ class HFPolicy(Engine):
         max_wait_ms: float = 5.0,
         max_context_tokens: int | None = None,
         seed: int = 0,
+        adapter: str | None = None,
     ) -> None:
         """``model``: a name for ``models.load_model`` (``smollm2``, ``tiny``, HF id, path) or a loaded model
-        (then ``tokenizer`` is required). ``dtype`` defaults to bfloat16 (generation on CPU is fine in
+        (then ``tokenizer`` is required); ``adapter``: with a name, a warm-start LoRA adapter directory merged
+        into the weights as they load (``common/policy/warmstart.py``). ``dtype`` defaults to bfloat16 (generation on CPU is fine in
         bf16 on AVX512-BF16 machines; pass ``float32`` for exact tests). ``max_context_tokens`` defaults
         to the model's ``max_position_embeddings``."""
         if device is None:
@@ -119,11 +121,13 @@ class HFPolicy(Engine):
             dtype = "bfloat16"
         if isinstance(model, str):
             self.model_name = model
-            model, loaded_tok = load_model(model, dtype=dtype, device=device, seed=seed)
+            model, loaded_tok = load_model(model, dtype=dtype, device=device, seed=seed, adapter=adapter)
             tokenizer = tokenizer if tokenizer is not None else loaded_tok
         else:
             if tokenizer is None:
                 raise ValueError("HFPolicy(model=<loaded model>) needs tokenizer=")
+            if adapter is not None:
+                raise ValueError("HFPolicy(model=<loaded model>) takes no adapter= (merge it before)")
             self.model_name = getattr(getattr(model, "config", None), "name_or_path", "model") or "model"
         self.model = model.eval()
         self.tokenizer = tokenizer

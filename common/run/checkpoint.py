@@ -197,8 +197,11 @@ def prepare_out(out: Path, resume: bool, overwrite: bool = False) -> None:
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """The config keys that must match on --resume (the step target and the resume flag may change)."""
-    return {k: v for k, v in config.items() if k not in ("steps", "resume", "max_idle_rounds")}
+    """The config keys that must match on --resume (the step target and the resume flag may change; so may
+    --init-adapter: the starting weights of a resumed run are its checkpoint's)."""
+    return {
+        k: v for k, v in config.items() if k not in ("steps", "resume", "max_idle_rounds", "init_adapter")
+    }
 
 
 class TorchCheckpointer:

@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# The warm-start adapter of the quick start (issue #23.4), made on the lent H200: `sera sft --lora-rank` on
+# oracle trees with the QUICK START's agent sizes (read from `sera train --print-config`, so SFT prompts and
+# caps are the ones `sera train` sends), the held-out success of the base model and of the warm start with
+# those sizes (greedy, and at the quick start's sampling temperature), one short quick start (`sera train`
+# with its defaults) from the adapter, then the adapter + its record copied to $OUT/$NAME/: commit that
+# directory as common/assets/warmstart/$NAME/ (then `sera train` starts from it by default).
+#
+# Before the calls, on this machine (the device has no network; its image has a peft of its own, KINDS.md, but
+# the adapter should be written by the peft this project is tested with; peft is pure Python):
+#   pip download peft==0.21.2 --no-deps -d .whl/peft
+# On the device: steps 5-6 of ../shared/gpu/device-vllm-steps.md (SmolLM2 under /tmp/site; the default hf
+# engine needs no vLLM, ENGINE=vllm needs steps 1-4 too), step 6 carrying [".whl/smollm2/part.ab", ".whl/peft"]
+# and ending in this one command (COMMIT: `git rev-parse HEAD` here; the device's copy has no .git):
+#   COMMIT=<sha> BUDGET_S=540 bash bench/h200_warmstart_call.sh
+# The call installs the carried peft itself, ahead of the image's: `pip install --no-deps --target /tmp/site
+# .whl/peft/*.whl` (without .whl/peft it uses the image's peft; record.json names the version either way).
+# Returned files: $OUT/$NAME/ (5 files) + $OUT/warmstart_logs.tgz; the machine returns files of <= 16 MiB, so
+# the adapter's rank is 8 (SmolLM2: 2.4M fp32 numbers, 9.8 MB; rank 16 would be 19.5 MB and not come back).
+# Call it again (same /tmp/keep) until times.txt says "all done":
+# every phase leaves $RUN/<phase>.done, `sera sft --resume` continues from its last checkpoint, evaluations
+# from their finished tasks; every call copies what exists so far to $OUT.
+#
+# Guard: when the oracle's act replies do not fit the quick start's --max-new-tokens (the adapter would
+# learn replies that `sera train` then cuts off), the call stops after building the SFT data and says so;
+# FORCE=1 goes on anyway (the CPU dry run does).
+#
+# CPU dry run (tiny random-init model, 2 SFT steps):
+#   RUN=runs/warmstart_dry OUT=runs/warmstart_dry/out MODEL=tiny STEPS=2 TASKS=2 N_EVAL=2 FORCE=1 \
+#     QS_ARGS="--max-idle-rounds 1" PYTHON=.venv/bin/python bash bench/h200_warmstart_call.sh
+#
+# Knobs: MODEL, NAME, RANK/ALPHA/LR/STEPS/TASKS/BATCH/NOISE (SFT), N_EVAL, ENGINE (hf | vllm), EVAL_BATCH,
+# QS_ARGS (more `sera train` flags for the quick-start phase), FORCE, BUDGET_S, RUN, PYTHON, COMMIT.
+set -u
+export PYTHONPATH=/tmp/site:$PWD SERA_CACHE=${SERA_CACHE:-/tmp/keep/cache} HF_HUB_OFFLINE=1 \
+  TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+PY=${PYTHON:-python3}; SERA="$PY -m sera"
+RUN=${RUN:-/tmp/keep/warmstart}; mkdir -p "$RUN"; RUN=$(cd "$RUN" && pwd)
+[ -n "${OUT:-}" ] && { mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd); export OUT; }
+MODEL=${MODEL:-smollm2}; NAME=${NAME:-$MODEL-textcraft}
+RANK=${RANK:-8}; ALPHA=${ALPHA:-16}; LR=${LR:-5e-4}; STEPS=${STEPS:-200}; TASKS=${TASKS:-64}; BATCH=${BATCH:-8}
+NOISE=${NOISE:-0.5}; N_EVAL=${N_EVAL:-32}; ENGINE=${ENGINE:-hf}; EVAL_BATCH=${EVAL_BATCH:-64}
+T0=$(date +%s); BUDGET_S=${BUDGET_S:-100000}
+el() { echo $(( $(date +%s) - T0 )); }
+log() { echo "[$(el) s] $*" | tee -a "$RUN/times.txt"; }
+
+if ls .whl/peft/peft-*.whl > /dev/null 2>&1 && [ ! -e /tmp/site/peft ]; then  # the carried peft (see above)
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/peft/*.whl
+fi
+PEFT=$($PY -c "import peft; print(peft.__version__)") || { log "peft is not installed: carry .whl/peft (see above)"; exit 2; }
+log "peft $PEFT"
+
+# The quick start's agent sizes: `sera train`'s defaults, one source (common/train_config.py: laptop_rollout).
+$SERA train --print-config > "$RUN/quickstart_config.json" 2>> "$RUN/times.txt"
+mapfile -t SIZES < <($PY - "$RUN/quickstart_config.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))["rollout"]
+def flags(names):
+    return " ".join(f"--{n.replace('_', '-')} {r[n]}" for n in names)
+print(flags(["max_steps", "max_depth", "max_new_tokens", "max_prompt_tokens", "rubric_max_new_tokens",
+             "score_max_new_tokens", "counterfactual_k"]))  # every size an SFT example's prompt depends on
+print(flags(["max_steps", "max_depth", "max_new_tokens"]))  # the agent sizes `sera eval` takes
+print(r["temperature"])
+EOF
+)
+SFT_AGENT=${SIZES[0]:-}; EVAL_AGENT=${SIZES[1]:-}; QS_TEMP=${SIZES[2]:-}
+[ -n "$QS_TEMP" ] || { log "could not read the quick start's sizes from 'sera train --print-config'"; exit 2; }
+echo "$SFT_AGENT" > "$RUN/agent_sizes.txt"
+EVAL_TASKS="$RUN/val_easy.jsonl"
+
+# phase NAME CMD...: run unless done, never past BUDGET_S; rc 0 marks it done; the command is recorded.
+phase() {
+  local name=$1; shift
+  [ -e "$RUN/$name.done" ] && { log "$name: done earlier"; return 0; }
+  local left=$(( BUDGET_S - $(el) ))
+  [ "$left" -lt 30 ] && { log "$name: not started (budget: ${left} s left)"; return 1; }
+  log "$name: start (at most ${left} s): $*"
+  printf '%s\t%s\n' "$name" "$*" >> "$RUN/commands.tsv"
+  local t=$(date +%s)
+  timeout --foreground "$left" "$@" >> "$RUN/$name.log" 2>&1; local rc=$?
+  [ $rc -eq 0 ] && { touch "$RUN/$name.done"; echo $(( $(date +%s) - t )) > "$RUN/$name.seconds"; }
+  log "$name: rc=$rc$([ $rc -eq 124 ] && echo ' (budget: the next call resumes it)')"
+  return $rc
+}
+
+SFT="$SERA sft --model $MODEL --lora-rank $RANK --lora-alpha $ALPHA --lr $LR --n-tasks $TASKS --difficulty easy \
+ --child-noise $NOISE --batch-size $BATCH $SFT_AGENT --save-every 20 --resume --out $RUN/sft"
+EVAL="$SERA eval --env textcraft --tasks $EVAL_TASKS --limit $N_EVAL --concurrency $N_EVAL --batch-size $EVAL_BATCH \
+ --engine $ENGINE $EVAL_AGENT --policy hf:$MODEL"
+run_all() {
+  phase data $SERA data textcraft --split val --n "$N_EVAL" --seed 0 --difficulty easy --out "$EVAL_TASKS" || return
+  phase sft_data $SFT --steps 1 || return  # builds the oracle data (and takes step 1): the guard reads it
+  if [ ! -e "$RUN/fit.done" ]; then
+    $PY - "$RUN/sft/sft_data.jsonl" "$RUN/agent_sizes.txt" > "$RUN/fit.json" <<'EOF'
+import json, sys
+sizes = open(sys.argv[2]).read().split()
+cap = int(sizes[sizes.index("--max-new-tokens") + 1])
+rows = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
+acts = [len(r["output_ids"]) for r in rows if r["role"] == "act"]
+print(json.dumps({"act_cap": cap, "act_replies": len(acts), "over_cap": sum(n > cap for n in acts),
+                  "longest": max(acts, default=0)}))
+EOF
+    read -r over cap longest n < <($PY -c "import json; f = json.load(open('$RUN/fit.json'));
+print(f['over_cap'], f['act_cap'], f['longest'], f['act_replies'])")
+    log "fit: $over of $n oracle act replies are longer than the quick start's --max-new-tokens $cap (longest $longest)"
+    if [ "$over" -gt 0 ] && [ "${FORCE:-0}" != 1 ]; then
+      log "stopped: an adapter trained on these replies would be cut off at $cap tokens in 'sera train'; raise the quick start's --max-new-tokens (common/train_config.py: laptop_rollout) or run with FORCE=1"
+      return 3
+    fi
+    touch "$RUN/fit.done"
+  fi
+  phase sft $SFT --steps "$STEPS" || return
+  phase eval_base $EVAL --init-adapter none --out "$RUN/eval_base" || return
+  phase eval_adapter $EVAL --init-adapter "$RUN/sft/adapter" --out "$RUN/eval_adapter" || return
+  phase eval_adapter_sampled $EVAL --init-adapter "$RUN/sft/adapter" --temperature "$QS_TEMP" \
+    --out "$RUN/eval_adapter_sampled" || return
+  # the quick start itself (its defaults), from the adapter; float32 as on a CPU
+  phase quickstart $SERA train --model "$MODEL" --init-adapter "$RUN/sft/adapter" --dtype float32 ${QS_ARGS:-} \
+    --overwrite --out "$RUN/quickstart" || return
+  log "all done"
+}
+run_all; status=$?
+export PEFT
+
+# The record (what made the adapter, and what it does) and the files to commit, so far.
+$PY - "$RUN" "$NAME" "${COMMIT:-}" <<'EOF' > "$RUN/record.log" 2>&1 || log "record failed: see $RUN/record.log"
+import datetime, json, os, subprocess, sys
+from pathlib import Path
+run, name, commit = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+def load(p):
+    p = run / p
+    return json.loads(p.read_text()) if p.exists() else None
+def frac(d, a="successes", b="n"):
+    return f"{d[a]}/{d[b]}" if d else "not run"
+def rate(d):
+    r = load(f"{d}/report.json")
+    return None if r is None else {"successes": r["successes"], "n": r["n_tasks"], "rate": r["success_rate"]}
+if not commit:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:
+        commit = "unknown"
+try:
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True).stdout.strip() or "no GPU"
+except FileNotFoundError:
+    gpu = "no GPU"
+commands = {}
+if (run / "commands.tsv").exists():
+    for line in (run / "commands.tsv").read_text().splitlines():
+        phase, _, cmd = line.partition("\t")
+        commands[phase] = cmd
+metrics = [json.loads(x) for x in (run / "sft/metrics.jsonl").read_text().splitlines()] \
+    if (run / "sft/metrics.jsonl").exists() else []
+qs = [json.loads(x) for x in (run / "quickstart/metrics.jsonl").read_text().splitlines() if x.strip()] \
+    if (run / "quickstart/metrics.jsonl").exists() else []
+held = {"tasks": "TextCraft-Synth val split, easy, first N (sera data textcraft --split val --seed 0)",
+        "base": rate("eval_base"), "adapter_greedy": rate("eval_adapter"),
+        "adapter_sampled": rate("eval_adapter_sampled")}
+g, b = held["adapter_greedy"], held["base"]
+if g:
+    held["summary"] = f"{g['successes']}/{g['n']} greedy" + (f" (base {b['successes']}/{b['n']})" if b else "")
+phases = ("data", "sft_data", "fit", "sft", "eval_base", "eval_adapter", "eval_adapter_sampled", "quickstart")
+missing = [p for p in phases if not (run / f"{p}.done").exists()]
+record = {
+    "name": name, "status": "complete" if not missing else f"incomplete: not done {', '.join(missing)}",
+    "commit": commit, "made": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "device": gpu, "peft": os.environ.get("PEFT"), "commands": commands,
+    "agent_sizes": (run / "agent_sizes.txt").read_text().split() if (run / "agent_sizes.txt").exists() else None,
+    "fit": load("fit.json"), "sft_data": load("sft/sft_data_summary.json"),
+    "sft_last_step": {k: metrics[-1].get(k) for k in ("step", "loss/sft", "sft/token_acc", "loss/act")} if metrics else None,
+    "held_out": held,
+    "quickstart": {"rounds": len(qs), "optimizer_steps": sum(1 for m in qs if m.get("train/skipped") == 0.0),
+                   "root_success_by_round": [m.get("reward/root_success") for m in qs]} if qs else None,
+    "seconds": {p.stem: int(p.read_text()) for p in sorted(run.glob("*.seconds"))},
+}
+(run / "record.json").write_text(json.dumps(record, indent=2))
+out = os.environ.get("OUT")
+adapter = run / "sft" / "adapter"
+if out and adapter.is_dir() and (run / "sft.done").exists():  # the finished adapter only
+    dest = Path(out) / name
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in sorted(adapter.iterdir()):
+        (dest / f.name).write_bytes(f.read_bytes())
+        if f.stat().st_size > 16 * 2**20:
+            print(f"warning: {f.name} is {f.stat().st_size / 2**20:.1f} MiB; the device returns files of <= 16 MiB")
+    (dest / "record.json").write_text(json.dumps(record, indent=2))
+    sft_cmd = commands.get("sft", "?")
+    info = load("sft/adapter/sera_adapter.json")
+    (dest / "README.md").write_text(
+        f"# Warm-start adapter `{name}`\n\n"
+        f"A LoRA adapter (r{info['lora_rank']}, {info['sft_steps']} SFT steps) of `{info['base_model']}` "
+        f"for TextCraft-Synth, made by this project's `sera sft` on oracle-written trees with the quick start's "
+        f"agent sizes ({' '.join(record['agent_sizes'] or [])}), commit `{commit}`, {record['device']}, {record['made']}.\n\n"
+        f"    {sft_cmd}\n\n"
+        f"Held-out ({held['tasks']}, the same agent sizes): {held.get('summary', 'not evaluated')}; at the quick "
+        f"start's sampling temperature: {frac(held['adapter_sampled'])}. The quick start (`sera train`, its "
+        f"defaults) from it: {frac(record['quickstart'], 'optimizer_steps', 'rounds')} optimizer steps/rounds.\n"
+        "Everything else (data, commands, times) is in record.json; bench/h200_warmstart_call.sh made it.\n")
+    print(f"copied {len(list(dest.iterdir()))} files to {dest} ({record['status']})")
+elif out:
+    print(f"no finished adapter yet: nothing copied to {out}/{name} ({record['status']})")
+EOF
+cat "$RUN/record.log"
+if [ -n "${OUT:-}" ]; then  # the small logs (no model, checkpoints, SFT data, trees or per-task results)
+  (cd "$RUN" && find . \( -name checkpoints -o -name model -o -name results -o -name adapter -o -path ./out \) -prune -o -type f \
+    -size -3M ! -name 'sft_data.jsonl' ! -name 'trees*' ! -name '*.jsonl.tmp' -print | tar -czf "$OUT/warmstart_logs.tgz" -T -)
+  ls -l "$OUT" "$OUT/$NAME" 2>/dev/null
+fi
+exit $status

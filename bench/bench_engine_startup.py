@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     ap.add_argument("--kv-cache-gib", type=float, default=12.0)
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {sorted(VARIANTS)}")
-    ap.add_argument("--cache-dir", default=None, help="parent of the variants' VLLM_CACHE_ROOTs (default: temp)")
+    ap.add_argument(
+        "--cache-dir", default=None, help="parent of the variants' VLLM_CACHE_ROOTs (default: temp)"
+    )
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one variant, print JSON
     args = ap.parse_args(argv)
@@ -120,12 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         if name == "graphs-cold":  # really cold: nothing left from an earlier run of this bench
             shutil.rmtree(parent / VARIANTS[name][1], ignore_errors=True)
-        env = dict(os.environ, VLLM_CACHE_ROOT=str(parent / VARIANTS[name][1]))
+        # spawn: the child has touched CUDA before vLLM forks its engine core (a fork then fails on the GPU:
+        # "Cannot re-initialize CUDA in forked subprocess", seen on the H200)
+        env = dict(
+            os.environ, VLLM_CACHE_ROOT=str(parent / VARIANTS[name][1]), VLLM_WORKER_MULTIPROC_METHOD="spawn"
+        )
         cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--one", name]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         found = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode or not found:
-            print(f"{name}: failed (exit {proc.returncode}); its last output:\n{proc.stderr[-3000:]}", file=sys.stderr)
+            print(
+                f"{name}: failed (exit {proc.returncode}); its last output:\n{proc.stderr[-3000:]}",
+                file=sys.stderr,
+            )
             continue
         rows.append(json.loads(found[-1].removeprefix("RESULT ")))
         print(f"{name}: start {rows[-1]['start_s']:.1f} s, round {rows[-1]['round_s']:.2f} s", flush=True)

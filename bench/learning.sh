@@ -82,7 +82,7 @@ else
   done
 fi
 phase eval_base $SERA eval --env textcraft --tasks "$EVAL_TASKS" --limit "$N_EVAL" --concurrency "$N_EVAL" \
-  --batch-size "$BATCH" --engine "$ENGINE" $AGENT --policy "hf:$MODEL" --out "$O/eval_base"
+  --batch-size "$BATCH" --engine "$ENGINE" $AGENT --policy "hf:$MODEL" --init-adapter none --out "$O/eval_base"
 # The figure and table of whatever exists so far (every call; a phase not run yet shows as "not run").
 $PY bench/plot_learning.py "$O" > "$O/plot.log" 2>&1 || log "plot failed: see $O/plot.log"
 log "call finished"

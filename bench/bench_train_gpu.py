@@ -22,6 +22,9 @@ forward + backward; the checkpointing recompute is not counted). ``mfu_6N`` is t
 convention of the anchor. Results print as a table and go to ``--out`` (JSON).
 
 Run (GPU): ``python bench/bench_train_gpu.py`` (Qwen3-4B shape, 8 x 2048, 4 datums/row)
+SmolLM2-135M as level 1 trains it on CUDA (32K-token packed rows, no checkpointing):
+``python bench/bench_train_gpu.py --shape smollm2 --rows 8 --row-tokens 32768 --datums-per-row 16
+--micro-rows 1 --variants efficient-nockpt``
 CPU smoke: ``python bench/bench_train_gpu.py --shape tiny --rows 2 --row-tokens 64 --steps 1``
 """
 
@@ -47,6 +50,11 @@ QWEN3_4B = dict(
     num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, tie_word_embeddings=True,
     rope_theta=1e6, rms_norm_eps=1e-6, attention_bias=False,
 )  # fmt: skip
+SMOLLM2_135M = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, tie_word_embeddings=True,
+    rope_theta=100000.0, rms_norm_eps=1e-5,
+)  # fmt: skip  (SmolLM2-135M-Instruct's config.json; the learning run's model, issue #21's >= 150K tok/s)
 TINY = dict(
     vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, tie_word_embeddings=False,
@@ -60,6 +68,8 @@ def build(shape: str, device: str, dtype: torch.dtype):
     with torch.device(device):
         if shape == "qwen3-4b":
             model = Qwen3ForCausalLM(Qwen3Config(**QWEN3_4B))
+        elif shape == "smollm2":
+            model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M))
         else:
             model = LlamaForCausalLM(LlamaConfig(**TINY))
     return model.to(dtype)
@@ -143,7 +153,7 @@ def flops(model, seqs: list[int], head_positions: int, tokens: int) -> tuple[flo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", default="qwen3-4b", choices=["qwen3-4b", "tiny"])
+    ap.add_argument("--shape", default="qwen3-4b", choices=["qwen3-4b", "smollm2", "tiny"])
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--row-tokens", type=int, default=2048)
     ap.add_argument("--datums-per-row", type=int, default=4)

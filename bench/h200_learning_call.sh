@@ -13,7 +13,7 @@
 #   bench_rounds:  bench/bench_rounds.py --paths after,after_mp (engine core in this process vs its own, the
 #                  trainer alone on the GPU: train tok/s);
 #   bench_startup: bench/bench_engine_startup.py (CUDA graphs with a cold / warm compile cache vs enforce_eager).
-# BENCHES (default "bench_rounds bench_startup") picks them; ROUNDS_ARGS / STARTUP_ARGS add flags (CPU dry run).
+# BENCHES (default "bench_rounds bench_startup"; "" for none) picks them; ROUNDS_ARGS / STARTUP_ARGS add flags (CPU dry run).
 #
 # Simplifies: nothing; it only fixes the knobs of the README's Learning run (PARALLEL=1: SERA and RAO share
 # the GPU, each with its own engine) and the environment the device needs.
@@ -25,7 +25,7 @@ T0=$(date +%s); BUDGET_S=${BUDGET_S:-540}
 BUDGET_S=$BUDGET_S PARALLEL=${PARALLEL:-1} ENGINE=vllm bash bench/learning.sh "$RUN"
 RL_STEPS=${RL_STEPS:-20}
 if [ -e "$RUN/rl_sera_$RL_STEPS.done" ] && [ -e "$RUN/rl_rao_$RL_STEPS.done" ]; then
-  for b in ${BENCHES:-bench_rounds bench_startup}; do
+  for b in ${BENCHES-bench_rounds bench_startup}; do  # BENCHES="" runs none
     [ -e "$RUN/$b.done" ] && continue
     left=$(( BUDGET_S - ($(date +%s) - T0) )); [ "$left" -lt 60 ] && { echo "$b: not started (${left} s left)" | tee -a "$RUN/times.txt"; break; }
     case $b in

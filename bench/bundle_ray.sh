@@ -58,7 +58,7 @@ calls=(
   ".whl/vllm/part.ad .whl/vllm-deps ${rp[0]}"
   ".whl/smollm2/part.aa ${rp[1]}"
   ".whl/smollm2/part.ab ${rp[2]}"
-  "${rp[*]:3} .whl/ray/ray.manifest .whl/ray-deps .whl/code.tar"
+  "${rp[*]:3} .whl/ray/ray.manifest .whl/ray-deps .whl/code.tar .whl/code.commit"
 )
 limit=$(( 64 * 1024 * 1024 )); bad=0
 printf 'working tree: %d bytes (travels with every call); limit %d bytes a call\n' "$tree" "$limit"

@@ -141,12 +141,21 @@ def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     model.config.name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return write_model_dir(model, tokenizer, target)
+
+
+def write_model_dir(model: Any, tokenizer: Any, target: Path, extra: dict[str, str] | None = None) -> Path:
+    """Save ``model`` and ``tokenizer`` as the HF directory ``target``, atomically: written into a temporary
+    directory beside it, then renamed (a concurrent writer that got there first wins; nobody ever reads a
+    half-written directory). ``extra``: more files (name -> text) written with them."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     tmp.chmod(0o755)
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
         try:
             tmp.rename(target)
         except OSError:

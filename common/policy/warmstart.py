@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -225,25 +223,12 @@ def merged_model_dir(init: InitWeights, seed: int = 0) -> str:
     (atomically) per base model and adapter. Without an adapter: the model name unchanged."""
     if init.adapter is None:
         return init.model
-    from common.policy.models import cache_root, load_model
+    from common.policy.models import cache_root, load_model, write_model_dir
 
     digest = hashlib.sha256(f"{init.base_key}\n{init.sha256}".encode()).hexdigest()[:16]
     target = cache_root() / "merged" / f"{Path(init.adapter).name}-{digest}"
     if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
         return str(target)
     model, tokenizer = load_model(init.model, dtype="float32", seed=seed, adapter=init.adapter)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "sera_init.json").write_text(json.dumps(init.record(), indent=2))
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():  # not a concurrent writer that won the race
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(target)
+    extra = {"sera_init.json": json.dumps(init.record(), indent=2)}
+    return str(write_model_dir(model, tokenizer, target, extra))

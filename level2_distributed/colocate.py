@@ -32,7 +32,6 @@ idle during training and the trainer waits during rollouts (no overlap), the pri
 from __future__ import annotations
 
 import os
-import resource
 import threading
 import time
 from typing import Any
@@ -40,6 +39,7 @@ from typing import Any
 import torch
 
 from common.policy.base import Completion, GenerationRequest
+from common.run.metrics import peak_rss_gb
 from level2_distributed.trainer import TrainerRank, _full, dummy_weights, random_model, unique_state
 
 GIB = float(2**30)
@@ -210,7 +210,7 @@ def memory_now(device: torch.device) -> dict[str, float]:
         rss = _rss_gib()
     except (OSError, ValueError, IndexError):
         rss = float("nan")
-    return {"rss": rss, "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    return {"rss": rss, "rss_peak": peak_rss_gb()}
 
 
 class PeakPoller:

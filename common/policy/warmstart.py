@@ -207,9 +207,8 @@ def merge_adapter(model: Any, adapter: str | Path) -> Any:
 
     dtype = next(model.parameters()).dtype
     model = model.to(torch.float32)
-    with (
-        warnings.catch_warnings()
-    ):  # peft asks transformers a deprecated question (is_gradient_checkpointing)
+    # peft asks transformers a deprecated question (is_gradient_checkpointing)
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     for p in merged.parameters():  # peft froze the base for inference; the run trains every weight

@@ -25,6 +25,8 @@ Run (GPU): ``python bench/bench_train_gpu.py`` (Qwen3-4B shape, 8 x 2048, 4 datu
 SmolLM2-135M as level 1 trains it on CUDA (32K-token packed rows, no checkpointing):
 ``python bench/bench_train_gpu.py --shape smollm2 --rows 8 --row-tokens 32768 --datums-per-row 16
 --micro-rows 1 --variants efficient-nockpt``
+As an RL step sees it (new datum lengths every step, so compiled layers meet new shapes; tokens/s over all
+timed steps): add ``--vary`` (with ``--compile`` for level 1's CUDA default).
 CPU smoke: ``python bench/bench_train_gpu.py --shape tiny --rows 2 --row-tokens 64 --steps 1``
 """
 
@@ -96,13 +98,19 @@ def optimizer_for(model):
         return _Step(), "torch.optim.AdamW"
 
 
-def make_datums(rows: int, row_tokens: int, per_row: int, vocab: int) -> list[list[Datum]]:
-    g = torch.Generator().manual_seed(0)
+def make_datums(
+    rows: int, row_tokens: int, per_row: int, vocab: int, seed: int = 0, vary: bool = False
+) -> list[list[Datum]]:
+    """``rows`` rows of ``per_row`` datums (prompt half, output half). ``vary``: each datum's length is
+    drawn from [1/2, 1] of its even share, so every seed gives other shapes (as a real RL step does)."""
+    g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(rows):
         row, left = [], row_tokens
         for j in range(per_row):
             n = left if j == per_row - 1 else row_tokens // per_row
+            if vary:
+                n = max(4, int(n * (0.5 + 0.5 * torch.rand((), generator=g).item())))
             left -= n
             seq = torch.randint(3, vocab, (n,), generator=g).tolist()
             p = n // 2
@@ -167,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--micro-rows", type=int, default=0, help="rows per micro-batch (0: all rows in one)")
     ap.add_argument("--compile", action="store_true", help="torch.compile every decoder layer (inductor)")
+    ap.add_argument(
+        "--vary",
+        action="store_true",
+        help="efficient variants: new datum lengths every step (other shapes, as in RL; compiled layers"
+        " recompile for them): tokens/s = all timed tokens / all timed seconds",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -185,15 +199,16 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{args.shape} | {res['device']} | {args.rows} x {args.row_tokens} tokens | {args.datums_per_row} datums/row"
         f" | micro-batches of {args.micro_rows or args.rows} rows"
         + (" | torch.compile per layer" if args.compile else "")
+        + (" | new datum lengths every step (mean s/step)" if args.vary else "")
     )
-    print("| variant | s/step | (optimizer s) | tokens/s | MFU | MFU (6N) | peak GiB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| variant | s/step | slowest step s | (optimizer s) | tokens/s | MFU | MFU (6N) | peak GiB |")
+    print("|---|---|---|---|---|---|---|---|")
     for k, v in res["variants"].items():
         if "error" in v:
             print(f"| {k} | error: {v['error']} |")
             continue
         print(
-            f"| {k} | {v['seconds_per_step']} | {v['optimizer_seconds']} | {v['tokens_per_s']} | {v['mfu']:.1%} | {v['mfu_6N']:.1%} | {v['peak_GiB']} |"
+            f"| {k} | {v['seconds_per_step']} | {v['max_step_seconds']} | {v['optimizer_seconds']} | {v['tokens_per_s']} | {v['mfu']:.1%} | {v['mfu_6N']:.1%} | {v['peak_GiB']} |"
         )
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2))
@@ -217,6 +232,8 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
     opt, opt_name = optimizer_for(model)
     vocab = model.config.vocab_size
     rows = make_datums(args.rows, args.row_tokens, args.datums_per_row, vocab)
+    if args.vary and variant == "naive":
+        raise ValueError("--vary is for the efficient variants")
     if variant == "naive":
         g = torch.Generator().manual_seed(0)
         batch = torch.randint(3, vocab, (args.rows, args.row_tokens), generator=g).to(device)
@@ -227,6 +244,11 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
         seqs = [len(d.prompt_ids) + len(d.output_ids) for r in rows for d in r]
         head = total_out
         step = functools.partial(efficient_step, model, opt, rows, total_out, args.micro_rows or args.rows)
+    steps_rows = [
+        make_datums(args.rows, args.row_tokens, args.datums_per_row, vocab, seed=i, vary=True)
+        for i in range(args.steps + 1)
+    ] if args.vary else None  # fmt: skip
+    timed_tokens = 0
 
     times, opt_times = [], []
     if cuda:
@@ -236,7 +258,14 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
             torch.cuda.synchronize()
         t = time.perf_counter()
         opt.zero_grad()
-        step()
+        if steps_rows:  # this step's shapes
+            rows = steps_rows[i]
+            total_out = sum(len(d.output_ids) for r in rows for d in r)
+            efficient_step(model, opt, rows, total_out, args.micro_rows or args.rows)
+            if i > 0:
+                timed_tokens += sum(len(d.prompt_ids) + len(d.output_ids) for r in rows for d in r)
+        else:
+            step()
         if cuda:
             torch.cuda.synchronize()
         t_opt = time.perf_counter()
@@ -252,6 +281,12 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
         )
     sec = sorted(times)[len(times) // 2]
     model_flops, flops_6n = flops(model, seqs, head, tokens)
+    if steps_rows:  # every timed step counts (recompiles included); MFU from the last step's shapes
+        sec = sum(times) / len(times)
+        tokens = timed_tokens / len(times)
+        seqs = [len(d.prompt_ids) + len(d.output_ids) for r in rows for d in r]
+        model_flops, flops_6n = flops(model, seqs, total_out, sum(seqs))
+        model_flops, flops_6n = model_flops * tokens / sum(seqs), flops_6n * tokens / sum(seqs)
     return {
         "seconds_per_step": round(sec, 3),
         "optimizer_seconds": round(sorted(opt_times)[len(opt_times) // 2], 3),
@@ -260,6 +295,7 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
         "mfu_6N": round(flops_6n / sec / (args.peak_tflops * 1e12), 4),
         "peak_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 1) if cuda else None,
         "optimizer": opt_name,
+        "max_step_seconds": round(max(times), 3),
     }
 
 

@@ -50,10 +50,13 @@ class Level1Config:
     with --engine vllm on CUDA, off elsewhere."""
     checkpoint_fraction: float | None = None
     """With the fast trainer: share of decoder layers whose activations are recomputed in the backward
-    pass (1 = all, least memory; 0 = none, fastest where memory allows). Default: 0 on CUDA, 1 on CPU."""
-    compile_layers: bool = False
-    """With --fast-trainer: torch.compile every decoder layer (GPU; the first step pays the compile). On
-    one H200 with --checkpoint-fraction 0 and 8K-token micro-batches: 47.8% MFU vs 29.5% for plain HF."""
+    pass (1 = all, least memory; 0 = none, fastest where memory allows). Default: 0 with the fast trainer on CUDA, 1
+    elsewhere."""
+    compile_layers: bool | None = None
+    """With the fast trainer: torch.compile every decoder layer (the first step pays the compile; a new
+    packed length recompiles once with dynamic shapes). One H200, alone: SmolLM2 235K vs 145K train tok/s
+    uncompiled; Qwen3-4B shape 47.8% MFU vs 29.5% for plain HF (bench/RESULTS.md). Default: on with the
+    fast trainer on CUDA, off elsewhere (--no-compile-layers turns it off)."""
 
     def resolved(self, cuda: bool) -> Level1Config:
         """The settings a run uses on this device: every ``None`` default filled in (see each field).
@@ -61,16 +64,21 @@ class Level1Config:
         >>> Level1Config(engine="vllm").resolved(cuda=True).fast_trainer
         True
         >>> c = Level1Config(engine="vllm").resolved(cuda=False)
-        >>> (c.fast_trainer, c.max_tokens_per_microbatch, c.checkpoint_fraction, c.engine_process)
-        (False, 2048, 1.0, False)
+        >>> (c.fast_trainer, c.max_tokens_per_microbatch, c.checkpoint_fraction, c.engine_process, c.compile_layers)
+        (False, 2048, 1.0, False, False)
+        >>> Level1Config(engine="vllm").resolved(cuda=True).compile_layers
+        True
         """
         fast = self.fast_trainer if self.fast_trainer is not None else (cuda and self.engine == "vllm")
         return replace(
             self,
             fast_trainer=fast,
             engine_process=self.engine_process if self.engine_process is not None else cuda,
+            compile_layers=self.compile_layers if self.compile_layers is not None else (fast and cuda),
             checkpoint_fraction=(
-                self.checkpoint_fraction if self.checkpoint_fraction is not None else (0.0 if cuda else 1.0)
+                self.checkpoint_fraction
+                if self.checkpoint_fraction is not None
+                else (0.0 if fast and cuda else 1.0)
             ),
             max_tokens_per_microbatch=(
                 self.max_tokens_per_microbatch

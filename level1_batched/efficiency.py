@@ -232,6 +232,8 @@ def apply_efficiency(
 
         # one compiled frame per layer instance: room for all of them (the default limit is 8)
         dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 2 * len(layers))
+        # a layer that fails to compile runs eagerly (with dynamo's warning) instead of ending the run
+        dynamo.config.suppress_errors = True
         for layer in layers:
             layer.compile()
     return model

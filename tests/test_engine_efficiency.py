@@ -103,13 +103,20 @@ def test_level1_options_of_the_fast_trainer_are_checked():
         Level1Config(engine="vllm", fast_trainer=True, checkpoint_fraction=1.5)
     cfg = Level1Config(engine="vllm", fast_trainer=True, checkpoint_fraction=0.0, compile_layers=True)
     assert cfg.compile_layers and cfg.checkpoint_fraction == 0.0
+    # compiled layers: the default of the fast trainer on CUDA only; --no-compile-layers keeps them off there
+    assert Level1Config(engine="vllm").resolved(cuda=True).compile_layers is True
+    assert Level1Config(engine="vllm").resolved(cuda=False).compile_layers is False
+    assert Level1Config(engine="vllm", fast_trainer=False).resolved(cuda=True).compile_layers is False
+    assert Level1Config(engine="vllm", compile_layers=False).resolved(cuda=True).compile_layers is False
 
 
 @pytest.mark.parametrize("stage", ["execution", "delegation", "rubric"])
-def test_cuda_default_trainer_equals_the_reference_on_the_fixture(stage):
+def test_cuda_default_trainer_equals_the_reference_on_the_fixture(stage, monkeypatch):
     """The trainer level 1 runs on CUDA by default (``Level1Config(engine="vllm").resolved(cuda=True)``: the
-    fast path, no activation checkpointing, 32K-token rows) gives level 0's loss and gradient on the recorded
-    fixture (the tiny model on CPU stands in; the varlen kernel itself is measured on the H200)."""
+    fast path, no activation checkpointing, 32K-token rows, compiled decoder layers) gives level 0's loss and
+    gradient on the recorded fixture (the tiny model on CPU stands in, inductor's CPU backend compiles it; the
+    varlen kernel and the GPU compile are measured on the H200). The three stages' fixtures have different
+    packed lengths, so the compiled layers also meet new shapes as in RL steps."""
     import json
     from pathlib import Path
 
@@ -120,11 +127,18 @@ def test_cuda_default_trainer_equals_the_reference_on_the_fixture(stage):
 
     cfg = Level1Config(engine="vllm").resolved(cuda=True)
     assert (cfg.fast_trainer, cfg.checkpoint_fraction, cfg.max_tokens_per_microbatch) == (True, 0.0, 32768)
+    assert cfg.compile_layers is True
     fx = json.loads((Path(__file__).parent / "fixtures" / "rl_fixture.json").read_text())["stages"][stage]
     datums, weights = [Datum(**d) for d in fx["datums"]], fx["weights"]
     ref, _ = load_model("tiny", dtype="float32", seed=0)
-    fast = apply_efficiency(copy.deepcopy(ref), checkpoint_fraction=cfg.checkpoint_fraction)
+    fast = apply_efficiency(
+        copy.deepcopy(ref), checkpoint_fraction=cfg.checkpoint_fraction, compile_layers=cfg.compile_layers
+    )
     m_ref = accumulate_gradients(ref.train(), datums, weights)
+    import torch._dynamo as dynamo
+
+    # a failed compile raises here (runs fall back to eager with a warning instead: suppress_errors)
+    monkeypatch.setattr(dynamo.config, "suppress_errors", False)
     m_fast = accumulate_gradients_packed(fast.train(), datums, weights, cfg.max_tokens_per_microbatch)
     assert m_fast["train/microbatches"] == 1  # every datum of the step in one packed row
     assert m_fast["loss/cispo"] == pytest.approx(m_ref["loss/cispo"], rel=1e-5, abs=1e-7)

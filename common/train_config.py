@@ -74,12 +74,14 @@ def _cuda_available() -> bool:
 
 
 def laptop_rollout() -> RuntimeConfig:
-    """The laptop profile's rollout sizes: short agents, short replies, K=4 branches in the Rubric stage."""
+    """The laptop profile's rollout sizes: short agents, K=4 branches in the Rubric stage, and reply caps
+    that hold a whole CodeAct reply of the SFT oracle (act replies 89-225 tokens, rubrics up to 297 with
+    SmolLM2's tokenizer), so a warm start trained on them is never cut off (issue #23.4)."""
     return RuntimeConfig(
         max_steps=3,
-        max_new_tokens=64,
+        max_new_tokens=256,
         max_prompt_tokens=2048,
-        rubric_max_new_tokens=256,
+        rubric_max_new_tokens=320,
         score_max_new_tokens=256,
         counterfactual_k=4,
     )

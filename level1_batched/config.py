@@ -50,8 +50,8 @@ class Level1Config:
     with --engine vllm on CUDA, off elsewhere."""
     checkpoint_fraction: float | None = None
     """With the fast trainer: share of decoder layers whose activations are recomputed in the backward
-    pass (1 = all, least memory; 0 = none, fastest where memory allows). Default: 0 with the fast trainer on CUDA, 1
-    elsewhere."""
+    pass (1 = all, least memory; 0 = none, fastest where memory allows). Default: 0 with the fast trainer
+    on CUDA, 1 elsewhere."""
     compile_layers: bool | None = None
     """With the fast trainer: torch.compile every decoder layer (the first step pays the compile; a new
     packed length recompiles once with dynamic shapes). One H200, alone: SmolLM2 235K vs 145K train tok/s

@@ -17,6 +17,7 @@ modules on one worker each, does nothing with pytest 9.2 and pytest-xdist 3.8: x
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -139,3 +140,17 @@ def local_ray():
                  runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})  # fmt: skip
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def bench_module():
+    """``bench_module("bench_level2")``: a script of bench/ loaded as a module (bench/ is not a package)."""
+
+    def load(name: str):
+        path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -23,14 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_level2", ROOT / "bench" / "bench_level2.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_summary_takes_level1_sync_and_round_time_and_the_memory_peaks():
+def test_summary_takes_level1_sync_and_round_time_and_the_memory_peaks(bench_module):
     h = [  # the first step is start-up: left out of the medians, not out of the memory peaks
         {"time/rollout_s": 50.0, "time/train_s": 50.0, "engine/update_s": 5.0, "time/round_s": 105.0,
          "mem/peak_gib": 9.0},
@@ -39,21 +31,21 @@ def test_summary_takes_level1_sync_and_round_time_and_the_memory_peaks():
         {"time/rollout_s": 3.0, "time/train_s": 2.0, "engine/update_s": 0.75, "time/round_s": 5.75,
          "mem/peak_gib": 5.0},
     ]  # fmt: skip
-    s = bench().summary("level 1", h, 120.0, {"mem/torch_peak_gib": 2.0})
+    s = bench_module("bench_level2").summary("level 1", h, 120.0, {"mem/torch_peak_gib": 2.0})
     assert s["time/sync_s"] == 0.5 and s["step_s"] == 4.5 and s["time/rollout_s"] == 2.0
     assert s["steps"] == 2 and s["mem/peak_gib"] == 9.0 and s["mem/torch_peak_gib"] == 2.0
     assert math.isclose(s["steps_per_s"], 1 / 4.5)
 
 
 @pytest.mark.slow
-def test_shape_mode_runs_one_colocated_step_on_dummy_weights(tmp_path):
+def test_shape_mode_runs_one_colocated_step_on_dummy_weights(tmp_path, bench_module):
     ray = pytest.importorskip("ray", reason="level 2 needs Ray: pip install 'ray[default]'")
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
     try:
-        r = bench().main(["--shape", "tiny", "--engine", "hf", "--dtype", "float32", "--shape-datums", "4",
+        r = bench_module("bench_level2").main(["--shape", "tiny", "--engine", "hf", "--dtype", "float32", "--shape-datums", "4",
                           "--shape-tokens", "256", "--shape-requests", "2", "--shape-new-tokens", "4",
                           "--out", str(tmp_path / "shape.json")])  # fmt: skip
     finally:

@@ -6,22 +6,11 @@ layout's and its tokens/s is all timed tokens over all timed seconds. Run: ``pyt
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_train_gpu", ROOT / "bench" / "bench_train_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_vary_draws_new_lengths_every_step_and_reports_them(tmp_path):
-    bench = _bench()
+def test_vary_draws_new_lengths_every_step_and_reports_them(tmp_path, bench_module):
+    bench = bench_module("bench_train_gpu")
     a = bench.make_datums(2, 64, 4, 100, seed=1, vary=True)
     b = bench.make_datums(2, 64, 4, 100, seed=2, vary=True)
     fixed = bench.make_datums(2, 64, 4, 100)

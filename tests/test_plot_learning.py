@@ -3,19 +3,11 @@ and RL metrics; a phase that did not run is reported as missing, never as zero."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_module():
-    spec = importlib.util.spec_from_file_location("plot_learning", ROOT / "bench" / "plot_learning.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -32,8 +24,8 @@ def eval_row(round_, step, success):
     return {"round": round_, "step": step, "eval/success": success, "eval/n_tasks": 4}
 
 
-def test_table_and_figure_from_a_partial_run(tmp_path):
-    pl = load_module()
+def test_table_and_figure_from_a_partial_run(tmp_path, bench_module):
+    pl = bench_module("plot_learning")
     cut = tmp_path / "eval_base"
     (cut / "results").mkdir(parents=True)
     (cut / "manifest.json").write_text(json.dumps({"env": "textcraft", "limit": 3}))
@@ -60,8 +52,8 @@ def test_table_and_figure_from_a_partial_run(tmp_path):
     assert png.stat().st_size > 10_000
 
 
-def test_partial_eval_without_limit_counts_the_task_file(tmp_path):
-    pl = load_module()
+def test_partial_eval_without_limit_counts_the_task_file(tmp_path, bench_module):
+    pl = bench_module("plot_learning")
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": 0}\n{"id": 1}\n{"id": 2}\n{"id": 3}\n')
     d = tmp_path / "eval_x"

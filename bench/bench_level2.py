@@ -15,7 +15,8 @@ with peak memory; and (``--shape``) one colocated step of a big model's shape on
 actors, model loads, the first sync). ``steps/s`` is 1 / that median step time (rollout + sync + train; level 1's
 ``time/round_s``, whose sync is its engine update). ``--engine`` sets both tiers' engine (level 2's colocated
 engines or servers, level 1's rollout engine); ``--fast-trainer`` / ``--checkpoint-fraction`` /
-``--microbatch-tokens`` / ``--batch`` the same trainer and batch settings on both; level 1's vLLM engine core
+``--compile-layers`` / ``--microbatch-tokens`` / ``--batch`` the same trainer and batch settings on both (level
+1's CUDA default of compiled layers is overridden by the flag, so both tiers compile or neither does); level 1's vLLM engine core
 runs in its process like a colocated rank's (``--engine-process`` moves it out). Peak memory: level 2 from the
 colocated ranks' ``mem/*`` metrics (GPU: the whole device, engine awake / asleep / during the update; CPU: the
 rank's resident set; servers and trainer ranks apart are not measured); level 1 from this process (GPU: the device's use sampled every 10 ms through NVML while
@@ -131,6 +132,7 @@ def level2_config(args, l2_engine: str):
         colocate=args.colocate, sync_check=args.sync_check, trainer_microbatch_tokens=args.microbatch_tokens,
         activation_checkpointing=not args.no_activation_checkpointing, trainer_fast=args.fast_trainer,
         trainer_checkpoint_fraction=args.checkpoint_fraction if args.fast_trainer else 1.0, export_hf=False,
+        trainer_compile_layers=args.fast_trainer and args.compile_layers,
     )  # fmt: skip
 
 
@@ -141,6 +143,7 @@ def level1_config(args, engine: str):
         max_tokens_per_microbatch=args.microbatch_tokens, max_batch_size=args.batch, engine=engine,
         engine_process=args.engine_process, gpu_memory_utilization=args.gpu_memory_utilization,
         fast_trainer=args.fast_trainer, checkpoint_fraction=args.checkpoint_fraction if args.fast_trainer else None,
+        compile_layers=args.compile_layers if args.fast_trainer else None,  # explicit: level 1 compiles on CUDA by default
     )  # fmt: skip
 
 
@@ -435,6 +438,8 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--fast-trainer", action="store_true", help="level 1's fast trainer on both tiers")
     ap.add_argument("--checkpoint-fraction", type=float, default=1.0, help="with --fast-trainer (both tiers)")
+    ap.add_argument("--compile-layers", action="store_true",
+                    help="with --fast-trainer: torch.compile the decoder layers on both tiers (default: neither)")  # fmt: skip
     ap.add_argument("--no-activation-checkpointing", action="store_true",
                     help="level 2 without --fast-trainer: no recompute (level 1's plain trainer has none)")  # fmt: skip
     ap.add_argument(

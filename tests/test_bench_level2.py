@@ -69,3 +69,20 @@ def test_shape_mode_runs_one_colocated_step_on_dummy_weights(tmp_path, bench_mod
     assert all(r["phases"][p]["rss"] > 0.05 for p in phases)
     assert r["peak_gib"] == max(r["phase_peaks"].values()) >= max(r["phases"][p]["rss"] for p in phases[:-1])
     assert step["mem/on_gpu"] == 0.0 and step["mem/train_peak_gib"] >= step["mem/asleep_gib"] - 0.01
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_both_tiers_get_the_same_trainer_settings(bench_module, compiled):
+    """Level 1 compiles its layers by default on CUDA; the bench's comparison sets both tiers explicitly."""
+    from types import SimpleNamespace
+
+    b = bench_module("bench_level2")
+    args = SimpleNamespace(
+        trainers=1, servers=1, single_node=0, weight_sync="disk", batch=8, server_python=None, colocate=True,
+        sync_check=False, microbatch_tokens=32768, no_activation_checkpointing=False, fast_trainer=True,
+        checkpoint_fraction=0.0, compile_layers=compiled, engine_process=False, gpu_memory_utilization=0.5,
+    )  # fmt: skip
+    l1 = b.level1_config(args, "vllm").resolved(cuda=True)
+    l2 = b.level2_config(args, "vllm")
+    assert l1.compile_layers is compiled and l2.trainer_compile_layers is compiled
+    assert (l1.fast_trainer, l1.checkpoint_fraction) == (l2.trainer_fast, l2.trainer_checkpoint_fraction)

@@ -15,9 +15,9 @@ with peak memory; and (``--shape``) one colocated step of a big model's shape on
 actors, model loads, the first sync). ``steps/s`` is 1 / that median step time (rollout + sync + train; level 1's
 ``time/round_s``, whose sync is its engine update). ``--engine`` sets both tiers' engine (level 2's colocated
 engines or servers, level 1's rollout engine); ``--fast-trainer`` / ``--checkpoint-fraction`` /
-``--compile-layers`` / ``--microbatch-tokens`` / ``--batch`` the same trainer and batch settings on both (level
-1's CUDA default of compiled layers is overridden by the flag, so both tiers compile or neither does); level 1's vLLM engine core
-runs in its process like a colocated rank's (``--engine-process`` moves it out). Peak memory: level 2 from the
+``--compile-layers`` / ``--microbatch-tokens`` / ``--batch`` the same trainer and batch settings on both (the
+flag overrides level 1's CUDA default of compiled layers: both tiers compile or neither does); level 1's vLLM
+engine core runs in its process like a colocated rank's (``--engine-process`` moves it out). Peak memory: level 2 from the
 colocated ranks' ``mem/*`` metrics (GPU: the whole device, engine awake / asleep / during the update; CPU: the
 rank's resident set; servers and trainer ranks apart are not measured); level 1 from this process (GPU: the device's use sampled every 10 ms through NVML while
 it ran, ``PeakPoller``, and ``torch.cuda.max_memory_allocated``; CPU: this process's lifetime peak resident

@@ -52,11 +52,12 @@ QWEN3_4B = dict(
     num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, tie_word_embeddings=True,
     rope_theta=1e6, rms_norm_eps=1e-6, attention_bias=False,
 )  # fmt: skip
+# SmolLM2-135M-Instruct's config.json: the learning run's model (issue #21's >= 150K tok/s)
 SMOLLM2_135M = dict(
     vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
     num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, tie_word_embeddings=True,
     rope_theta=100000.0, rms_norm_eps=1e-5,
-)  # fmt: skip  (SmolLM2-135M-Instruct's config.json; the learning run's model, issue #21's >= 150K tok/s)
+)  # fmt: skip
 TINY = dict(
     vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, tie_word_embeddings=False,
@@ -187,10 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if cuda else "cpu"
     dtype = torch.bfloat16 if cuda else torch.float32
     res = {"args": vars(args), "device": torch.cuda.get_device_name(0) if cuda else "cpu", "variants": {}}
-    tokens = args.rows * args.row_tokens
     for variant in args.variants:
         try:
-            res["variants"][variant] = run_variant(variant, args, device, dtype, tokens)
+            res["variants"][variant] = run_variant(variant, args, device, dtype)
         except Exception as exc:  # report and go on with the next variant
             res["variants"][variant] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         if cuda:
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int) -> dict:
+def run_variant(variant: str, args, device: str, dtype: torch.dtype) -> dict:
     """One variant: build, warm up, time ``args.steps`` optimizer steps."""
     cuda = device == "cuda"
     model = build(args.shape, device, dtype)
@@ -231,41 +231,40 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
     model.train()
     opt, opt_name = optimizer_for(model)
     vocab = model.config.vocab_size
-    rows = make_datums(args.rows, args.row_tokens, args.datums_per_row, vocab)
     if args.vary and variant == "naive":
         raise ValueError("--vary is for the efficient variants")
     if variant == "naive":
         g = torch.Generator().manual_seed(0)
         batch = torch.randint(3, vocab, (args.rows, args.row_tokens), generator=g).to(device)
         seqs, head = [args.row_tokens] * args.rows, args.rows * (args.row_tokens - 1)
-        step = functools.partial(naive_step, model, opt, batch, args.row_tokens // 2)
-    else:
-        total_out = sum(len(d.output_ids) for r in rows for d in r)
-        seqs = [len(d.prompt_ids) + len(d.output_ids) for r in rows for d in r]
-        head = total_out
-        step = functools.partial(efficient_step, model, opt, rows, total_out, args.micro_rows or args.rows)
-    steps_rows = [
-        make_datums(args.rows, args.row_tokens, args.datums_per_row, vocab, seed=i, vary=True)
-        for i in range(args.steps + 1)
-    ] if args.vary else None  # fmt: skip
-    timed_tokens = 0
+        plan = [(functools.partial(naive_step, model, opt, batch, args.row_tokens // 2), seqs, head)]
+    else:  # one datum layout for every step, or (--vary) a new one per step
+        layouts = [
+            make_datums(args.rows, args.row_tokens, args.datums_per_row, vocab, seed=i, vary=args.vary)
+            for i in range(args.steps + 1 if args.vary else 1)
+        ]
+        plan = []
+        for rows in layouts:
+            out = sum(len(d.output_ids) for r in rows for d in r)
+            seqs = [len(d.prompt_ids) + len(d.output_ids) for r in rows for d in r]
+            plan.append(
+                (
+                    functools.partial(efficient_step, model, opt, rows, out, args.micro_rows or args.rows),
+                    seqs,
+                    out,
+                )
+            )
 
-    times, opt_times = [], []
+    times, opt_times, step_flops = [], [], []
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     for i in range(args.steps + 1):
+        step, seqs, head = plan[i % len(plan)]
         if cuda:
             torch.cuda.synchronize()
         t = time.perf_counter()
         opt.zero_grad()
-        if steps_rows:  # this step's shapes
-            rows = steps_rows[i]
-            total_out = sum(len(d.output_ids) for r in rows for d in r)
-            efficient_step(model, opt, rows, total_out, args.micro_rows or args.rows)
-            if i > 0:
-                timed_tokens += sum(len(d.prompt_ids) + len(d.output_ids) for r in rows for d in r)
-        else:
-            step()
+        step()
         if cuda:
             torch.cuda.synchronize()
         t_opt = time.perf_counter()
@@ -275,18 +274,14 @@ def run_variant(variant: str, args, device: str, dtype: torch.dtype, tokens: int
         if i > 0:
             times.append(time.perf_counter() - t)
             opt_times.append(time.perf_counter() - t_opt)
+            step_flops.append((sum(seqs), *flops(model, seqs, head, sum(seqs))))
         print(
             f"  {variant} step {i}{' (warm-up)' if i == 0 else ''}: {time.perf_counter() - t:.2f} s",
             flush=True,
         )
-    sec = sorted(times)[len(times) // 2]
-    model_flops, flops_6n = flops(model, seqs, head, tokens)
-    if steps_rows:  # every timed step counts (recompiles included); MFU from the last step's shapes
-        sec = sum(times) / len(times)
-        tokens = timed_tokens / len(times)
-        seqs = [len(d.prompt_ids) + len(d.output_ids) for r in rows for d in r]
-        model_flops, flops_6n = flops(model, seqs, total_out, sum(seqs))
-        model_flops, flops_6n = model_flops * tokens / sum(seqs), flops_6n * tokens / sum(seqs)
+    # --vary: every timed step counts, recompiles included (means); else the median step
+    sec = sum(times) / len(times) if args.vary else sorted(times)[len(times) // 2]
+    tokens, model_flops, flops_6n = (sum(x) / len(x) for x in zip(*step_flops, strict=True))
     return {
         "seconds_per_step": round(sec, 3),
         "optimizer_seconds": round(sorted(opt_times)[len(opt_times) // 2], 3),

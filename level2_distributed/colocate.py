@@ -130,6 +130,8 @@ class ColocatedRank(TrainerRank):
         return True
 
     def wake(self) -> bool:
+        if self.device.type == "cuda":  # the update's cached blocks (activations, logits) back to the device,
+            torch.cuda.empty_cache()  # so the engine's weights and KV cache find them free (verl does the same)
         with PeakPoller(self.device) as poll:
             self.engine.wake()
         self._note("engine_woken", poll.peak)

@@ -41,7 +41,9 @@ SCRIPT = textwrap.dedent(
 
 def test_fused_adamw_steps_sharded_and_whole_parameters_in_separate_groups():
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=root, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.split("\n")
     assert "one 1 failed True" in lines  # the bug: one group, one fused call over both kinds

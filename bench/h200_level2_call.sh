@@ -36,7 +36,10 @@
 #  8 (only if times.txt does not end in "all done") carry nothing                 <= 300 s
 #      cd /tmp/keep/code && BUDGET_S=280 bash bench/h200_level2_call.sh
 # Calls 1-6 took ~90 s of device time together for the vLLM + SmolLM2 bundle (device-vllm-steps.md); total
-# <= 90 + 600 + 300 s = 16.5 min, expected ~10-11 min (phase estimates below; nothing here has run on a GPU yet).
+# <= 90 + 600 + 300 s = 16.5 min, expected ~10-11 min. Measured 2026-12-03 (bench/RESULTS.md, "Level 2 on one
+# H200"): calls 1-6 ~40 s held, call 7 466 s (env 28, l2_vs_l1 failed at 141 on a bug since fixed, l2_vs_l1_plain
+# 163, shape 130); the fixed l2_vs_l1 alone 240 s. A call refused with "no device machine could be started"
+# leaves nothing behind: start the plan again from call 1 (the next call's `cp` into /tmp/keep/ fails otherwise).
 #
 # ---- What one call does (this script) ----
 # install_ray: once: reassembles the Ray wheel from $KEEP/ray (sha256 of ray.manifest), installs it and any of

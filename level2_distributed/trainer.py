@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from common.rl.datums import Datum
 from common.run.checkpoint import RunState
@@ -275,19 +274,19 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def param_groups(model: torch.nn.Module, replicated: list) -> list[dict[str, Any]]:
+    """The optimizer's parameter groups: the sharded (DTensor) parameters, then the ``replicated`` whole ones
+    (:func:`build_sharded_model`'s). One fused AdamW call over both kinds fails on CUDA ("got mixed torch.Tensor
+    and DTensor", measured on an H200), and AdamW calls its kernel once per group. One group without replicated
+    parameters (the plain trainer), so its checkpoints keep their layout."""
+    whole = {id(q) for q in replicated}
+    sharded = [q for q in model.parameters() if id(q) not in whole]
+    return [{"params": g} for g in (sharded, list(replicated)) if g]
+
+
 # ----------------------------------------------------------------------------------------------------
 # The actor.
 # ----------------------------------------------------------------------------------------------------
-def param_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
-    """The optimizer's parameter groups: sharded (DTensor) and whole (plain tensor) parameters apart. The fast
-    trainer keeps the root's parameters whole (``replicate_root``); one fused AdamW call over both kinds fails on
-    CUDA ("got mixed torch.Tensor and DTensor", measured on an H200), and AdamW calls its kernel once per group.
-    One group when every parameter is of one kind (the plain trainer), so its checkpoints keep their layout."""
-    sharded = [p for p in model.parameters() if isinstance(p, DTensor)]
-    whole = [p for p in model.parameters() if not isinstance(p, DTensor)]
-    return [{"params": g} for g in (sharded, whole) if g]
-
-
 class TrainerRank:
     """One FSDP2 rank. ``ray.remote(num_gpus=...)(TrainerRank)`` makes it an actor (train.py does)."""
 
@@ -346,7 +345,7 @@ class TrainerRank:
         self.model = model.train()
         o: OptimConfig = self.cfg.optim
         self.optimizer = torch.optim.AdamW(
-            param_groups(self.model), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
+            param_groups(self.model, self.replicated), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
             **({"fused": True} if cuda else {}),
         )  # fmt: skip
         return self.rank

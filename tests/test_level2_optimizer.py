@@ -24,13 +24,14 @@ SCRIPT = textwrap.dedent(
     m = torch.nn.Module()
     m.a = torch.nn.Parameter(distribute_tensor(torch.randn(4, 4), mesh, [Shard(0)]))  # a sharded layer
     m.b = torch.nn.Parameter(torch.randn(4))                                          # a whole root tensor
-    for name, groups in (("one", [{"params": list(m.parameters())}]), ("split", param_groups(m))):
-        before = m.b.detach().clone()
+    for name, groups in (("one", [{"params": list(m.parameters())}]), ("split", param_groups(m, [m.b]))):
+        before = [q.full_tensor().clone() if hasattr(q, "to_local") else q.detach().clone() for q in (m.a, m.b)]
         opt = torch.optim.AdamW(groups, lr=1e-2, fused=True)
         (m.a.full_tensor().square().sum() + m.b.square().sum()).backward()
         try:
             opt.step()
-            print(name, len(groups), "stepped", bool((m.b.detach() != before).all()))
+            after = (m.a.full_tensor(), m.b.detach())
+            print(name, len(groups), "stepped", all(bool((x != y).all()) for x, y in zip(after, before)))
         except RuntimeError as exc:
             print(name, len(groups), "failed", "mixed torch.Tensor and DTensor" in str(exc))
         opt.zero_grad(set_to_none=True)

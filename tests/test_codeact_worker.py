@@ -290,6 +290,35 @@ def test_cells_of_agents_on_one_world_take_turns():
     b.close()
 
 
+@MODES
+def test_a_cell_that_ends_with_a_launch_in_flight_lets_the_child_on_its_world_run(ordered):
+    """A cell that ends (here by an error) while a launch it started is still running: the trainer waits for
+    the child, and the child's own cells on the same world must get the turn. Before the fix the finished
+    cell kept the world's turn while waiting, and the child waited for it forever (seen in the warm-started
+    quick start, issue #23.4)."""
+
+    class World:
+        pass
+
+    world, ran = World(), []
+    child = CodeActWorker({"note": ran.append}, {}, FAST, turn_key=world, ordered=ordered)
+
+    async def launch_subagent(task):
+        return (await child.run(f"note({task!r})")).stdout
+
+    parent = CodeActWorker({}, {"launch_subagent": launch_subagent}, FAST, turn_key=world, ordered=ordered)
+    code = "import asyncio\nt = asyncio.ensure_future(launch_subagent('x'))\nawait asyncio.sleep(0)\nraise ValueError('boom')"
+
+    async def go():
+        return await asyncio.wait_for(parent.run(code), 20)  # a deadlock fails here, not by hanging the suite
+
+    r = asyncio.run(go())
+    assert "ValueError: boom" in r.error and ran == ["x"]
+    assert asyncio.run(go()).error and ran == ["x", "x"]  # and the world's turn is free for the next cell
+    parent.close()
+    child.close()
+
+
 def test_plain_data_encoding_round_trip_and_refusals():
     value = {"a": (1, [2.5, None, True]), 3: {"k": ("x",)}}
     assert decode(encode(value)) == value

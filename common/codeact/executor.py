@@ -725,6 +725,9 @@ class CodeActWorker:
                     continue  # a stale or forged answer for an earlier cell
                 if run.inflight:  # launched children cannot be un-launched: let them end
                     run.done = True
+                    if run.holding:  # ... and run: a child on this world needs the turn this cell held
+                        run.turn.release()
+                        run.holding = False
                     await asyncio.gather(*run.inflight, return_exceptions=True)
                 return self._result(msg)
 

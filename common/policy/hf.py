@@ -145,16 +145,9 @@ class HFPolicy(Engine):
 
     # ------------------------------------------------------------------ generation
     def _eos_ids(self) -> list[int]:
-        ids: list[int] = []
-        for src in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
-            if src is None:
-                continue
-            for i in src if isinstance(src, (list, tuple)) else [src]:
-                if i not in ids:
-                    ids.append(int(i))
-        if not ids:
-            raise ValueError("tokenizer/model define no EOS token")
-        return ids
+        from common.policy.models import reply_end_ids
+
+        return reply_end_ids(self.tokenizer, getattr(self.model.generation_config, "eos_token_id", None))
 
     def _run_batch(self, requests: list[GenerationRequest]) -> list[Completion | Exception]:
         with self._lock, torch.inference_mode():

@@ -131,6 +131,7 @@ def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name))
+    tokenizer.eos_token = "<|im_end|>"  # SmolLM2-Instruct's EOS (the GGUF's eos_token_id 2), whatever the converter says
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # The GGUF loader leaves a gguf quantization_config on the config; the saved weights are plain fp32.
     # The weights are plain float32 tensors by now, so drop the quantizer so save_pretrained works.
@@ -226,6 +227,32 @@ def prepare_model(name_or_path: str = DEFAULT_MODEL) -> str:
         return str(ensure_smollm2())
     check_model_name(name_or_path)
     return name_or_path
+
+
+CHATML_TURN_TOKENS = ("<|im_end|>", "<|im_start|>")
+"""ChatML's turn delimiters: a reply ends at the end of its turn, and also at the start of another one (a
+reply never contains one; a model fine-tuned with another EOS, such as the shipped SmolLM2 adapter, ends its
+turns with ``<|im_start|>``: docs/fidelity/sft.md)."""
+
+
+def reply_end_ids(tokenizer: Any, *more: Any) -> list[int]:
+    """The token ids that end a reply, for every engine (hf and vLLM stop on the same set): the tokenizer's
+    EOS, each of ``more`` (an int, a list of ints or None: the model's ``generation_config.eos_token_id``),
+    and for a ChatML tokenizer both turn delimiters (:data:`CHATML_TURN_TOKENS`). Raises when none is found.
+
+    >>> reply_end_ids(load_tokenizer("smollm2"))  # <|im_end|> (EOS), then <|im_start|>
+    [2, 1]
+    """
+    ids: list[int] = []
+    vocab = tokenizer.get_vocab()
+    chatml = [vocab[t] for t in CHATML_TURN_TOKENS if t in vocab]
+    for src in (tokenizer.eos_token_id, *more, *(chatml if len(chatml) == 2 else [])):
+        for i in src if isinstance(src, (list, tuple)) else [src]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("tokenizer/model define no EOS token")
+    return ids
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:

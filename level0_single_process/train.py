@@ -85,11 +85,13 @@ def collect_groups(
 # The loss: CISPO over the stage's datums, one datum at a time (level 1 packs them).
 # ----------------------------------------------------------------------------------------------------
 def datum_logprobs(model, datum) -> torch.Tensor:
-    """log pi_theta(y_t) of the datum's output tokens. Shapes: ids [1, P+T] -> logits [1, P+T, V] -> [1, T]."""
+    """log pi_theta(y_t) of the datum's output tokens. Shapes: ids [1, P+T] -> logits [1, T+1, V] -> [1, T].
+    Logits only where they are used (``logits_to_keep``): the positions P-1 .. P+T-1 that predict the T
+    output tokens and the last one; the LM head over a 1.5K-token prompt would be most of the memory."""
     ids = torch.tensor([datum.prompt_ids + datum.output_ids], device=model.device)
-    logits = model(input_ids=ids).logits  # [1, P+T, V]
-    P = len(datum.prompt_ids)
-    return token_logprobs(logits[:, P - 1 : -1], ids[:, P:])  # [1, T]: position t predicts token t+1
+    T = len(datum.output_ids)
+    logits = model(input_ids=ids, logits_to_keep=T + 1).logits  # [1, T+1, V]
+    return token_logprobs(logits[:, :-1], ids[:, -T:])  # [1, T]: position t predicts token t+1
 
 
 def accumulate_gradients(model, datums, weights, optimizer=None) -> dict[str, float]:

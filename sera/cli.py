@@ -635,14 +635,23 @@ def _check_run_dir(cfg, overwrite: bool) -> None:
         clear_run_dir(out)
 
 
-def _interrupted_run(out: Path, command: str) -> None:
-    """Ctrl-C during `sera train` / `sera sft`: what the directory holds and how to go on (exit 130)."""
+def _interrupted_run(out: Path, command: str, curves: bool = True) -> None:
+    """Ctrl-C during `sera train` / `sera sft`: what the directory holds and how to go on (exit 130);
+    with ``curves``, curves.png of the rounds logged so far is drawn first (a finished run draws it too)."""
     from common.run.checkpoint import has_checkpoint, logged_rounds
 
     if rank() != 0:
         raise typer.Exit(130)
     rounds = logged_rounds(out)
     logs = f"{rounds} logged round{'s' if rounds != 1 else ''} in {out / 'metrics.jsonl'}"
+    if curves and rounds:
+        from common.run.metrics import plot_curves
+
+        try:  # the curves of the rounds so far; a damaged log must not hide the resume command
+            plot_curves(out / "metrics.jsonl", out / "curves.png")
+            logs += f" (curves: {out / 'curves.png'})"
+        except (KeyError, TypeError, ValueError, OSError) as exc:
+            logs += f" (curves not drawn: {type(exc).__name__}: {exc})"
     argv = [a for a in shlex.split(command) if a not in ("--resume", "--overwrite")]
     if has_checkpoint(out):
         last = sorted((out / "checkpoints").glob("step_*"))[-1]
@@ -843,7 +852,7 @@ def _sft(cfg, given: Given, overwrite: bool = False) -> None:
     try:
         sft(cfg)
     except KeyboardInterrupt:
-        _interrupted_run(Path(cfg.out), command)
+        _interrupted_run(Path(cfg.out), command, curves=False)
 
 
 def _register_sft() -> None:

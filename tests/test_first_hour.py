@@ -392,12 +392,18 @@ def test_ctrl_c_message_names_the_checkpoint(tmp_path, capsys):
     out = tmp_path / "run"
     (out / "checkpoints" / "step_000004").mkdir(parents=True)
     (out / "checkpoints" / "step_000007").mkdir(parents=True)
-    (out / "metrics.jsonl").write_text("{}\n" * 9)
+    rows = [
+        {"round": i, "step": min(i, 7), "reward/root_success": i / 10, "loss/cispo": 0.1} for i in range(9)
+    ]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(typer.Exit) as exc:
         _interrupted_run(out, f"sera train --steps 20 --out {out} --resume")
     assert exc.value.exit_code == 130
     err = capsys.readouterr().err
     assert "checkpoint of step 7" in err and "9 logged rounds" in err
+    assert (
+        f"(curves: {out / 'curves.png'})" in " ".join(err.split()) and (out / "curves.png").stat().st_size > 0
+    )
     assert f"resume with: sera train --steps 20 --out {out} --resume\n" in err
 
 

@@ -89,8 +89,16 @@ def test_openai_policy_matches_local_policy(tiny_server):
         finally:
             await client.aclose()
 
+    # The batch starts when all 4 requests wait (a full batch), however late the last one arrives on a
+    # loaded machine; a 20 ms window (the fixture's) let a slow HTTP request miss it and form a 2nd batch.
+    queue = policy.queue
+    saved = queue.max_batch_size, queue.max_wait_ms
+    queue.max_batch_size, queue.max_wait_ms = len(reqs), 60_000.0
     before = policy.stats["batches"]
-    remote, client = asyncio.run(run())
+    try:
+        remote, client = asyncio.run(run())
+    finally:
+        queue.max_batch_size, queue.max_wait_ms = saved
     assert client.trainable and client.model == "tiny"
     assert policy.stats["batches"] - before == 1  # concurrent HTTP requests were batched together
     local = policy.generate_batch(reqs)

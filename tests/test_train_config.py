@@ -196,3 +196,21 @@ def test_codeact_executor_reaches_the_textcraft_env_only():
         make_env_with_prompts("textcraft", None, "subprocess")
     with pytest.raises(ValueError, match="the in-process interpreter was removed"):
         make_env_with_prompts("textcraft", None, "inprocess")
+
+
+def test_auto_dtype_is_bf16_only_where_the_hardware_has_it_and_never_for_the_test_models(monkeypatch):
+    import common.train_config as tc
+
+    for cuda, cpu_bf16, model, want in [
+        (False, False, "smollm2", "float32"),  # a laptop without native bf16: exact fp32
+        (False, True, "smollm2", "bfloat16"),  # AVX512-BF16 / AMX: ~3x faster steps
+        (True, False, "smollm2", "bfloat16"),  # a GPU, as the paper
+        (True, True, "tiny", "float32"),  # the random-init test models stay exact
+        (True, True, "tiny-tied", "float32"),
+    ]:
+        monkeypatch.setattr(tc, "_cuda_available", lambda cuda=cuda: cuda)
+        monkeypatch.setattr(tc, "cpu_has_native_bf16", lambda cpu_bf16=cpu_bf16: cpu_bf16)
+        assert TrainConfig.make(model=model).optim.dtype == want, (cuda, cpu_bf16, model)
+        assert TrainConfig.make(model=model, dtype="float32").optim.dtype == "float32"
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    assert tc.cpu_has_native_bf16() == ("avx512_bf16" in flags or "amx_bf16" in flags)

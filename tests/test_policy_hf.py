@@ -58,14 +58,14 @@ def test_static_cache_generates_what_the_dynamic_cache_does(tiny):
     mixed batch: different prompt lengths (left padding), reply budgets (rows finish and leave the cache at
     different steps), greedy and seeded sampling."""
     dynamic = HFPolicy(tiny.model, tiny.tokenizer, max_batch_size=8, kv_cache="dynamic")
-    assert tiny.kv_cache == "static"
+    assert tiny.kv_cache == "static"  # auto on a CPU
     reqs = [_req(p, n=4 + 3 * i, temperature=0.0 if i % 2 else 1.0, seed=i) for i, p in enumerate(PROMPTS)]
     a, b = tiny.generate_batch(reqs), dynamic.generate_batch(reqs)
     assert len({len(c.output_ids) for c in a}) > 3  # rows really left the batch at different steps
     for x, y in zip(a, b, strict=True):
         assert x.output_ids == y.output_ids and x.finish_reason == y.finish_reason
         assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
-    with pytest.raises(ValueError, match="static or dynamic"):
+    with pytest.raises(ValueError, match="auto, static or dynamic"):
         HFPolicy(tiny.model, tiny.tokenizer, kv_cache="paged")
 
 

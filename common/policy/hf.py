@@ -6,9 +6,9 @@ fill) and run together as ONE left-padded batch on a single worker thread, so th
 responsive while the model runs. Batches run one after another; requests arriving meanwhile form the
 next batch.
 
-The sampling loop is our own (prefill + KV-cache decode into a ``StaticCache`` sized for the batch's
-prompt and reply budget: written in place, never re-copied; a ``DynamicCache`` concatenates every step,
-which cost SmolLM2 a sixth of each bf16 decode step at B=1 and 40 % at B=4 on a 2-core CPU)
+The sampling loop is our own (prefill + KV-cache decode; on a CPU into a ``StaticCache`` sized for the
+batch's prompt and reply budget, written in place: a ``DynamicCache`` concatenates, re-copying the whole
+cache every step, and made a SmolLM2 bf16 decode step 1.5x slower at batch 1 and 3x at batch 4 on 2 cores)
 so that every row can have its own sampling parameters (temperature, top-p, max_new_tokens, stop strings,
 seed) and so that the behaviour log-probs are taken from exactly the logits used for sampling:
 
@@ -111,13 +111,14 @@ class HFPolicy(Engine):
         max_context_tokens: int | None = None,
         seed: int = 0,
         adapter: str | None = None,
-        kv_cache: str = "static",
+        kv_cache: str = "auto",
     ) -> None:
         """``model``: a name for ``models.load_model`` (``smollm2``, ``tiny``, HF id, path) or a loaded model
         (then ``tokenizer`` is required); ``adapter``: with a name, a warm-start LoRA adapter directory merged
         into the weights as they load (``common/policy/warmstart.py``); ``kv_cache``: ``static`` (one
-        preallocated cache per batch, written in place) or ``dynamic`` (grows by concatenation; the same
-        tokens, for comparison). ``dtype`` defaults to bfloat16 (generation on CPU is fine in
+        preallocated cache per batch, written in place), ``dynamic`` (grows by concatenation; the same
+        tokens) or ``auto``: static on a CPU, where it was measured faster (bench/bench_cpu_quickstart.py),
+        dynamic on a GPU (a static cache would reserve every row's whole reply budget up front). ``dtype`` defaults to bfloat16 (generation on CPU is fine in
         bf16 on AVX512-BF16 machines; pass ``float32`` for exact tests). ``max_context_tokens`` defaults
         to the model's ``max_position_embeddings``."""
         if device is None:
@@ -147,9 +148,10 @@ class HFPolicy(Engine):
         # transformers 5 renamed forward(past_key_values=...) to forward(cache=...)
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        if kv_cache not in ("static", "dynamic"):
-            raise ValueError(f"kv_cache must be static or dynamic, not {kv_cache!r}")
-        self.kv_cache = kv_cache
+        if kv_cache not in ("auto", "static", "dynamic"):
+            raise ValueError(f"kv_cache must be auto, static or dynamic, not {kv_cache!r}")
+        on_cpu = self.device.type == "cpu"
+        self.kv_cache = kv_cache if kv_cache != "auto" else ("static" if on_cpu else "dynamic")
 
     # ------------------------------------------------------------------ generation
     def _eos_ids(self) -> list[int]:

@@ -57,7 +57,7 @@ class OptimConfig:
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype of the model. bfloat16 keeps fp32 master weights in the optimizer, so small updates
     (lr 3e-6) are not rounded away. auto: bfloat16 where the hardware computes it natively (CUDA, as the
-    paper trains; a CPU with AVX512-BF16 or AMX, where a SmolLM2 training step is ~3x faster than in
+    paper trains; a CPU with AVX512-BF16 or AMX, where a SmolLM2 training step is ~2x faster than in
     float32), float32 elsewhere and always for the random-init test models (exact CPU tests); resolved
     when the TrainConfig is built (:func:`resolve_dtype`)."""
 

@@ -91,7 +91,7 @@ def datum_logprobs(model, datum) -> torch.Tensor:
     ids = torch.tensor([datum.prompt_ids + datum.output_ids], device=model.device)
     T = len(datum.output_ids)
     logits = model(input_ids=ids, logits_to_keep=T + 1).logits  # [1, T+1, V]
-    return token_logprobs(logits[:, :-1], ids[:, -T:])  # [1, T]: position t predicts token t+1
+    return token_logprobs(logits[:, :-1], ids[:, ids.shape[1] - T :])  # [1, T]: position t predicts token t+1
 
 
 def accumulate_gradients(model, datums, weights, optimizer=None) -> dict[str, float]:

@@ -340,9 +340,12 @@ def test_helps_say_how_resuming_works(helps):
 def interrupt(args: list[str], ready, timeout: float = 90, program: tuple[str, ...] = ("-m", "sera")):
     """Start ``python PROGRAM ARGS`` (``sera ARGS``), wait for ``ready()``, send SIGINT (as Ctrl-C does),
     return the finished run (a CompletedProcess)."""
+    # A suite started in the background (`cmd &` in a shell without job control) inherits SIGINT ignored,
+    # and Python then installs no KeyboardInterrupt handler: give the child the default disposition, as a
+    # terminal's Ctrl-C finds it.
     proc = subprocess.Popen(
         [sys.executable, *program, *args], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     t0 = time.time()
     while not ready() and proc.poll() is None and time.time() - t0 < timeout:

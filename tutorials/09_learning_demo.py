@@ -179,6 +179,7 @@ for method, schedule in (("sera", "execution:1,rubric:1"), ("rao", "execution:1"
         env="textcraft", tasks_per_step=2, rollouts_per_task=2, max_steps=3, max_new_tokens=16,
         rubric_max_new_tokens=16, oracle_mix=0.7, score_noise=0.3, difficulty="medium", n_tasks=16,
         max_task_replacements=3, max_idle_rounds=4, lr=1e-3, codeact_executor="worker-ordered",
+        dtype="float32",  # the tiny model from disk: --dtype auto would pick bf16 on a CPU with AVX512-BF16
     )  # fmt: skip
     runs[method] = train(rl_cfg, progress=False)
     for h in runs[method]:

@@ -62,17 +62,15 @@ class OptimConfig:
     when the TrainConfig is built (:func:`resolve_dtype`)."""
 
 
-TEST_MODELS = ("tiny", "tiny-tied")
-"""The in-memory random-init models (common/policy/models.py): exact float32 tests whatever the machine."""
-
-
 def resolve_dtype(dtype: str, model: str) -> str:
     """``auto`` -> ``bfloat16`` on hardware with native bf16 (CUDA; a CPU whose flags list
     ``avx512_bf16`` or ``amx_bf16``), else ``float32``; the test models stay ``float32``. Other values
     pass through."""
     if dtype != "auto":
         return dtype
-    if model.lower() in TEST_MODELS:
+    from common.policy.models import ALIASES, IN_MEMORY
+
+    if ALIASES.get(model.lower()) in IN_MEMORY:  # the random-init test models: exact on every machine
         return "float32"
     return "bfloat16" if _cuda_available() or cpu_has_native_bf16() else "float32"
 

@@ -164,9 +164,7 @@ class HFPolicy(Engine):
             return self._generate_batch(requests)
 
     def _new_cache(self, length: int) -> Any:
-        """The KV cache of one batch: a ``StaticCache`` of ``length`` slots (allocated once, written in
-        place: a ``DynamicCache`` concatenates, copying the whole cache every step, which took about a
-        third of a decode step of SmolLM2 at 1.5K tokens on a CPU); ``DynamicCache`` with ``kv_cache="dynamic"``."""
+        """The KV cache of one batch (``kv_cache``; why static on a CPU: the module docstring)."""
         from transformers import DynamicCache, StaticCache
 
         if self.kv_cache == "dynamic":

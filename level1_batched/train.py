@@ -13,9 +13,9 @@ What changes is only how the work is scheduled, one small function per idea:
 1. Many rollouts in flight (:func:`collect_groups_in_flight`): all tasks x rollouts of a step run
    concurrently on one asyncio loop (``asyncio.gather`` of ``run_root``), so the agents' model calls meet
    in :class:`~common.policy.hf.HFPolicy`'s queue and run as batches of up to ``max_batch_size`` rows.
-   Level 0 uses ``max_batch_size=1`` so sampling is bit-reproducible; here every request keeps its own
-   seeded generator, but a different batch composition (padding, kernel shapes) can change logits in the
-   last bits and so, rarely, a sampled token. Level 1 trades that exact reproducibility for throughput.
+   Level 0 batches only the calls of one task group; every request keeps its own seeded generator, but
+   a different batch composition (padding, kernel shapes) can change logits in the last bits and so,
+   rarely, a sampled token (``--max-batch-size 1``: bit-exact repeats, at either level).
 2. Packed micro-batches (:func:`accumulate_gradients_packed`): datums are packed first-fit-decreasing into
    rows of at most ``max_tokens_per_microbatch`` tokens; position ids restart at 0 for every datum, which
    transformers turns into a block-diagonal causal mask (no attention between datums), and logits are
@@ -230,7 +230,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             model,
             tokenizer,
             seed=cfg.seed,
-            max_batch_size=l1.max_batch_size,
+            max_batch_size=cfg.max_batch_size,
             gpu_memory_utilization=l1.gpu_memory_utilization,
             kv_cache_gib=l1.kv_cache_gib,
             engine_process=l1.engine_process,
@@ -243,7 +243,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
                 model, checkpoint_fraction=l1.checkpoint_fraction, compile_layers=l1.compile_layers
             )
     policy = CountingPolicy(
-        train_policy(cfg, model, tokenizer, max_batch_size=l1.max_batch_size, engine=engine), stats
+        train_policy(cfg, model, tokenizer, max_batch_size=cfg.max_batch_size, engine=engine), stats
     )
     optimizer = make_optimizer(model, cfg.optim)
     ckpt = TorchCheckpointer(out)
@@ -297,17 +297,18 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             zero_variance=env_spec(cfg.env).zero_variance,
             tokenizer=tokenizer,
         )
-        mine = balanced_shards([len(d.prompt_ids) + len(d.output_ids) for d in batch.datums], world)[rank]
+        datums, weights = batch.with_gradient()  # a zero advantage has a zero gradient: not computed
+        mine = balanced_shards([len(d.prompt_ids) + len(d.output_ids) for d in datums], world)[rank]
         bar.phase("training")
         t1 = time.perf_counter()
-        (n_tokens,) = all_reduce_sum([sum(batch.datums[i].num_trained_tokens for i in mine)], model.device)
+        n_tokens = float(batch.num_trained_tokens)  # |M| counts every datum (the same batch on every rank)
         updated = n_tokens > 0
         train_metrics = (
             train_on_shard(
                 model,
                 optimizer,
-                [batch.datums[i] for i in mine],
-                [batch.weights[i] for i in mine],
+                [datums[i] for i in mine],
+                [weights[i] for i in mine],
                 n_tokens,
                 cfg,
                 l1,

@@ -384,12 +384,12 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
             trees = [t for g in groups for t in g]
             batch = build_stage_batch(stage, groups, preset.execution_reward,
                                       zero_variance=env_spec(cfg.env).zero_variance, tokenizer=system.tokenizer)  # fmt: skip
-            n_tokens = float(sum(d.num_trained_tokens for d in batch.datums))
+            n_tokens = float(batch.num_trained_tokens)  # |M| counts every datum ...
             updated = n_tokens > 0
             bar.phase("training")
             t1 = time.perf_counter()
             train_m = (
-                system.train(batch.datums, batch.weights, n_tokens, state.round)
+                system.train(*batch.with_gradient(), n_tokens, state.round)  # ... only these have a gradient
                 if updated
                 else dict(NO_UPDATE)
             )

@@ -571,6 +571,7 @@ TRAIN_PANELS: dict[str, tuple[str, ...]] = {
         "prompts_dir",
         "judge",
         "codeact_executor",
+        "max_batch_size",
         "oracle_mix",
         "score_noise",
         "max_task_replacements",

@@ -51,8 +51,9 @@ for engine in ("hf", "vllm"):
         env="textcraft", method="rao", model=path, out=str(tmp / engine), steps=1, tasks_per_step=1,
         rollouts_per_task=1, max_steps=3, max_new_tokens=16, temperature=0.0, max_idle_rounds=1,
         difficulty="medium", n_tasks=4, dtype="float32",  # a tiny model from disk: exact fp32 on every CPU
+        max_batch_size=8,
     )
-    train(cfg, Level1Config(engine=engine, max_batch_size=8), progress=False)
+    train(cfg, Level1Config(engine=engine), progress=False)
     trees = read_trees(tmp / engine / "trees.jsonl")
     out["trees"][engine] = [
         {"role": s.call.role, "prompt_ids": s.call.prompt_ids, "output_ids": s.call.output_ids,
@@ -72,9 +73,9 @@ cfg = TrainConfig.make(
     env="textcraft", model=path, out=str(tmp / "sync"), steps=1, schedule="execution:1", tasks_per_step=1,
     rollouts_per_task=2, max_steps=3, max_new_tokens=16, rubric_max_new_tokens=16, oracle_mix=0.7,
     score_noise=0.3, difficulty="medium", n_tasks=16, max_task_replacements=3, max_idle_rounds=4, lr=1e-3,
-    dtype="float32",
+    dtype="float32", max_batch_size=8,
 )
-hist = train(cfg, Level1Config(engine="vllm", max_batch_size=8, fast_trainer=True, engine_process=True),
+hist = train(cfg, Level1Config(engine="vllm", fast_trainer=True, engine_process=True),
              progress=False)
 out["sync"] = [{"update_s": h.get("engine/update_s"), "grad_norm": h["grad_norm"]} for h in hist]
 engine = made[0]

@@ -45,9 +45,9 @@ def test_in_run_eval_equals_sera_eval_of_the_checkpoint(tmp_path: Path):
         env="textcraft", model="tiny", out=str(tmp_path / "run"), steps=2, schedule="execution:1",
         tasks_per_step=1, rollouts_per_task=2, max_steps=2, max_new_tokens=12, oracle_mix=0.7,
         difficulty="medium", n_tasks=8, max_task_replacements=3, max_idle_rounds=4, lr=1e-3,
-        eval_tasks=str(held_out), eval_every=1, codeact_executor="worker-ordered",
+        eval_tasks=str(held_out), eval_every=1, codeact_executor="worker-ordered", max_batch_size=1,
     )  # fmt: skip
-    train(cfg, Level1Config(max_batch_size=1), progress=False)
+    train(cfg, Level1Config(), progress=False)
     run = Path(cfg.out)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/success" in r]

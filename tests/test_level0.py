@@ -26,8 +26,10 @@ FIXED_REDUCTIONS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MKL_DYNAMIC
 """Environment of the resume tests' training processes: one CPU thread, so every float reduction runs in
 one fixed order whatever the machine's load."""
 
-REPEATABLE = dict(codeact_executor="worker-ordered")
-"""What makes a TextCraft run repeat exactly, for the resume tests: with the default worker executor each
+REPEATABLE = dict(codeact_executor="worker-ordered", max_batch_size=1)
+"""What makes a TextCraft run repeat exactly, for the resume tests. One call at a time: batched, a call's
+logits depend (by float rounding) on its batch-mates, and which calls share a batch depends on timing.
+And the fixed-order cells: with the default worker executor each
 agent's cells run in its own process, so sibling agents that a parent launched in parallel act on the
 shared world in an order set by the OS scheduler (in CI under load, one sibling crafted an intermediate
 before the other read the inventory in one run and after it in the other: the oracle then planned 2 crafts
@@ -67,6 +69,67 @@ def test_fixture_loss_and_grad_norm_match_golden(stage: str, level0_on_the_fixtu
     ) / max(1, gold["tokens"])
     assert abs(m["loss/cispo"] - gold["loss"]) <= 1e-5 * scale + 1e-9
     assert norm == pytest.approx(gold["grad_norm"], rel=1e-4, abs=1e-7)
+
+
+def test_zero_advantage_datums_are_not_computed_and_the_step_is_unchanged():
+    """``StageBatch.with_gradient()``: a datum with advantage 0 has an exactly zero gradient, so level 0
+    (and level 1, whose shards start from the same list) skips its forward and backward; its tokens still
+    count in |M|. The step equals the one that computes every datum, bit for bit, and a step where every
+    datum has a zero advantage still decays the weights (zero gradients, not none)."""
+    from dataclasses import replace
+
+    from common.policy.models import load_model
+    from common.rl.batch import StageBatch
+    from common.run.optim import make_optimizer
+    from level0_single_process.train import accumulate_gradients, train_on_batch
+    from level1_batched.train import Level1Config, train_on_shard
+
+    st = load_fixture()["stages"]["execution"]
+    datums = [replace(d, advantage=0.0) if i % 2 else d for i, d in enumerate(fixture_datums(st))]
+    cfg = TrainConfig.make(model="tiny", lr=1e-3)
+    batch = StageBatch("execution", datums, list(st["weights"]))
+    live, _ = batch.with_gradient()
+    assert [d.advantage for d in live] == [d.advantage for d in datums[::2]]
+    assert (
+        batch.num_trained_tokens
+        == sum(d.num_trained_tokens for d in datums)
+        > sum(d.num_trained_tokens for d in live)
+    )
+
+    def stepped(step) -> tuple[dict, dict, int]:
+        model, _ = load_model("tiny", dtype="float32", seed=0)
+        opt, calls = make_optimizer(model, cfg.optim), []
+        model.register_forward_hook(lambda *_: calls.append(1))
+        m = step(model, opt)
+        return {n: p.detach().clone() for n, p in model.named_parameters()}, m, len(calls)
+
+    def every_datum(model, opt):
+        model.train(), opt.zero_grad()
+        m = accumulate_gradients(model, batch.datums, batch.weights, opt)
+        return {**m, "grad_norm": opt.clip_and_step(cfg.optim.grad_clip)}
+
+    ref, m_ref, n_ref = stepped(every_datum)
+    l0, m0, n0 = stepped(lambda model, opt: train_on_batch(model, opt, batch, cfg))
+    l1, m1, n1 = stepped(
+        lambda model, opt: train_on_shard(model, opt, live, batch.with_gradient()[1],
+                                          batch.num_trained_tokens, cfg, Level1Config().resolved(cuda=False))
+    )  # fmt: skip
+    assert (n_ref, n0) == (len(datums), len(live)) and n1 == m1["train/microbatches"] <= len(live)  # packed
+    for name in ("loss/cispo", "loss/tokens", "grad_norm"):
+        assert m0[name] == m_ref[name], name
+        assert m1[name] == pytest.approx(m_ref[name], rel=1e-5), name
+    assert all(torch.equal(l0[k], ref[k]) for k in ref)  # bit-identical: the skipped terms were +0.0
+    assert max(float((l1[k] - ref[k]).abs().max()) for k in ref) < 1e-2 * cfg.optim.lr  # packed: float order
+
+    silent = StageBatch("execution", [replace(d, advantage=0.0) for d in datums], list(st["weights"]))
+    assert silent.with_gradient() == ([], []) and silent.num_trained_tokens > 0
+    before, _, _ = stepped(lambda model, opt: {})
+    after, m, n = stepped(lambda model, opt: train_on_batch(model, opt, silent, cfg))
+    assert n == 0 and m["grad_norm"] == 0.0 and m["loss/tokens"] == silent.num_trained_tokens
+    decayed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert decayed and all(
+        torch.allclose(after[k], before[k] * (1 - cfg.optim.lr * cfg.optim.weight_decay)) for k in decayed
+    )  # AdamW's decay with a zero gradient (the update term is 0/eps = 0)
 
 
 def test_fixture_datums_respect_stage_masks():

@@ -383,7 +383,7 @@ def test_two_step_run_writes_the_fixed_metrics(tmp_path: Path, capsys):
         max_idle_rounds=4,
     )  # fmt: skip
     # tests/test_level0.py's small config: teacher-forced oracle replies give mixed groups
-    history = train(cfg, Level1Config(max_tokens_per_microbatch=4096, max_batch_size=32), progress=False)
+    history = train(cfg, Level1Config(max_tokens_per_microbatch=4096), progress=False)
     from test_level0 import check_clock
 
     check_clock(history, cfg.schedule)  # rounds without an update repeat their stage

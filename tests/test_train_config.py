@@ -60,14 +60,18 @@ def test_paper_fills_defaults_before_the_users_flags():
 
 
 def test_level1_defaults_and_options():
-    cfg = resolved("--level", "1", "--max-batch-size", "4")
-    assert cfg["out"] == "runs/level1" and cfg["level1"]["max_batch_size"] == 4
+    cfg = resolved("--level", "1", "--max-tokens-per-microbatch", "4096", "--max-batch-size", "4")
+    assert cfg["out"] == "runs/level1" and cfg["level1"]["max_tokens_per_microbatch"] == 4096
+    assert (
+        cfg["max_batch_size"] == 4 and resolved("--max-batch-size", "1")["max_batch_size"] == 1
+    )  # levels 0, 1
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--max-batch-size", "4"], "--max-batch-size only apply to --level 1"),
+        (["--max-tokens-per-microbatch", "4096"], "--max-tokens-per-microbatch only apply to --level 1"),
+        (["--max-batch-size", "0"], "--max-batch-size must be >= 1"),
         (["--steps", "0"], "--steps must be >= 1"),
         (["--steps", "-1"], "--steps must be >= 1"),
         (["--oracle-mix", "2"], "--oracle-mix must be in [0, 1]"),

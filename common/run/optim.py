@@ -70,8 +70,13 @@ class MasterWeightAdamW:
 
     def clip_and_step(self, grad_clip: float) -> float:
         """Global-norm clip (computed in fp32 on the masters' grads), AdamW, write back. Returns the
-        pre-clip gradient norm. Gradients still on the model are added to the masters' first."""
+        pre-clip gradient norm. Gradients still on the model are added to the masters' first. A step in
+        which no backward ran (every datum had a zero advantage: trainers skip those) has a zero gradient,
+        not none: AdamW still decays the weights and follows its momentum, as after computing the zeros."""
         self.accumulate_model_grads()
+        if all(m.grad is None for m in self.masters):
+            for m in self.masters:
+                m.grad = torch.zeros_like(m)
         norm = torch.nn.utils.clip_grad_norm_(self.masters, grad_clip)
         self.inner.step()
         if self.low_precision:

@@ -75,6 +75,7 @@ def config(args, out: str):
         tasks_per_step=args.tasks, rollouts_per_task=args.rollouts, max_steps=3, max_new_tokens=args.new_tokens,
         rubric_max_new_tokens=16, oracle_mix=0.7, score_noise=0.3, difficulty="medium", n_tasks=16,
         max_task_replacements=3, max_idle_rounds=6, dtype=args.dtype, save_every=args.steps,
+        max_batch_size=args.batch,  # level 1's engine batch (level 2's servers: server_batch_size)
     )  # fmt: skip
 
 
@@ -140,7 +141,7 @@ def level1_config(args, engine: str):
     from level1_batched.config import Level1Config
 
     return Level1Config(
-        max_tokens_per_microbatch=args.microbatch_tokens, max_batch_size=args.batch, engine=engine,
+        max_tokens_per_microbatch=args.microbatch_tokens, engine=engine,
         engine_process=args.engine_process, gpu_memory_utilization=args.gpu_memory_utilization,
         fast_trainer=args.fast_trainer, checkpoint_fraction=args.checkpoint_fraction if args.fast_trainer else None,
         compile_layers=args.compile_layers if args.fast_trainer else None,  # explicit: level 1 compiles on CUDA by default

@@ -104,6 +104,7 @@ def main() -> None:
         max_steps=args.max_steps, max_new_tokens=args.max_new_tokens, rubric_max_new_tokens=384,
         score_max_new_tokens=128, difficulty="easy", n_tasks=256, lr=1e-5, dtype="float32",
         codeact_executor="worker-ordered",  # the same siblings order for every path
+        max_batch_size=args.max_batch_size,
     )  # fmt: skip
     engines: dict[bool, object] = {}  # engine_process -> engine (before and after share the in-process one)
     env = make_env_with_prompts(base.env, None, base.codeact_executor)
@@ -113,7 +114,7 @@ def main() -> None:
             raise SystemExit(f"unknown path {path!r}: use before, after, after_mp")
         fast, mp = path != "before", path == "after_mp"
         dtype = "bfloat16" if fast and cuda else "float32"
-        l1 = Level1Config(engine="vllm", max_batch_size=args.max_batch_size, fast_trainer=fast).resolved(cuda)
+        l1 = Level1Config(engine="vllm", fast_trainer=fast).resolved(cuda)
         model, tokenizer = load_model(args.model, dtype=dtype, device=device)
         if mp not in engines:  # started from plain weights
             t_start = time.perf_counter()

@@ -165,6 +165,53 @@ def test_async_requests_are_batched(tiny):
     assert [c.output_ids for c in comps] == [c.output_ids for c in direct]
 
 
+@pytest.mark.parametrize("kv_cache", ["static", "dynamic"])
+def test_requests_join_a_running_batch_and_leave_when_done(tiny, kv_cache):
+    """Continuous batching: a request that arrives while a long batch decodes joins it (no new batch after
+    the long row), its caller gets the result as soon as its own row is done (before the long row), and
+    every row's tokens are those it gets alone, whether it joined with a longer or shorter prompt."""
+    policy = HFPolicy(tiny.model, tiny.tokenizer, max_batch_size=8, max_wait_ms=0, kv_cache=kv_cache)
+    long = _req(PROMPTS[3], n=600, temperature=0.0, ignore_eos=True)  # short prompt: joiners have longer ones
+    joiners = [_req(PROMPTS[1], n=5, temperature=0.0), _req(PROMPTS[2], n=7, temperature=1.0, seed=4)]
+    late = _req(PROMPTS[0], n=6, temperature=1.0, seed=9)  # shorter prompt than the running rows' span
+
+    async def run():
+        done: list[str] = []
+
+        async def call(name, req, after):
+            await after()
+            comp = await policy.generate(req)
+            done.append(name)
+            return comp
+
+        async def decoding():  # the long row's batch has started decoding
+            while policy.stats["generated_tokens"] < start + 3:
+                await asyncio.sleep(0.001)
+
+        async def first_joiner_done():
+            while "j0" not in done:
+                await asyncio.sleep(0.001)
+
+        async def now():
+            pass
+
+        start, before = policy.stats["generated_tokens"], policy.stats["batches"]
+        comps = await asyncio.gather(
+            call("long", long, now), call("j0", joiners[0], decoding), call("j1", joiners[1], decoding),
+            call("late", late, first_joiner_done),
+        )  # fmt: skip
+        return comps, done, policy.stats["batches"] - before
+
+    comps, done, prefills = asyncio.run(run())
+    assert done[-1] == "long" and set(done[:-1]) == {"j0", "j1", "late"}  # delivered while "long" went on
+    assert prefills >= 3  # long, the joiners, late: each prefilled into the running batch, not after it
+    for req, comp in zip([long, *joiners, late], comps, strict=True):
+        alone = policy.generate_batch([req])[0]
+        assert comp.prompt_ids == alone.prompt_ids and comp.output_ids == alone.output_ids
+        assert max(abs(x - y) for x, y in zip(comp.logprobs, alone.logprobs, strict=True)) < 1e-4
+    assert len(comps[0].output_ids) == 600
+
+
 def test_event_loop_stays_responsive(tiny):
     async def run():
         ticks = 0

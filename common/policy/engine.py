@@ -5,7 +5,8 @@ whose weights the trainer owns and replaces after every optimizer step:
 
 * ``generate_batch(requests) -> completions`` (synchronous, one batch) and the async
   ``generate(request)`` that agents await; concurrent ``generate`` calls meet in :class:`BatchQueue`
-  and run as one batch on a worker thread, so the asyncio loop stays free while the model runs;
+  and run as one batch on a worker thread, so the asyncio loop stays free while the model runs (an
+  engine with continuous batching takes later calls into the running batch: :class:`Feed`);
 * every completion holds ``prompt_ids`` (built by ``context.build_prompt_ids``, the same code in every
   engine, so the same chat gives the same prompt ids everywhere), ``output_ids`` and ``logprobs``: the
   behaviour log-probs of exactly the sampled tokens under the **raw model distribution**
@@ -29,6 +30,7 @@ vLLM). Pure Python: nothing here imports torch.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from abc import abstractmethod
 from collections.abc import Iterable, Mapping
@@ -100,18 +102,70 @@ class _LoopState:
     runner: asyncio.Task | None = None
 
 
-class BatchQueue:
-    """Collects concurrent ``await submit(request)`` calls into batches for ``run_batch`` (sync, run on ONE
-    worker thread): a batch starts when ``max_batch_size`` requests wait or ``max_wait_ms`` passed since
-    the first; requests arriving meanwhile form the next batch. ``run_batch`` returns one
-    ``Completion | Exception`` per request; an exception fails only its own caller."""
+class Feed:
+    """What a running batch sees of its queue, from the engine's worker thread (continuous batching):
+    ``take(n)`` removes up to ``n`` requests that arrived since the batch started, as ``(handle, request)``
+    pairs; ``finish(handle, result)`` hands that caller its ``Completion`` (or exception) at once, while the
+    batch goes on. The first requests of the batch have handles ``0 .. len(requests) - 1``."""
 
-    def __init__(self, run_batch, max_batch_size: int, max_wait_ms: float, name: str = "engine") -> None:
+    def __init__(self, queue: BatchQueue, st: _LoopState, futures: list[asyncio.Future]) -> None:
+        self._queue, self._st, self.futures = queue, st, list(futures)
+
+    def take(self, n: int) -> list[tuple[int, GenerationRequest]]:
+        got = self._queue._pop(self._st, n)
+        out = []
+        for request, fut in got:
+            self.futures.append(fut)
+            out.append((len(self.futures) - 1, request))
+        return out
+
+    def finish(self, handle: int, result: Completion | BaseException) -> None:
+        self._st.loop.call_soon_threadsafe(_resolve, self.futures[handle], result)
+
+
+class ListFeed:
+    """A :class:`Feed` for a fixed list of requests (the synchronous ``generate_batch``): nothing arrives
+    later; ``results[handle]`` collects what ``finish`` hands over."""
+
+    def __init__(self, n: int) -> None:
+        self.results: list[Completion | BaseException | None] = [None] * n
+
+    def take(self, n: int) -> list[tuple[int, GenerationRequest]]:
+        return []
+
+    def finish(self, handle: int, result: Completion | BaseException) -> None:
+        self.results[handle] = result
+
+
+def _resolve(fut: asyncio.Future, result: Completion | BaseException) -> None:
+    if fut.done():
+        return
+    if isinstance(result, BaseException):
+        fut.set_exception(result)
+    else:
+        fut.set_result(result)
+
+
+class BatchQueue:
+    """Collects concurrent ``await submit(request)`` calls into batches run on ONE worker thread: a batch
+    starts when ``max_batch_size`` requests wait or ``max_wait_ms`` passed since the first.
+
+    Two kinds of engine: ``run_batch(requests)`` (sync) returns one ``Completion | Exception`` per request
+    when the whole batch is done, and requests arriving meanwhile form the next batch (vLLM schedules
+    inside its own engine); ``run_continuous(requests, feed)`` (continuous batching, ``HFPolicy``) takes
+    the requests that arrive while it decodes (:class:`Feed`) into the running batch and hands every
+    caller its result as soon as its row is done. An exception fails only its own caller."""
+
+    def __init__(
+        self, run_batch, max_batch_size: int, max_wait_ms: float, name: str = "engine", run_continuous=None
+    ) -> None:
         self.run_batch = run_batch
+        self.run_continuous = run_continuous
         self.max_batch_size = max(1, int(max_batch_size))
         self.max_wait_ms = float(max_wait_ms)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._state: _LoopState | None = None
+        self._lock = threading.Lock()  # ``pending`` is appended on the loop and popped on the worker thread
 
     async def submit(self, request: GenerationRequest) -> Completion:
         loop = asyncio.get_running_loop()
@@ -119,12 +173,20 @@ class BatchQueue:
             self._state = _LoopState(loop=loop)
         st = self._state
         fut: asyncio.Future = loop.create_future()
-        st.pending.append((request, fut))
-        if len(st.pending) >= self.max_batch_size:
+        with self._lock:
+            st.pending.append((request, fut))
+            full = len(st.pending) >= self.max_batch_size
+        if full:
             st.full.set()
         if st.runner is None or st.runner.done():
             st.runner = loop.create_task(self._runner(st))
         return await fut
+
+    def _pop(self, st: _LoopState, n: int) -> list[tuple[GenerationRequest, asyncio.Future]]:
+        """Up to ``n`` waiting requests whose callers still wait (any thread)."""
+        with self._lock:
+            got, st.pending = st.pending[:n], st.pending[n:]
+        return [(r, f) for r, f in got if not f.done()]
 
     async def _runner(self, st: _LoopState) -> None:
         while st.pending:
@@ -134,21 +196,27 @@ class BatchQueue:
                     await asyncio.wait_for(st.full.wait(), self.max_wait_ms / 1000.0)
                 except asyncio.TimeoutError:
                     pass
-            batch, st.pending = st.pending[: self.max_batch_size], st.pending[self.max_batch_size :]
-            batch = [(r, f) for r, f in batch if not f.done()]
+            batch = self._pop(st, self.max_batch_size)
             if not batch:
+                continue
+            if self.run_continuous is not None:
+                feed = Feed(self, st, [f for _, f in batch])
+                try:
+                    await st.loop.run_in_executor(
+                        self._executor, self.run_continuous, [r for r, _ in batch], feed
+                    )
+                except Exception as exc:  # an engine error: fail every caller still waiting, keep serving
+                    for f in feed.futures:
+                        _resolve(f, exc)
+                for f in feed.futures:  # an engine that forgot a caller must not hang it
+                    _resolve(f, RuntimeError("the engine finished its batch without this request's result"))
                 continue
             try:
                 results = await st.loop.run_in_executor(self._executor, self.run_batch, [r for r, _ in batch])
             except Exception as exc:  # an engine error: fail every waiter of this batch, keep serving
                 results = [exc] * len(batch)
             for (_, f), res in zip(batch, results, strict=True):
-                if f.done():
-                    continue
-                if isinstance(res, BaseException):
-                    f.set_exception(res)
-                else:
-                    f.set_result(res)
+                _resolve(f, res)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True)
@@ -166,7 +234,9 @@ class Engine(Policy):
         self.version = 0
         """Policy version of the weights held: completed optimizer steps (set by ``update_weights``)."""
         self.asleep = False
-        self.queue = BatchQueue(self._run_batch, max_batch_size, max_wait_ms, name=self.name)
+        self.queue = BatchQueue(
+            self._run_batch, max_batch_size, max_wait_ms, name=self.name, run_continuous=self._run_continuous
+        )
         self.stats: dict[str, float] = {"batches": 0, "requests": 0, "generated_tokens": 0}
 
     # ------------------------------------------------------------------ generation
@@ -181,6 +251,9 @@ class Engine(Policy):
     @abstractmethod
     def _run_batch(self, requests: list[GenerationRequest]) -> list[Completion | Exception]:
         """Generate one batch (worker thread); a request that cannot be served gets its exception."""
+
+    _run_continuous = None
+    """An engine with continuous batching overrides this with ``(requests, feed) -> None`` (:class:`Feed`)."""
 
     async def generate(self, request: GenerationRequest) -> Completion:
         return await self.queue.submit(request)

@@ -3,8 +3,10 @@
 Concurrent ``await policy.generate(request)`` calls from many asyncio agents are collected by a small
 batching queue (up to ``max_batch_size`` requests, waiting at most ``max_wait_ms`` for the batch to
 fill) and run together as ONE left-padded batch on a single worker thread, so the event loop stays
-responsive while the model runs. Batches run one after another; requests arriving meanwhile form the
-next batch.
+responsive while the model runs. Continuous batching: requests that arrive while the batch decodes are
+prefilled between two decode steps and merged into it (a new KV cache holding both, right-aligned), and
+each caller gets its completion as soon as its own row is done; an agent whose reply ended runs its cell
+and is back with its next call while its siblings still decode, instead of waiting for the longest row.
 
 The sampling loop is our own (prefill + KV-cache decode; on a CPU into a ``StaticCache`` sized for the
 batch's prompt and reply budget, written in place: a ``DynamicCache`` concatenates, re-copying the whole
@@ -31,8 +33,8 @@ seed) and so that the behaviour log-probs are taken from exactly the logits used
 As an engine (``engine.Engine``): ``update_weights(None)`` only bumps ``version`` when the policy wraps
 the trainer's own model (levels 0 and 1 share one model object); ``update_weights(state_dict)`` copies
 tensors in by name (``state_dict()`` names, tied aliases included). No ``sleep`` (the model is the trainer's).
-Simplifications: no continuous batching (a batch runs to its last finished row, finished rows only drop
-out), no speculative decoding, no prefix caching. Prompt over ``max_context_tokens - max_new_tokens`` is
+Simplifications: no paged KV cache (a merge copies the running batch's cache once), no speculative
+decoding, no prefix caching. Prompt over ``max_context_tokens - max_new_tokens`` is
 shortened by ``context.build_prompt_ids``.
 
 Try it: ``python -m common.policy.hf "Say hello"`` (SmolLM2 on the CPU).
@@ -50,7 +52,7 @@ from typing import Any
 import torch
 
 from common.policy.base import Completion, GenerationRequest, SamplingParams
-from common.policy.engine import Engine, find_stop, prompt_for
+from common.policy.engine import Engine, ListFeed, find_stop, prompt_for
 from common.policy.models import DEFAULT_MODEL, load_model
 
 __all__ = ["HFPolicy", "find_stop", "named_tensors"]
@@ -80,6 +82,35 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "length"
     text: str | None = None
+
+
+@dataclass
+class _Batch:
+    """The running batch: its rows, their KV cache and attention mask ``[B, width]`` (left padding; a
+    row's tokens end at column ``width``, where the next token goes)."""
+
+    rows: list[_Row]
+    cache: Any
+    mask: torch.Tensor
+    width: int
+
+
+def _first_used(mask: torch.Tensor) -> int:
+    """The first column any row of ``mask`` ``[B, T]`` attends to (the columns before it are padding)."""
+    used = mask.any(dim=0).nonzero()
+    return int(used[0]) if len(used) else mask.shape[1]
+
+
+def _kv(a: _Batch, b: _Batch):
+    """Per layer, the keys and values ``[B, H, width, D]`` of two batches' transformers caches (static or
+    dynamic): ``(keys_a, values_a, keys_b, values_b)``."""
+    for la, lb in zip(a.cache.layers, b.cache.layers, strict=True):
+        yield (
+            la.keys[:, :, : a.width],
+            la.values[:, :, : a.width],
+            lb.keys[:, :, : b.width],
+            lb.values[:, :, : b.width],
+        )
 
 
 def _top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -160,8 +191,13 @@ class HFPolicy(Engine):
         return reply_end_ids(self.tokenizer, getattr(self.model.generation_config, "eos_token_id", None))
 
     def _run_batch(self, requests: list[GenerationRequest]) -> list[Completion | Exception]:
+        feed = ListFeed(len(requests))
+        self._run_continuous(requests, feed)
+        return feed.results  # type: ignore[return-value]
+
+    def _run_continuous(self, requests: list[GenerationRequest], feed: Any) -> None:
         with self._lock, torch.inference_mode():
-            return self._generate_batch(requests)
+            self._decode(list(enumerate(requests)), feed)
 
     def _new_cache(self, length: int) -> Any:
         """The KV cache of one batch (``kv_cache``; why static on a CPU: the module docstring)."""
@@ -229,75 +265,139 @@ class HFPolicy(Engine):
             return True
         return False
 
-    def _generate_batch(self, requests: list[GenerationRequest]) -> list[Completion | Exception]:
-        results: list[Completion | Exception | None] = [None] * len(requests)
-        rows: list[_Row] = []
-        for i, req in enumerate(requests):
+    def _decode(self, incoming: list[tuple[int, GenerationRequest]], feed: Any) -> None:
+        """Continuous batching: decode the running batch one token per step; between steps, requests that
+        arrived (``feed.take``) are prefilled and merged into it, and a finished row's caller gets its result
+        at once (``feed.finish``). Every row keeps its own positions, so its tokens do not depend on when it
+        joined (up to the float rounding of batched kernels)."""
+        batch: _Batch | None = None
+        while True:
+            rows = self._admissible(incoming, feed)
+            if rows:
+                batch = self._admit(batch, rows, feed)
+            if batch is None or not batch.rows:
+                batch = None
+                incoming = feed.take(self.max_batch_size)
+                if not incoming:
+                    return
+                continue
+            self._step(batch, feed)
+            room = self.max_batch_size - len(batch.rows)
+            incoming = feed.take(room) if room > 0 else []
+
+    def _admissible(self, incoming: list[tuple[int, GenerationRequest]], feed: Any) -> list[_Row]:
+        """Rows for the requests that need decoding; a bad request gets its exception, a zero budget ``""``."""
+        rows = []
+        for handle, req in incoming:
             try:
-                rows.append(self._make_row(i, req))
+                row = self._make_row(handle, req)
             except (ValueError, TypeError, KeyError) as exc:  # bad messages / impossible budget
-                results[i] = exc
-        active = [r for r in rows if r.request.sampling.max_new_tokens > 0]
-        for r in rows:
-            if r.request.sampling.max_new_tokens <= 0:
-                r.text = ""
-        if active:
-            width = max(len(r.prompt_ids) for r in active)
-            input_ids = torch.full((len(active), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(active), width), dtype=torch.long)
-            for b, r in enumerate(active):
-                input_ids[b, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
-                mask[b, width - len(r.prompt_ids) :] = 1
-            input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-            position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-            cache = self._new_cache(width + max(r.request.sampling.max_new_tokens for r in active))
-            slot = torch.arange(width, device=self.device)  # where the next tokens' K/V go in the cache
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=position_ids,
-                use_cache=True,
-                logits_to_keep=1,
-                cache_position=slot,
-                **{self._cache_kw: cache},
-            )
-            logits = out.logits[:, -1, :].float()
-            next_pos = position_ids[:, -1:] + 1
-            self.stats["batches"] += 1
-            self.stats["requests"] += len(requests)
-            while active:
-                next_tokens, chosen = self._pick(active, logits)
-                keep: list[int] = []
-                for b, r in enumerate(active):
-                    r.output_ids.append(next_tokens[b])
-                    r.logprobs.append(chosen[b])
-                    if not self._check_done(r):
-                        keep.append(b)
-                self.stats["generated_tokens"] += len(active)
-                if not keep:
-                    break
-                if len(keep) < len(active):
-                    idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-                    cache.reorder_cache(idx)
-                    mask, next_pos = mask[idx], next_pos[idx]
-                    active = [active[b] for b in keep]
-                    next_tokens = [next_tokens[b] for b in keep]
-                step_ids = torch.tensor(next_tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
-                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
-                slot = slot[-1:] + 1
-                out = self.model(
-                    input_ids=step_ids,
-                    attention_mask=mask,
-                    position_ids=next_pos,
-                    use_cache=True,
-                    cache_position=slot,
-                    **{self._cache_kw: cache},
-                )
-                logits = out.logits[:, -1, :].float()
-                next_pos = next_pos + 1
-        for r in rows:
-            results[r.index] = self._completion(r)
-        return results  # type: ignore[return-value]
+                feed.finish(handle, exc)
+                continue
+            if req.sampling.max_new_tokens <= 0:
+                row.text = ""
+                feed.finish(handle, self._completion(row))
+                continue
+            rows.append(row)
+        self.stats["requests"] += len(incoming)
+        return rows
+
+    def _admit(self, batch: _Batch | None, rows: list[_Row], feed: Any) -> _Batch | None:
+        """Prefill ``rows`` (left-padded, explicit positions), sample their first tokens, and merge the rows
+        still going into ``batch`` (a new KV cache holding both, right-aligned; columns no row uses dropped)."""
+        width = max(len(r.prompt_ids) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, r in enumerate(rows):
+            input_ids[b, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            mask[b, width - len(r.prompt_ids) :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self._new_cache(width + max(self._left(r) for r in rows))
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            cache_position=torch.arange(width, device=self.device),
+            **{self._cache_kw: cache},
+        )
+        self.stats["batches"] += 1
+        new = _Batch(rows, cache, mask, width)
+        self._take_tokens(new, out.logits[:, -1, :].float(), feed)
+        if batch is None or not new.rows:
+            return new if new.rows else batch
+        return self._merge(batch, new)
+
+    def _merge(self, a: _Batch, b: _Batch) -> _Batch:
+        """One batch holding ``a``'s rows then ``b``'s: each one's KV and mask right-aligned in ``T`` columns
+        (the longest span either uses), in a new cache with room for every row's remaining budget. Keys
+        carry their rotary positions already, so moving them to other columns changes nothing."""
+        lo_a, lo_b = _first_used(a.mask), _first_used(b.mask)
+        T = max(a.width - lo_a, b.width - lo_b)
+        na, rows = len(a.rows), a.rows + b.rows
+
+        def aligned(
+            xa: torch.Tensor, xb: torch.Tensor
+        ) -> torch.Tensor:  # [Ba, ..., a.width] + [Bb, ..., b.width]
+            out = xa.new_zeros((len(rows), *xa.shape[1:-1], T))
+            out[:na, ..., T - (a.width - lo_a) :] = xa[..., lo_a:]
+            out[na:, ..., T - (b.width - lo_b) :] = xb[..., lo_b:]
+            return out
+
+        cache = self._new_cache(T + max(self._left(r) for r in rows))
+        for layer, (ka, va, kb, vb) in enumerate(_kv(a, b)):  # [B, H, width, D] -> seq last and back
+            k = aligned(ka.transpose(2, 3), kb.transpose(2, 3)).transpose(2, 3)
+            v = aligned(va.transpose(2, 3), vb.transpose(2, 3)).transpose(2, 3)
+            cache.update(k.contiguous(), v.contiguous(), layer)
+        return _Batch(rows, cache, aligned(a.mask, b.mask), T)
+
+    def _step(self, batch: _Batch, feed: Any) -> None:
+        """Feed every row's last token at column ``batch.width``; sample the next ones."""
+        step_ids = torch.tensor(
+            [[r.output_ids[-1]] for r in batch.rows], dtype=torch.long, device=self.device
+        )
+        pos = torch.tensor(
+            [[len(r.prompt_ids) + len(r.output_ids) - 1] for r in batch.rows],
+            dtype=torch.long,
+            device=self.device,
+        )
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.rows), 1))], dim=-1)
+        out = self.model(
+            input_ids=step_ids,
+            attention_mask=batch.mask,
+            position_ids=pos,
+            use_cache=True,
+            cache_position=torch.tensor([batch.width], device=self.device),
+            **{self._cache_kw: batch.cache},
+        )
+        batch.width += 1
+        self._take_tokens(batch, out.logits[:, -1, :].float(), feed)
+
+    def _take_tokens(self, batch: _Batch, logits: torch.Tensor, feed: Any) -> None:
+        """Append each row's next token; hand finished rows to their callers and drop them (and their KV)."""
+        next_tokens, chosen = self._pick(batch.rows, logits)
+        keep: list[int] = []
+        for b, r in enumerate(batch.rows):
+            r.output_ids.append(next_tokens[b])
+            r.logprobs.append(chosen[b])
+            if self._check_done(r):
+                feed.finish(r.index, self._completion(r))
+            else:
+                keep.append(b)
+        self.stats["generated_tokens"] += len(batch.rows)
+        if len(keep) < len(batch.rows):
+            if keep:
+                idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+                batch.cache.reorder_cache(idx)
+                batch.mask = batch.mask[idx]
+            batch.rows = [batch.rows[b] for b in keep]
+
+    @staticmethod
+    def _left(r: _Row) -> int:
+        """Tokens ``r`` may still generate (+1: the cache column of the token fed last)."""
+        return r.request.sampling.max_new_tokens - len(r.output_ids) + 1
 
     def _completion(self, r: _Row) -> Completion:
         text = r.text

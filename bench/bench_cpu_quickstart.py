@@ -8,16 +8,23 @@ each measured side by side in one run: a decode step of the rollouts and a train
    the shape of one quick-start datum) in fp32 and bf16, with the LM head over every position and only
    over the reply (``logits_to_keep``, level 0's default now).
 
+3. Agents: ``--agents`` asyncio agents (siblings of one tree) each take ``--turns`` turns on that prompt,
+   replies of different lengths (EOS ignored), and a 0.2 s "cell" between turns; generated tokens per
+   second of the whole run with one call at a time (level 0 before), run-to-completion batches (a batch
+   decodes until its longest row; requests arriving meanwhile wait) and continuous batching (the default:
+   a request joins the running batch at the next step, a finished row returns at once). bf16.
+
 Prints one table per part and the ratios. Simplifications: one prompt; the CPU threads torch picks; the
 rest of a round (sandboxed cells, rubric parsing) is not here (``sera train`` itself:
 bench/RESULTS.md "The quick start on the 2-core CPU").
 
-Run: ``python bench/bench_cpu_quickstart.py`` (about 3 minutes on 2 cores).
+Run: ``python bench/bench_cpu_quickstart.py`` (about 6 minutes on 2 cores; ``--parts agents`` only part 3).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -67,15 +74,72 @@ def train_seconds(model, ids: list[int], n_out: int, keep_all: bool, repeats: in
     return best
 
 
+def agents_rate(policy: HFPolicy, messages: list[dict], agents: int, turns: int) -> tuple[int, float]:
+    """(generated tokens, seconds) of ``agents`` concurrent agents taking ``turns`` turns each: replies of
+    24 .. 24 + 40 * (agents - 1) tokens (agent a's turn t: rotated, so lengths mix in every batch), 0.2 s
+    between an agent's turns (its cell)."""
+    lengths = [24 + 40 * i for i in range(agents)]
+
+    async def agent(a: int) -> int:
+        n = 0
+        for t in range(turns):
+            sp = SamplingParams(lengths[(a + t) % agents], temperature=1.0, seed=100 * a + t, ignore_eos=True)
+            n += len((await policy.generate(GenerationRequest(messages=messages, sampling=sp))).output_ids)
+            await asyncio.sleep(0.2)
+        return n
+
+    async def run() -> int:
+        return sum(await asyncio.gather(*(agent(a) for a in range(agents))))
+
+    t0 = time.perf_counter()
+    tokens = asyncio.run(run())
+    return tokens, time.perf_counter() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--agents", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--parts", default="decode,train,agents", help="comma-separated: decode, train, agents")
     args = ap.parse_args(argv)
+    parts = set(args.parts.split(","))
     calls = json.loads(CALLS.read_text())
     messages = calls["act_messages"]
     print(f"# quick-start costs on this CPU: torch threads {torch.get_num_threads()}, SmolLM2-135M, prompt "
           f"from {CALLS.name}")  # fmt: skip
+    if "decode" in parts:
+        decode_table(messages, args.new_tokens)
+    if "train" in parts:
+        train_table(calls, messages, args.repeats)
+    if "agents" in parts:
+        agents_table(messages, args.agents, args.turns)
+    return 0
+
+
+def agents_table(messages: list[dict], agents: int, turns: int) -> None:
+    model, tokenizer = load_model("smollm2", dtype="bfloat16")
+    print(f"\n| {agents} agents x {turns} turns, bf16 | generated tokens | seconds | tokens/s |")
+    print("|---|---|---|---|")
+    rates = {}
+    for name, batch, continuous in (
+        ("one call at a time", 1, False),
+        ("run-to-completion batches", agents, False),
+        ("continuous batching", agents, True),
+    ):
+        policy = HFPolicy(model, tokenizer, max_batch_size=batch, kv_cache="static", continuous=continuous)
+        tokens, secs = agents_rate(policy, messages, agents, turns)
+        rates[name] = tokens / secs
+        print(f"| {name} | {tokens} | {secs:.1f} | {tokens / secs:.1f} |", flush=True)
+    one = rates["one call at a time"]
+    print(f"ratio continuous / one call at a time: {rates['continuous batching'] / one:.2f}x")
+    print(
+        f"ratio continuous / run-to-completion: {rates['continuous batching'] / rates['run-to-completion batches']:.2f}x"
+    )
+
+
+def decode_table(messages: list[dict], new_tokens: int) -> None:
 
     print("\n| dtype | batch | cache | prompt tokens | prefill s | decode ms/step | ms/token |")
     print("|---|---|---|---|---|---|---|")
@@ -86,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         for batch in (1, 4):
             for cache in ("static", "dynamic"):
                 policy = HFPolicy(model, tokenizer, max_batch_size=batch, kv_cache=cache)
-                step, prefill = decode_rate(policy, messages, batch, args.new_tokens)
+                step, prefill = decode_rate(policy, messages, batch, new_tokens)
                 n_prompt = len(
                     policy.generate_batch([GenerationRequest(messages, SamplingParams(0))])[0].prompt_ids
                 )
@@ -98,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
             r = steps[dtype, batch, "dynamic"] / steps[dtype, batch, "static"]
             print(f"ratio dynamic/static decode step, {dtype}, batch {batch}: {r:.2f}x")
 
+
+def train_table(calls: dict, messages: list[dict], repeats: int) -> None:
+    _, tokenizer = load_model("smollm2", dtype="bfloat16")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     reply = tokenizer(calls["act_text"], add_special_tokens=False)["input_ids"]
@@ -109,14 +176,13 @@ def main(argv: list[str] | None = None) -> int:
         model, _ = load_model("smollm2", dtype=dtype)
         model.train()
         for keep_all in (True, False):
-            secs[dtype, keep_all] = s = train_seconds(model, ids, len(reply), keep_all, args.repeats)
+            secs[dtype, keep_all] = s = train_seconds(model, ids, len(reply), keep_all, repeats)
             where = "every position" if keep_all else "the reply only"
             print(f"| {dtype} | {where} | {len(ids)} ({len(reply)}) | {s:.2f} |", flush=True)
     print(f"ratio fp32 / bf16 (reply-only head): {secs['float32', False] / secs['bfloat16', False]:.2f}x")
     print(
         f"ratio every position / reply only (bf16): {secs['bfloat16', True] / secs['bfloat16', False]:.2f}x"
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -165,12 +165,15 @@ def test_async_requests_are_batched(tiny):
     assert [c.output_ids for c in comps] == [c.output_ids for c in direct]
 
 
-@pytest.mark.parametrize("kv_cache", ["static", "dynamic"])
-def test_requests_join_a_running_batch_and_leave_when_done(tiny, kv_cache):
+@pytest.mark.parametrize("kv_cache, continuous", [("static", True), ("dynamic", True), ("static", False)])
+def test_requests_join_a_running_batch_and_leave_when_done(tiny, kv_cache, continuous):
     """Continuous batching: a request that arrives while a long batch decodes joins it (no new batch after
     the long row), its caller gets the result as soon as its own row is done (before the long row), and
-    every row's tokens are those it gets alone, whether it joined with a longer or shorter prompt."""
-    policy = HFPolicy(tiny.model, tiny.tokenizer, max_batch_size=8, max_wait_ms=0, kv_cache=kv_cache)
+    every row's tokens are those it gets alone, whether it joined with a longer or shorter prompt.
+    ``continuous=False`` (run-to-completion batches): the joiners wait for the long row."""
+    policy = HFPolicy(
+        tiny.model, tiny.tokenizer, max_batch_size=8, max_wait_ms=0, kv_cache=kv_cache, continuous=continuous
+    )
     long = _req(PROMPTS[3], n=600, temperature=0.0, ignore_eos=True)  # short prompt: joiners have longer ones
     joiners = [_req(PROMPTS[1], n=5, temperature=0.0), _req(PROMPTS[2], n=7, temperature=1.0, seed=4)]
     late = _req(PROMPTS[0], n=6, temperature=1.0, seed=9)  # shorter prompt than the running rows' span
@@ -203,13 +206,52 @@ def test_requests_join_a_running_batch_and_leave_when_done(tiny, kv_cache):
         return comps, done, policy.stats["batches"] - before
 
     comps, done, prefills = asyncio.run(run())
-    assert done[-1] == "long" and set(done[:-1]) == {"j0", "j1", "late"}  # delivered while "long" went on
-    assert prefills >= 3  # long, the joiners, late: each prefilled into the running batch, not after it
+    if continuous:
+        assert done[-1] == "long" and set(done[:-1]) == {"j0", "j1", "late"}  # delivered while "long" went on
+        assert prefills >= 3  # long, the joiners, late: each prefilled into the running batch, not after it
+    else:
+        assert done[0] == "long"  # everyone else waited for the long row's batch to end
     for req, comp in zip([long, *joiners, late], comps, strict=True):
         alone = policy.generate_batch([req])[0]
         assert comp.prompt_ids == alone.prompt_ids and comp.output_ids == alone.output_ids
         assert max(abs(x - y) for x, y in zip(comp.logprobs, alone.logprobs, strict=True)) < 1e-4
     assert len(comps[0].output_ids) == 600
+
+
+def test_prefix_cache_reuses_a_finished_requests_tokens_and_never_stale_weights(tiny):
+    """An agent's next turn starts with its last prompt: those tokens' K/V come from the prefix cache, in a
+    batch with a request that has no hit, and the tokens and log-probs are those computed from scratch.
+    After any in-place weight write (an optimizer step) nothing cached is used."""
+    import torch
+
+    policy = HFPolicy(tiny.model, tiny.tokenizer, max_batch_size=4)
+    fresh = HFPolicy(tiny.model, tiny.tokenizer, prefix_cache_tokens=0)
+    first = _req(PROMPTS[1], n=20, temperature=0.0)
+    c1 = policy.generate_batch([first])[0]
+    history = [
+        *first.messages,
+        {"role": "assistant", "content": c1.text},
+        {"role": "user", "content": "obs: ok"},
+    ]
+    turn2 = [
+        GenerationRequest(messages=history, sampling=SamplingParams(12, temperature=1.0, seed=5)),
+        _req(PROMPTS[6], n=8, temperature=0.0),  # no hit: the batch mixes cached and computed rows
+    ]
+    before = policy.stats["prefix_tokens"]
+    alone = policy.generate_batch(turn2[:1])[0]
+    assert len(c1.prompt_ids) <= policy.stats["prefix_tokens"] - before < len(alone.prompt_ids)
+    before = policy.stats["prefix_tokens"]
+    got = policy.generate_batch(turn2)  # row 0 hits (its own last call), row 1 does not
+    assert policy.stats["prefix_tokens"] > before and fresh.stats["prefix_tokens"] == 0
+    assert got[0].output_ids == alone.output_ids
+    for a, b in zip(got, fresh.generate_batch(turn2), strict=True):
+        assert a.output_ids == b.output_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+    with torch.no_grad():
+        next(tiny.model.parameters()).add_(0.0)  # an in-place write: the weights' version moves
+    before = policy.stats["prefix_tokens"]
+    assert policy.generate_batch(turn2[:1])[0].output_ids == got[0].output_ids
+    assert policy.stats["prefix_tokens"] == before
 
 
 def test_event_loop_stays_responsive(tiny):

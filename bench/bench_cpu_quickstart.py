@@ -11,8 +11,9 @@ each measured side by side in one run: a decode step of the rollouts and a train
 3. Agents: ``--agents`` asyncio agents (siblings of one tree) each take ``--turns`` turns on that prompt,
    replies of different lengths (EOS ignored), and a 0.2 s "cell" between turns; generated tokens per
    second of the whole run with one call at a time (level 0 before), run-to-completion batches (a batch
-   decodes until its longest row; requests arriving meanwhile wait) and continuous batching (the default:
-   a request joins the running batch at the next step, a finished row returns at once). bf16.
+   decodes until its longest row; requests arriving meanwhile wait), continuous batching (a request joins
+   the running batch at the next step, a finished row returns at once) and continuous batching with the
+   prefix cache (the default: each turn's prompt is the agent's history, whose K/V the last turn left). bf16.
 
 Prints one table per part and the ratios. Simplifications: one prompt; the CPU threads torch picks; the
 rest of a round (sandboxed cells, rubric parsing) is not here (``sera train`` itself:
@@ -81,11 +82,16 @@ def agents_rate(policy: HFPolicy, messages: list[dict], agents: int, turns: int)
     lengths = [24 + 40 * i for i in range(agents)]
 
     async def agent(a: int) -> int:
-        n = 0
+        n, history = 0, list(messages)
         for t in range(turns):
             sp = SamplingParams(lengths[(a + t) % agents], temperature=1.0, seed=100 * a + t, ignore_eos=True)
-            n += len((await policy.generate(GenerationRequest(messages=messages, sampling=sp))).output_ids)
-            await asyncio.sleep(0.2)
+            comp = await policy.generate(GenerationRequest(messages=history, sampling=sp))
+            n += len(comp.output_ids)
+            history += [
+                {"role": "assistant", "content": comp.text},
+                {"role": "user", "content": f"Step {t}: ok."},
+            ]
+            await asyncio.sleep(0.2)  # the agent's cell
         return n
 
     async def run() -> int:
@@ -123,20 +129,31 @@ def agents_table(messages: list[dict], agents: int, turns: int) -> None:
     print(f"\n| {agents} agents x {turns} turns, bf16 | generated tokens | seconds | tokens/s |")
     print("|---|---|---|---|")
     rates = {}
-    for name, batch, continuous in (
-        ("one call at a time", 1, False),
-        ("run-to-completion batches", agents, False),
-        ("continuous batching", agents, True),
+    for name, batch, continuous, prefix in (
+        ("one call at a time", 1, False, 0),
+        ("run-to-completion batches", agents, False, 0),
+        ("continuous batching", agents, True, 0),
+        ("continuous batching + prefix cache", agents, True, 16384),
     ):
-        policy = HFPolicy(model, tokenizer, max_batch_size=batch, kv_cache="static", continuous=continuous)
+        policy = HFPolicy(
+            model,
+            tokenizer,
+            max_batch_size=batch,
+            kv_cache="static",
+            continuous=continuous,
+            prefix_cache_tokens=prefix,
+        )
         tokens, secs = agents_rate(policy, messages, agents, turns)
         rates[name] = tokens / secs
         print(f"| {name} | {tokens} | {secs:.1f} | {tokens / secs:.1f} |", flush=True)
     one = rates["one call at a time"]
+    best = rates["continuous batching + prefix cache"]
     print(f"ratio continuous / one call at a time: {rates['continuous batching'] / one:.2f}x")
     print(
         f"ratio continuous / run-to-completion: {rates['continuous batching'] / rates['run-to-completion batches']:.2f}x"
     )
+    print(f"ratio prefix cache on / off (continuous): {best / rates['continuous batching']:.2f}x")
+    print(f"ratio continuous + prefix cache / one call at a time: {best / one:.2f}x")
 
 
 def decode_table(messages: list[dict], new_tokens: int) -> None:

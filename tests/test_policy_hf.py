@@ -218,6 +218,29 @@ def test_requests_join_a_running_batch_and_leave_when_done(tiny, kv_cache, conti
     assert len(comps[0].output_ids) == 600
 
 
+def test_a_request_arriving_as_the_last_row_leaves_starts_a_fresh_batch(tiny):
+    """The running batch empties at a step and, in the same moment, a request arrives: it gets a batch of
+    its own (it used to be merged into the emptied batch's stale cache, and every caller failed)."""
+    from common.policy.engine import ListFeed
+
+    class Feed(ListFeed):  # hands over one request at the first ``take``: when the first rows have left
+        def __init__(self, later):
+            super().__init__(3)
+            self.later = [(2, later)]
+
+        def take(self, n):
+            got, self.later = self.later, []
+            return got
+
+    first = [_req(p, n=2, temperature=0.0, ignore_eos=True) for p in PROMPTS[1:3]]  # both leave at step 2
+    later = _req(PROMPTS[4], n=5, temperature=0.0)
+    policy = HFPolicy(tiny.model, tiny.tokenizer, max_batch_size=2)  # room for the joiner once they left
+    feed = Feed(later)
+    policy._run_continuous(first, feed)
+    assert [type(r).__name__ for r in feed.results] == ["Completion"] * 3, feed.results
+    assert feed.results[2].output_ids == policy.generate_batch([later])[0].output_ids
+
+
 def test_prefix_cache_reuses_a_finished_requests_tokens_and_never_stale_weights(tiny):
     """An agent's next turn starts with its last prompt: those tokens' K/V come from the prefix cache, in a
     batch with a request that has no hit, and the tokens and log-probs are those computed from scratch.

@@ -332,6 +332,8 @@ class HFPolicy(Engine):
         joined (up to the float rounding of batched kernels)."""
         batch: _Batch | None = None
         while True:
+            if batch is not None and not batch.rows:  # every row left at the last step (its cache with them)
+                batch = None
             rows = self._admissible(incoming, feed)
             if rows:
                 batch = self._admit(batch, rows, feed)
@@ -406,9 +408,9 @@ class HFPolicy(Engine):
         self.stats["batches"] += 1
         new = _Batch(rows, cache, mask, width)
         self._take_tokens(new, out.logits[:, -1, :].float(), feed)
-        if batch is None or not new.rows:
-            return new if new.rows else batch
-        return self._merge(batch, new)
+        if not new.rows:
+            return batch
+        return new if batch is None else self._merge(batch, new)
 
     def _weights_version(self) -> int:
         """Changes whenever any weight is written in place (an optimizer step, a weight update): cached K/V
@@ -468,8 +470,8 @@ class HFPolicy(Engine):
             r.output_ids.append(next_tokens[b])
             r.logprobs.append(chosen[b])
             if self._check_done(r):
-                feed.finish(r.index, self._completion(r))
                 self._remember(batch, b, r)
+                feed.finish(r.index, self._completion(r))
             else:
                 keep.append(b)
         self.stats["generated_tokens"] += len(batch.rows)

@@ -11,9 +11,9 @@ each measured side by side in one run: a decode step of the rollouts and a train
 3. Agents: ``--agents`` asyncio agents (siblings of one tree) each take ``--turns`` turns on that prompt,
    replies of different lengths (EOS ignored), and a 0.2 s "cell" between turns; generated tokens per
    second of the whole run with one call at a time (level 0 before), run-to-completion batches (a batch
-   decodes until its longest row; requests arriving meanwhile wait), continuous batching (a request joins
-   the running batch at the next step, a finished row returns at once) and continuous batching with the
-   prefix cache (the default: each turn's prompt is the agent's history, whose K/V the last turn left). bf16.
+   decodes until its longest row; requests arriving meanwhile wait) and continuous batching (the default:
+   a request joins the running batch at the next step, a finished row returns at once). Each turn's prompt
+   is the agent's history. bf16.
 
 Prints one table per part and the ratios. Simplifications: one prompt; the CPU threads torch picks; the
 rest of a round (sandboxed cells, rubric parsing) is not here (``sera train`` itself:
@@ -129,31 +129,20 @@ def agents_table(messages: list[dict], agents: int, turns: int) -> None:
     print(f"\n| {agents} agents x {turns} turns, bf16 | generated tokens | seconds | tokens/s |")
     print("|---|---|---|---|")
     rates = {}
-    for name, batch, continuous, prefix in (
-        ("one call at a time", 1, False, 0),
-        ("run-to-completion batches", agents, False, 0),
-        ("continuous batching", agents, True, 0),
-        ("continuous batching + prefix cache", agents, True, 16384),
+    for name, batch, continuous in (
+        ("one call at a time", 1, False),
+        ("run-to-completion batches", agents, False),
+        ("continuous batching", agents, True),
     ):
-        policy = HFPolicy(
-            model,
-            tokenizer,
-            max_batch_size=batch,
-            kv_cache="static",
-            continuous=continuous,
-            prefix_cache_tokens=prefix,
-        )
+        policy = HFPolicy(model, tokenizer, max_batch_size=batch, kv_cache="static", continuous=continuous)
         tokens, secs = agents_rate(policy, messages, agents, turns)
         rates[name] = tokens / secs
         print(f"| {name} | {tokens} | {secs:.1f} | {tokens / secs:.1f} |", flush=True)
     one = rates["one call at a time"]
-    best = rates["continuous batching + prefix cache"]
     print(f"ratio continuous / one call at a time: {rates['continuous batching'] / one:.2f}x")
     print(
         f"ratio continuous / run-to-completion: {rates['continuous batching'] / rates['run-to-completion batches']:.2f}x"
     )
-    print(f"ratio prefix cache on / off (continuous): {best / rates['continuous batching']:.2f}x")
-    print(f"ratio continuous + prefix cache / one call at a time: {best / one:.2f}x")
 
 
 def decode_table(messages: list[dict], new_tokens: int) -> None:

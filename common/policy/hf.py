@@ -95,55 +95,6 @@ class _Batch:
     width: int
 
 
-class _PrefixCache:
-    """K/V of recently finished requests, for prompts that start with the same tokens (LRU, at most
-    ``max_tokens`` tokens in all). Each entry: the token ids it covers, one ``(keys, values)`` ``[H, n, D]``
-    per layer, and the weights version it was computed with (an entry of other weights never matches)."""
-
-    MIN_TOKENS = 32
-    """Shorter shared prefixes are not worth a copy."""
-
-    def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = max(0, int(max_tokens))
-        self.entries: list[
-            tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]], int]
-        ] = []  # oldest first
-
-    def add(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]], version: int) -> None:
-        self.entries = [e for e in self.entries if e[2] == version and e[0] != ids[: len(e[0])]]  # no stale
-        self.entries.append((ids, kv, version))  # or covered entries
-        while sum(len(e[0]) for e in self.entries) > self.max_tokens and self.entries:
-            self.entries.pop(0)
-
-    def lookup(self, prompt: list[int], version: int) -> tuple[int, list | None]:
-        """``(n, kv)``: the longest usable cached prefix of ``prompt`` (at most ``len(prompt) - 1`` tokens:
-        the last one is computed for its logits), or ``(0, None)``."""
-        best, hit = 0, None
-        for i, (ids, _, v) in enumerate(self.entries):
-            if v != version:
-                continue
-            n = _common_prefix(ids, prompt, len(prompt) - 1)
-            if n > best:
-                best, hit = n, i
-        if hit is None or best < self.MIN_TOKENS:
-            return 0, None
-        self.entries.append(self.entries.pop(hit))  # most recently used last
-        return best, self.entries[-1][1]
-
-
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """Length of the common prefix of ``a`` and ``b``, at most ``limit``.
-
-    >>> _common_prefix([1, 2, 3, 4], [1, 2, 5], 10), _common_prefix([1, 2, 3], [1, 2, 3, 4], 2)
-    (2, 2)
-    """
-    n = min(len(a), len(b), limit)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 def _first_used(mask: torch.Tensor) -> int:
     """The first column any row of ``mask`` ``[B, T]`` attends to (the columns before it are padding)."""
     used = mask.any(dim=0).nonzero()
@@ -193,7 +144,6 @@ class HFPolicy(Engine):
         adapter: str | None = None,
         kv_cache: str = "auto",
         continuous: bool = True,
-        prefix_cache_tokens: int = 16384,
     ) -> None:
         """``model``: a name for ``models.load_model`` (``smollm2``, ``tiny``, HF id, path) or a loaded model
         (then ``tokenizer`` is required); ``adapter``: with a name, a warm-start LoRA adapter directory merged
@@ -202,9 +152,7 @@ class HFPolicy(Engine):
         tokens) or ``auto``: static on a CPU, where it was measured faster (bench/bench_cpu_quickstart.py),
         dynamic on a GPU (a static cache would reserve every row's whole reply budget up front);
         ``continuous=False``: a batch runs to its last row and later requests wait for the next batch (the
-        run-to-completion batching this replaced; bench/bench_cpu_quickstart.py compares);
-        ``prefix_cache_tokens``: tokens of finished requests whose K/V are kept for prompts that start with
-        them (0 = off; about 23 KB per token for SmolLM2 in bf16). ``dtype`` defaults to bfloat16 (generation on CPU is fine in
+        run-to-completion batching this replaced; bench/bench_cpu_quickstart.py compares). ``dtype`` defaults to bfloat16 (generation on CPU is fine in
         bf16 on AVX512-BF16 machines; pass ``float32`` for exact tests). ``max_context_tokens`` defaults
         to the model's ``max_position_embeddings``."""
         if device is None:
@@ -227,9 +175,6 @@ class HFPolicy(Engine):
         super().__init__(max_batch_size, max_wait_ms)
         if not continuous:
             self.queue.run_continuous = None
-        self._prefix = _PrefixCache(prefix_cache_tokens)
-        self._params = list(model.parameters())
-        self.stats["prefix_tokens"] = 0
         cfg_max = getattr(model.config, "max_position_embeddings", None) or 8192
         self.max_context_tokens = int(max_context_tokens or cfg_max)
         self.eos_ids = self._eos_ids()
@@ -366,9 +311,7 @@ class HFPolicy(Engine):
 
     def _admit(self, batch: _Batch | None, rows: list[_Row], feed: Any) -> _Batch | None:
         """Prefill ``rows`` (left-padded, explicit positions), sample their first tokens, and merge the rows
-        still going into ``batch`` (a new KV cache holding both, right-aligned; columns no row uses dropped).
-        A row whose prompt starts with tokens the prefix cache holds (:class:`_PrefixCache`) gets their K/V
-        copied in; only the last ``S`` columns, which hold every row's uncached tokens, are computed."""
+        still going into ``batch`` (a new KV cache holding both, right-aligned; columns no row uses dropped)."""
         width = max(len(r.prompt_ids) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -378,31 +321,13 @@ class HFPolicy(Engine):
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = self._new_cache(width + max(self._left(r) for r in rows))
-        hits = [self._prefix.lookup(r.prompt_ids, self._weights_version()) for r in rows]
-        S = max(len(r.prompt_ids) - n for r, (n, _) in zip(rows, hits, strict=True))  # columns to compute
-        pre = width - S
-        if pre > 0:  # columns [0, pre): padding or cached K/V, row by row (right-aligned, as the prompts)
-            cached = [
-                (b, len(r.prompt_ids) - S, kv) for b, (r, (_, kv)) in enumerate(zip(rows, hits, strict=True))
-            ]
-            cached = [(b, used, kv) for b, used, kv in cached if used > 0]  # used <= the hit's length
-            for layer, (k0, v0) in enumerate(cached[0][2]):
-                k = k0.new_zeros((len(rows), k0.shape[0], pre, k0.shape[2]))
-                v = v0.new_zeros((len(rows), v0.shape[0], pre, v0.shape[2]))
-                for b, used, kv in cached:
-                    k[b, :, pre - used :], v[b, :, pre - used :] = (
-                        kv[layer][0][:, :used],
-                        kv[layer][1][:, :used],
-                    )
-                cache.update(k, v, layer)
-            self.stats["prefix_tokens"] += sum(used for _, used, _ in cached)
         out = self.model(
-            input_ids=input_ids[:, pre:],
+            input_ids=input_ids,
             attention_mask=mask,
-            position_ids=position_ids[:, pre:],
+            position_ids=position_ids,
             use_cache=True,
             logits_to_keep=1,
-            cache_position=torch.arange(pre, width, device=self.device),
+            cache_position=torch.arange(width, device=self.device),
             **{self._cache_kw: cache},
         )
         self.stats["batches"] += 1
@@ -411,11 +336,6 @@ class HFPolicy(Engine):
         if not new.rows:
             return batch
         return new if batch is None else self._merge(batch, new)
-
-    def _weights_version(self) -> int:
-        """Changes whenever any weight is written in place (an optimizer step, a weight update): cached K/V
-        of older weights then never match (torch counts in-place writes per tensor in ``_version``)."""
-        return sum(p._version for p in self._params)
 
     def _merge(self, a: _Batch, b: _Batch) -> _Batch:
         """One batch holding ``a``'s rows then ``b``'s: each one's KV and mask right-aligned in ``T`` columns
@@ -470,7 +390,6 @@ class HFPolicy(Engine):
             r.output_ids.append(next_tokens[b])
             r.logprobs.append(chosen[b])
             if self._check_done(r):
-                self._remember(batch, b, r)
                 feed.finish(r.index, self._completion(r))
             else:
                 keep.append(b)
@@ -481,19 +400,6 @@ class HFPolicy(Engine):
                 batch.cache.reorder_cache(idx)
                 batch.mask = batch.mask[idx]
             batch.rows = [batch.rows[b] for b in keep]
-
-    def _remember(self, batch: _Batch, b: int, r: _Row) -> None:
-        """Keep a finished row's K/V for later prompts that start with its tokens (an agent's next turn
-        repeats its history; every agent's prompt starts with the same system prompt). The cache holds the
-        prompt and every output token but the last (sampled, never fed), at the columns ending at ``width``."""
-        ids = r.prompt_ids + r.output_ids[:-1]
-        if not self._prefix.max_tokens or len(ids) < _PrefixCache.MIN_TOKENS:
-            return
-        cols = slice(batch.width - len(ids), batch.width)
-        kv = [
-            (layer.keys[b, :, cols].clone(), layer.values[b, :, cols].clone()) for layer in batch.cache.layers
-        ]
-        self._prefix.add(ids, kv, self._weights_version())
 
     @staticmethod
     def _left(r: _Row) -> int:

@@ -281,9 +281,8 @@ class HFPolicy(Engine):
                 batch = None
             rows = self._admissible(incoming, feed)
             if rows:
-                batch = self._admit(batch, rows, feed)
-            if batch is None or not batch.rows:
-                batch = None
+                batch = self._admit(batch, rows, feed)  # None or a batch with rows
+            if batch is None:
                 incoming = feed.take(self.max_batch_size)
                 if not incoming:
                     return

@@ -170,8 +170,8 @@ class TrainConfig:
     The calls in flight at once share the forward passes: sibling agents, the rollouts of a task group, the
     K counterfactual branches (level 1: every tree of a wave). Each call samples from its own seeded
     generator, so batching changes its tokens only through the float rounding of batched kernels; 1 = one
-    call at a time, a run then repeats bit for bit (the resume tests use it). Measured on the quick start
-    (2-core CPU, bf16): 21 vs 13 generated tokens/s at 32 vs 1 (bench/RESULTS.md)."""
+    call at a time, a run then repeats bit for bit (the resume tests use it). 4 agents on the 2-core CPU
+    (bf16, continuous batching): 23.5 vs 15.8 generated tokens/s at 4 vs 1 (bench/bench_cpu_quickstart.py)."""
     tensorboard: bool = False
     """Also write TensorBoard event files to `out/tb` (needs the `tensorboard` package; no account)."""
     eval_tasks: str | None = None

@@ -45,7 +45,6 @@ import torch
 
 from common.agent.judge import make_judge
 from common.agent.log import append_tree
-from common.agent.runtime import run_root
 from common.envs import env_spec
 from common.rl.batch import build_stage_batch
 from common.rl.loss import cispo_loss, token_logprobs
@@ -55,7 +54,7 @@ from common.run.evaluation import InRunEval
 from common.run.metrics import NO_UPDATE, MetricsWriter, closing_line, log_line, plot_curves, step_metrics
 from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
-from common.run.rollout import accept_group, make_env_with_prompts, stage_runtime_config
+from common.run.rollout import accept_group, make_env_with_prompts, rollout_group, stage_runtime_config
 from common.run.setup import idle_hint, method_and_schedule, train_policy
 from common.train_config import TrainConfig
 
@@ -63,11 +62,6 @@ from common.train_config import TrainConfig
 # ----------------------------------------------------------------------------------------------------
 # Rollouts: one task group at a time; K counterfactual branches only in Rubric-stage rollouts.
 # ----------------------------------------------------------------------------------------------------
-async def rollout_group(task, rcfgs, env, policy, judge) -> list[Any]:
-    """The trees of one task group, all at once (one seeded RuntimeConfig per rollout)."""
-    return list(await asyncio.gather(*(run_root(task, env, policy, rcfg, judge=judge) for rcfg in rcfgs)))
-
-
 def collect_groups(
     cfg: TrainConfig, stage: str, rnd: int, sampler: TaskSampler, env, policy, judge, preset
 ) -> tuple[list[list[Any]], int]:

@@ -11,21 +11,17 @@ from typing import Any
 
 import torch.distributed as dist
 
-from common.agent.runtime import run_root
 from common.run.data import TaskSampler, hash_seed
-from common.run.rollout import accept_group, stage_runtime_config
+from common.run.rollout import accept_group, rollout_group, stage_runtime_config
 from common.train_config import TrainConfig
 
 
 async def rollout_in_flight(jobs: list[tuple[dict, list[Any]]], env, policy, judge) -> list[list[Any]]:
-    """``jobs`` = ``(task, one RuntimeConfig per rollout)``; all their trees run concurrently, one group per job."""
-    coros = [run_root(task, env, policy, rcfg, judge=judge) for task, rcfgs in jobs for rcfg in rcfgs]
-    trees = await asyncio.gather(*coros)
-    groups, i = [], 0
-    for _, rcfgs in jobs:
-        groups.append(list(trees[i : i + len(rcfgs)]))
-        i += len(rcfgs)
-    return groups
+    """``jobs`` = ``(task, one RuntimeConfig per rollout)``; all their trees run concurrently, one group per
+    job (level 0 runs one job at a time)."""
+    return list(
+        await asyncio.gather(*(rollout_group(task, rcfgs, env, policy, judge) for task, rcfgs in jobs))
+    )
 
 
 def gather_groups(mine: list[list[Any]], n_jobs: int, world: int) -> list[list[Any]]:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from common.agent.runtime import RuntimeConfig
+from common.agent.runtime import RuntimeConfig, run_root
 from common.envs import env_spec
 
 
@@ -34,6 +35,12 @@ def stage_runtime_config(
         counterfactual_k=rollout.counterfactual_k if stage == "rubric" else 1,
         seed=seed,
     )
+
+
+async def rollout_group(task: dict[str, Any], rcfgs: list[RuntimeConfig], env, policy, judge) -> list[Any]:
+    """The trees of one task group, all at once (one seeded RuntimeConfig per rollout): their agents' model
+    calls meet in the policy's batching queue."""
+    return list(await asyncio.gather(*(run_root(task, env, policy, rcfg, judge=judge) for rcfg in rcfgs)))
 
 
 def has_signal(trees: list[Any], stage: str, execution_reward: str) -> bool:

@@ -14,8 +14,9 @@ import json
 import statistics
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 def trees_of(path: Path) -> Iterator[dict[str, Any]]:
@@ -68,7 +69,9 @@ def summarize(path: Path) -> dict[str, Any]:
 def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit(__doc__)
-    print("| input | trees | success | agents / tree | generated tokens / tree (mean, max) | per role / tree |")
+    print(
+        "| input | trees | success | agents / tree | generated tokens / tree (mean, max) | per role / tree |"
+    )
     print("|---|---|---|---|---|---|")
     for a in argv:
         s = summarize(Path(a))

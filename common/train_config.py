@@ -154,6 +154,11 @@ class TrainConfig:
     imperfectly ranked so the Rubric stage has signal)."""
     max_task_replacements: int = 1
     """TextCraft: extra tasks tried per step to replace groups without signal."""
+    spare_groups: int = 1
+    """TextCraft's Execution stage: task groups rolled out beside the ones a step needs (at most the
+    replacements left), so a group without signal is replaced by one already rolled out instead of one
+    rolled out after it; unused spares are discarded and their tasks drawn again later. The accepted groups
+    are those of 0 (replace one at a time); only the compute differs (more in flight, fewer waits)."""
     max_idle_rounds: int = 3
     """Rollout rounds in a row without a trained token (the clock does not move) before the run stops
     and says why; such a round is logged, not counted as an optimizer step."""
@@ -200,6 +205,7 @@ class TrainConfig:
                 ("max_batch_size", self.max_batch_size, 1),
                 ("max_idle_rounds", self.max_idle_rounds, 1),
                 ("max_task_replacements", self.max_task_replacements, 0),
+                ("spare_groups", self.spare_groups, 0),
                 ("eval_every", self.eval_every, 0),
                 ("eval_limit", 1 if self.eval_limit is None else self.eval_limit, 1),
                 ("max_steps", self.rollout.max_steps, 1),

@@ -23,8 +23,9 @@ move the stage (it is retried with new tasks), so a Rubric slot is never lost to
 group.
 
 What it simplifies (only the systems, never the algorithm): rollouts run one task group at a time (its
-trees and their agents concurrently; the model calls in flight together run as one batch of up to
-``--max-batch-size``, ``1`` = one call at a time and bit-exact repeats), generation uses the training model
+trees and their agents concurrently, beside a spare group that stands in if it has no signal: ``--spare-groups``;
+the model calls in flight together run as one batch of up to ``--max-batch-size``, ``1`` = one call at a time
+and bit-exact repeats), generation uses the training model
 itself (strictly on-policy, no weight sync), the loss is computed one datum at a time (only datums with a
 nonzero advantage: the others have an exactly zero gradient), and the defaults are shrunk for a laptop CPU
 (1 task x 2 rollouts, 3 steps per agent, 256-token replies, 2 optimizer steps) — ``--paper`` restores the
@@ -49,12 +50,13 @@ from common.envs import env_spec
 from common.rl.batch import build_stage_batch
 from common.rl.loss import cispo_loss, token_logprobs
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
-from common.run.data import TaskSampler, hash_seed, seed_everything, task_pool
+from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.evaluation import InRunEval
 from common.run.metrics import NO_UPDATE, MetricsWriter, closing_line, log_line, plot_curves, step_metrics
 from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
-from common.run.rollout import accept_group, make_env_with_prompts, rollout_group, stage_runtime_config
+from common.run.rollout import collect_groups as collect_task_groups
+from common.run.rollout import make_env_with_prompts, rollout_in_flight
 from common.run.setup import idle_hint, method_and_schedule, train_policy
 from common.train_config import TrainConfig
 
@@ -65,22 +67,14 @@ from common.train_config import TrainConfig
 def collect_groups(
     cfg: TrainConfig, stage: str, rnd: int, sampler: TaskSampler, env, policy, judge, preset
 ) -> tuple[list[list[Any]], int]:
-    """Roll out ``tasks_per_step`` groups of ``rollouts_per_task`` trees. A group without signal may be
-    replaced by a fresh task (TextCraft's Execution-stage rule, :func:`common.run.rollout.accept_group`)."""
-    groups, extra = [], 0
-    while len(groups) < cfg.tasks_per_step:
-        task = sampler.next()
-        rcfgs = [
-            stage_runtime_config(cfg.env, cfg.rollout, stage, preset.generate_rubrics, seed)
-            for seed in (hash_seed(cfg.seed, rnd, sampler.cursor, r) for r in range(cfg.rollouts_per_task))
-        ]
-        trees = asyncio.run(rollout_group(task, rcfgs, env, policy, judge))
-        left = cfg.max_task_replacements - extra
-        if not accept_group(trees, cfg.env, stage, preset.execution_reward, left):
-            extra += 1  # no signal: try another task instead (SPEC.md §4)
-            continue
-        groups.append(trees)
-    return groups, extra
+    """``tasks_per_step`` groups of ``rollouts_per_task`` trees, one group at a time (its trees at once). A
+    group without signal is replaced by a fresh task (TextCraft's Execution-stage rule), rolled out beside
+    it as a spare (``--spare-groups``): :func:`common.run.rollout.collect_groups`."""
+
+    def roll(jobs):
+        return asyncio.run(rollout_in_flight(jobs, env, policy, judge))
+
+    return collect_task_groups(cfg, stage, rnd, sampler, preset, roll, per_wave=1)
 
 
 # ----------------------------------------------------------------------------------------------------

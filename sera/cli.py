@@ -575,6 +575,7 @@ TRAIN_PANELS: dict[str, tuple[str, ...]] = {
         "oracle_mix",
         "score_noise",
         "max_task_replacements",
+        "spare_groups",
     ),
     RL_PANEL: ("schedule", "lr", "weight_decay", "beta1", "beta2", "grad_clip", "dtype", "max_idle_rounds"),
     LOG_PANEL: ("save_every", "tensorboard", "eval_tasks", "eval_every", "eval_limit"),

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from common.agent.runtime import RuntimeConfig, run_root
 from common.envs import env_spec
+
+Job = tuple[dict[str, Any], list[RuntimeConfig]]
+"""One task group to roll out: the task and one seeded RuntimeConfig per rollout."""
 
 
 def runtime_config_for(env: str, base: RuntimeConfig | None = None, **overrides: Any) -> RuntimeConfig:
@@ -41,6 +45,78 @@ async def rollout_group(task: dict[str, Any], rcfgs: list[RuntimeConfig], env, p
     """The trees of one task group, all at once (one seeded RuntimeConfig per rollout): their agents' model
     calls meet in the policy's batching queue."""
     return list(await asyncio.gather(*(run_root(task, env, policy, rcfg, judge=judge) for rcfg in rcfgs)))
+
+
+async def rollout_in_flight(jobs: list[Job], env, policy, judge) -> list[list[Any]]:
+    """Every tree of ``jobs`` at once, one group per job, in job order."""
+    return list(
+        await asyncio.gather(*(rollout_group(task, rcfgs, env, policy, judge) for task, rcfgs in jobs))
+    )
+
+
+def spares_in_flight(cfg, stage: str, replaced: int) -> int:
+    """How many spare groups ride beside the groups a step still needs (``--spare-groups``): only where a
+    group without signal is replaced (TextCraft's Execution stage), never more than the replacements left."""
+    if stage != "execution" or not env_spec(cfg.env).replace_flat_groups:
+        return 0
+    return max(0, min(cfg.spare_groups, cfg.max_task_replacements - replaced))
+
+
+def draw_job(cfg, stage: str, rnd: int, sampler, preset) -> Job:
+    """The next task and its rollouts' settings, each seeded by (seed, round, cursor, rollout)."""
+    from common.run.data import hash_seed
+
+    task = sampler.next()
+    seeds = [hash_seed(cfg.seed, rnd, sampler.cursor, r) for r in range(cfg.rollouts_per_task)]
+    return task, [
+        stage_runtime_config(cfg.env, cfg.rollout, stage, preset.generate_rubrics, s) for s in seeds
+    ]
+
+
+def collect_groups(
+    cfg,
+    stage: str,
+    rnd: int,
+    sampler,
+    preset,
+    roll: Callable[[list[Job]], list[list[Any]]],
+    per_wave: int | None,
+) -> tuple[list[list[Any]], int]:
+    """The ``tasks_per_step`` task groups of one round, and how many groups without signal were replaced.
+
+    Tasks are drawn in sampler order, each rollout seeded by (seed, round, cursor, rollout), and judged in
+    draw order by :func:`accept_group`: a group without signal is dropped and the next one stands in, while
+    ``max_task_replacements`` last. ``roll(jobs)`` rolls a wave of groups out together (level 0: in this
+    process; level 1: each rank its share). A wave holds ``per_wave`` of the groups still needed (``None``:
+    all of them) plus the spares of :func:`spares_in_flight`, so a replacement is already rolled out when it
+    is needed instead of in a wave of its own after it. Spares no group needed are discarded and their tasks
+    given back to the sampler: the tasks, seeds and accepted groups are those of replacing one group at a time
+    (``--spare-groups 0``); only the compute differs."""
+    groups: list[list[Any]] = []
+    replaced = 0
+    pending: list[tuple[int, list[Any]]] = []  # (the sampler's cursor before the draw, trees): not yet judged
+    while len(groups) < cfg.tasks_per_step:
+        missing = cfg.tasks_per_step - len(groups)
+        wave = (missing if per_wave is None else min(per_wave, missing)) + spares_in_flight(
+            cfg, stage, replaced
+        )
+        jobs, cursors = [], []
+        for _ in range(wave - len(pending)):
+            cursors.append(sampler.cursor)
+            jobs.append(draw_job(cfg, stage, rnd, sampler, preset))
+        if jobs:
+            pending += zip(cursors, roll(jobs), strict=True)
+        while pending and len(groups) < cfg.tasks_per_step:
+            _, trees = pending.pop(0)
+            if accept_group(
+                trees, cfg.env, stage, preset.execution_reward, cfg.max_task_replacements - replaced
+            ):
+                groups.append(trees)
+            else:
+                replaced += 1  # no signal: the next group stands in (SPEC.md §4)
+    if pending:  # spares nobody needed: their tasks were never drawn, as far as the run is concerned
+        sampler.cursor = pending[0][0]
+    return groups, replaced
 
 
 def has_signal(trees: list[Any], stage: str, execution_reward: str) -> bool:

@@ -25,7 +25,12 @@
 # adapter would learn replies that `sera train` then cuts off), the call stops after building the SFT data and
 # says so; FORCE=1 goes on anyway (the CPU dry run does). (The shipped adapter: 2 of 290, longest 283 tokens.)
 #
-# Measured 2026-12-03 (the shipped adapter; device time 1,140 s of the session's 1,800, machine start included):
+# The shipped adapter (2026-12-03, fourth session): `TASKS=256 STEPS=260 ENGINE=vllm QUICKSTART=0 BUDGET_S=1100
+# OUT=/tmp/keep/out` started with `setsid` in the call that carried the last SmolLM2 part, so the vLLM parts
+# (re-split into 48 MB pieces: the working tree with this adapter is 13 MB and a call carries 64 MiB) travelled
+# while the oracle data and SFT ran: data 4 s, SFT data 101 s, SFT 527 s (260 steps of 8), eval greedy 127 s,
+# sampled 87 s (eval_base skipped: the base model and tasks are those of the first run).
+# Measured 2026-12-03 (the first adapter; device time 1,140 s of the session's 1,800, machine start included):
 # vLLM transfers 1-5 (0.2-6 s each), then `ENGINE=vllm QUICKSTART=0` (held-out evals on vLLM: ~1 min each
 # instead of > 8 min for 16 tasks on the hf engine): data 7 s, SFT data 59 s, SFT 375 s (200 steps of 8),
 # eval base 96 s, adapter greedy 67 s, adapter sampled 48 s; the quick start is measured on the 2-core CPU it

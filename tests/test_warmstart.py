@@ -389,7 +389,7 @@ def test_the_shipped_smollm2_adapter_is_whole_and_auto_picks_it():
     held = record["held_out"]
     assert record["status"] == "complete" and held["adapter_greedy"]["successes"] > held["base"]["successes"]
     init = resolve_init("auto", "smollm2", "textcraft")  # sera train's default
-    assert init.shipped and Path(init.adapter) == d.resolve() and "held-out 4/32 greedy" in init.line()
+    assert init.shipped and Path(init.adapter) == d.resolve() and "held-out 9/32 greedy" in init.line()
     assert resolve_init("auto", "smollm2", "textworld").adapter is None  # made for TextCraft only
 
 

@@ -23,11 +23,11 @@ move the stage (it is retried with new tasks), so a Rubric slot is never lost to
 group.
 
 What it simplifies (only the systems, never the algorithm): rollouts run one task group at a time (its
-trees and their agents concurrently, beside a spare group that stands in if it has no signal: ``--spare-groups``;
-the model calls in flight together run as one batch of up to ``--max-batch-size``, ``1`` = one call at a time
-and bit-exact repeats), generation uses the training model
-itself (strictly on-policy, no weight sync), the loss is computed one datum at a time (only datums with a
-nonzero advantage: the others have an exactly zero gradient), and the defaults are shrunk for a laptop CPU
+trees and their agents concurrently, beside a spare group that stands in if it has no signal:
+``--spare-groups``; the model calls in flight together run as one batch of up to ``--max-batch-size``, ``1`` =
+one call at a time and bit-exact repeats), generation uses the training model itself (strictly on-policy, no
+weight sync), the loss is computed one datum at a time (only datums with a nonzero advantage: the others have
+an exactly zero gradient), and the defaults are shrunk for a laptop CPU
 (1 task x 2 rollouts, 3 steps per agent, 256-token replies, 2 optimizer steps) — ``--paper`` restores the
 paper's sizes. Level 1 (`level1_batched/`) puts every task of a step in flight and packs the loss; level 2
 distributes it.

@@ -174,7 +174,16 @@ def rank() -> int:
 
 
 def interrupted(saved: str, again: str) -> None:
-    """Ctrl-C: say what was saved and the exact command that continues, then exit 130 (128 + SIGINT)."""
+    """Ctrl-C: say what was saved and the exact command that continues, then exit 130 (128 + SIGINT).
+
+    A Ctrl-C between creating a coroutine and running it (``asyncio.run`` still building its loop) leaves one
+    that is never awaited; its RuntimeWarning would print after these lines, at exit. It is noise here: it is
+    silenced and the garbage collected first, so the resume command stays the last line."""
+    import gc
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
+    gc.collect()
     err.print(f"\ninterrupted: {saved}", highlight=False, soft_wrap=True, markup=False)
     err.print(f"resume with: {again}", highlight=False, soft_wrap=True, markup=False)
     raise typer.Exit(130)

@@ -387,6 +387,23 @@ def test_a_tiers_own_entry_point_is_the_sera_command(tmp_path):
     assert resume == f"python -m level0_single_process.train {' '.join(args)} --resume", resume
 
 
+def test_a_coroutine_left_unstarted_by_ctrl_c_does_not_follow_the_resume_command():
+    """Seen once in CI: Ctrl-C while ``asyncio.run`` built its loop left the rollouts' coroutine unawaited, and
+    its RuntimeWarning ("Enable tracemalloc ...") printed after the resume command, at exit."""
+    code = (
+        "import asyncio, typer\n"
+        "from sera.cli import interrupted\n"
+        "cycle = [asyncio.sleep(0)]; cycle.append(cycle); del cycle  # freed only by the collector\n"
+        "try:\n    interrupted('nothing', 'sera train --resume')\nexcept typer.Exit as e:\n    raise SystemExit(e.exit_code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "resume with: sera train --resume", done.stderr
+    assert "never awaited" not in done.stderr
+
+
 def test_ctrl_c_message_names_the_checkpoint(tmp_path, capsys):
     import typer
 

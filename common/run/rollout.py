@@ -94,28 +94,24 @@ def collect_groups(
     (``--spare-groups 0``); only the compute differs."""
     groups: list[list[Any]] = []
     replaced = 0
-    pending: list[tuple[int, list[Any]]] = []  # (the sampler's cursor before the draw, trees): not yet judged
+    pending: list[list[Any]] = []  # rolled out, not judged yet: always the last tasks drawn
     while len(groups) < cfg.tasks_per_step:
         missing = cfg.tasks_per_step - len(groups)
         wave = (missing if per_wave is None else min(per_wave, missing)) + spares_in_flight(
             cfg, stage, replaced
         )
-        jobs, cursors = [], []
-        for _ in range(wave - len(pending)):
-            cursors.append(sampler.cursor)
-            jobs.append(draw_job(cfg, stage, rnd, sampler, preset))
+        jobs = [draw_job(cfg, stage, rnd, sampler, preset) for _ in range(wave - len(pending))]
         if jobs:
-            pending += zip(cursors, roll(jobs), strict=True)
+            pending += roll(jobs)
         while pending and len(groups) < cfg.tasks_per_step:
-            _, trees = pending.pop(0)
+            trees = pending.pop(0)
             if accept_group(
                 trees, cfg.env, stage, preset.execution_reward, cfg.max_task_replacements - replaced
             ):
                 groups.append(trees)
             else:
                 replaced += 1  # no signal: the next group stands in (SPEC.md §4)
-    if pending:  # spares nobody needed: their tasks were never drawn, as far as the run is concerned
-        sampler.cursor = pending[0][0]
+    sampler.cursor -= len(pending)  # spares nobody needed: as far as the run is concerned, never drawn
     return groups, replaced
 
 

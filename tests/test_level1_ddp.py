@@ -50,33 +50,26 @@ def rows(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def first_difference(a: Path, b: Path) -> str:
-    """Where two runs' trees.jsonl first differ (tree, node, call, role and both replies), or ``same trees``:
-    printed when the parity fails, so a failure on a loaded CI machine says what moved."""
-    calls = ("rubric_call", "score_call")
-    ta, tb = (a / "trees.jsonl").read_text().splitlines(), (b / "trees.jsonl").read_text().splitlines()
+def first_difference(ta: list, tb: list) -> str:
+    """Where two runs' trees first differ (tree, node, call, role and both replies), or ``same trees``:
+    printed beside the comparison, so a run on a loaded CI machine says what moved."""
     if len(ta) != len(tb):
         return f"{len(ta)} trees vs {len(tb)}"
-    for i, (la, lb) in enumerate(zip(ta, tb, strict=True)):
-        xa, xb = json.loads(la), json.loads(lb)
-        if xa["task_id"] != xb["task_id"] or xa["nodes"].keys() != xb["nodes"].keys():
-            return f"tree {i}: {xa['task_id']} with nodes {sorted(xa['nodes'])} vs {xb['task_id']} {sorted(xb['nodes'])}"
-        for nid, na in xa["nodes"].items():
-            nb = xb["nodes"][nid]
-            pairs = [
-                (f"step {s['index']}", s["call"], t["call"])
-                for s, t in zip(na["steps"], nb["steps"], strict=False)
-            ]
-            pairs += [(k, na[k], nb[k]) for k in calls if na.get(k) or nb.get(k)]
+    for i, (x, y) in enumerate(zip(ta, tb, strict=True)):
+        if x.task_id != y.task_id or x.nodes.keys() != y.nodes.keys():
+            return f"tree {i}: {x.task_id} with nodes {sorted(x.nodes)} vs {y.task_id} {sorted(y.nodes)}"
+        for nid, na in x.nodes.items():
+            nb = y.nodes[nid]
+            pairs = [(f"step {s.index}", s.call, t.call) for s, t in zip(na.steps, nb.steps, strict=False)]
+            pairs += [(k, getattr(na, k), getattr(nb, k)) for k in ("rubric_call", "score_call")]
             for where, ca, cb in pairs:
-                for key in ("prompt_ids", "output_ids"):
-                    if (ca or {}).get(key) != (cb or {}).get(key):
-                        return (
-                            f"tree {i} ({xa['task_id']}) node {nid} {where} {(ca or cb)['role']}: {key} differ; "
-                            f"replies {(ca or {}).get('text')!r} vs {(cb or {}).get('text')!r}"
-                        )
-            if len(na["steps"]) != len(nb["steps"]):
-                return f"tree {i} node {nid}: {len(na['steps'])} steps vs {len(nb['steps'])}"
+                if (ca is None) != (cb is None) or (
+                    ca and (ca.prompt_ids, ca.output_ids) != (cb.prompt_ids, cb.output_ids)
+                ):
+                    role = (ca or cb).role
+                    return f"tree {i} ({x.task_id}) node {nid} {where} {role}: replies {getattr(ca, 'text', None)!r} vs {getattr(cb, 'text', None)!r}"
+            if len(na.steps) != len(nb.steps):
+                return f"tree {i} node {nid}: {len(na.steps)} steps vs {len(nb.steps)}"
     return "same trees"
 
 
@@ -108,8 +101,8 @@ def test_torchrun_two_processes_match_one(tmp_path: Path):
     assert len(two) == len(one) == 1 and two[0]["dp/world_size"] == 2
     a, b = two[0], one[0]
     assert (a["step"], a["stage"]) == (b["step"], b["stage"])
-    print(f"world 2 vs world 1 trees: {first_difference(out2, Path(cfg.out))}")
     ta, tb = read_trees(out2 / "trees.jsonl"), read_trees(Path(cfg.out) / "trees.jsonl")
+    print(f"world 2 vs world 1 trees: {first_difference(ta, tb)}")
     assert [t.task_id for t in ta] == [t.task_id for t in tb]  # the same groups, in the same order
     for x, y in zip(ta, tb, strict=True):
         cx, cy = x.nodes[x.root_id].steps[0].call, y.nodes[y.root_id].steps[0].call

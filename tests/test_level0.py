@@ -312,3 +312,48 @@ def test_resume_refuses_a_changed_config(tmp_path: Path):
         train(cfg, progress=False)
     with pytest.raises(SystemExit, match="differs"):
         train(TrainConfig.make(cfg, resume=True, lr=1e-3, steps=2), progress=False)
+
+
+def _cell_step(tag: int, error: str = ""):
+    from common.agent.tree import CallRecord, Step
+
+    call = CallRecord(role="act", messages=[], text="<python>x</python>", prompt_ids=[tag], output_ids=[7, 8],
+                      logprobs=[-0.5, -0.5])  # fmt: skip
+    return Step(tag % 10, call, "obs", cell_output="Traceback (most recent call last)" if error else "ok\n",
+                cell_error=error)  # fmt: skip
+
+
+def _textcraft_tree(ok: bool, tag: int):
+    """root (cells ok, failing, ok) -> child (failing, ok), the child scored as the root ended."""
+    from common.agent.tree import Node, Tree
+
+    t = Tree(task_id=f"t{tag}", env="textcraft", success=ok)
+    root = Node("0", None, 0, None, "goal", 3, success=ok)
+    root.steps = [_cell_step(10 * tag), _cell_step(10 * tag + 1, "NameError"), _cell_step(10 * tag + 2)]
+    root.steps[0].launched = ["0.1"]
+    child = Node("0.1", "0", 1, 0, "sub", 3, success=ok, rubric={"rubric_items": []})
+    child.score, child.score_success = (0.9, True) if ok else (0.0, False)
+    child.steps = [_cell_step(10 * tag + 5, "SyntaxError"), _cell_step(10 * tag + 6)]
+    t.nodes = {"0": root, "0.1": child}
+    return t
+
+
+def fake_rounds(monkeypatch, module, groups_per_round: list) -> None:
+    """Replace the tier's rollouts (``collect_groups``) with prepared task groups, one list per round."""
+    rounds = iter(groups_per_round)
+    monkeypatch.setattr(module, "collect_groups", lambda *a, **k: (next(rounds), 0))
+
+
+def test_level0_batch_leaves_out_failed_cells_of_successful_textcraft_agents(tmp_path: Path, monkeypatch):
+    import level0_single_process.train as level0
+
+    # one Execution round: the successful rollout's two failed cells (root and scored child) give no datum,
+    # the failed rollout keeps its own: 10 cells -> 8 datums of 2 trained tokens
+    fake_rounds(monkeypatch, level0, [[[_textcraft_tree(True, 0), _textcraft_tree(False, 2)]]])
+    cfg = small_config(tmp_path, "textcraft", steps=1, schedule="execution:1", oracle_mix=0.0)
+    (row,) = level0.train(cfg, progress=False)
+    assert row["batch/error_steps_dropped"] == 2 and row["loss/tokens"] == 16 and not row["train/skipped"]
+    from common.agent.log import read_trees
+
+    back = read_trees(Path(cfg.out) / "trees.jsonl")  # the cell records survive the log
+    assert back[0].nodes["0.1"].steps[0].cell_error == "SyntaxError"

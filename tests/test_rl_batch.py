@@ -411,3 +411,93 @@ def test_execution_trains_committed_nodes_only():
     trees[0].nodes[branch.node_id] = branch
     b = build_stage_batch("execution", [trees], execution_reward="rubric")
     assert {d.trajectory_id for d in b.datums} == {"0/0/0", "0/0/0.1", "0/1/0", "0/1/0.1"}
+
+
+# ---- TextCraft's error-step filter (public get_train_data_for_trajectory, filter_errors=is_craft) ----------
+TRACEBACK = "---\nNameError                                 Traceback (most recent call last)\nNameError: x\n"
+
+
+def _cell(tag: int, output: str = "ok\n", error: str = "") -> Step:
+    """A step whose act call is identified by ``tag`` (its first prompt id)."""
+    call = CallRecord(role="act", messages=[], text="<python>x</python>", prompt_ids=[tag], output_ids=[7, 8],
+                      logprobs=[-0.5, -0.5])  # fmt: skip
+    return Step(tag % 10, call, "obs", cell_output=output, cell_error=error)
+
+
+def _error_tree(env: str, root_ok: bool, child_success: bool, tag: int) -> Tree:
+    """root: ok cell, traceback cell, ok cell; child (scorer success ``child_success``): cell with an error
+    slot, ok cell. Tags: root 10*tag + 0..2, child 10*tag + 5..6."""
+    t = Tree(task_id="t", env=env, success=root_ok)
+    root = Node("0", None, 0, None, "goal", 20, success=root_ok)
+    root.steps = [_cell(10 * tag), _cell(10 * tag + 1, output=TRACEBACK), _cell(10 * tag + 2)]
+    root.steps[0].launched = ["0.1"]
+    child = Node("0.1", "0", 1, 0, "sub", 20, success=child_success, rubric={"rubric_items": []})
+    child.score, child.score_success = (0.9, True) if child_success else (0.0, False)
+    child.steps = [_cell(10 * tag + 5, output="", error="SyntaxError: invalid syntax"), _cell(10 * tag + 6)]
+    t.nodes = {"0": root, "0.1": child}
+    return t
+
+
+def _tags(batch) -> list[int]:
+    return sorted(d.prompt_ids[0] for d in batch.datums)
+
+
+def test_textcraft_drops_failed_cells_of_successful_agents_only():
+    # rollout 0: the root succeeded (R = 1) and its child's scorer said success -> both lose their failed
+    # cells (tags 1 and 5); rollout 1: the root failed and the scorer called its child a failure -> their
+    # failed cells (21, 25) are KEPT (they carry the negative advantage)
+    groups = [[_error_tree("textcraft", True, True, 0), _error_tree("textcraft", False, False, 2)]]
+    b = build_stage_batch("execution", groups, execution_reward="rubric")
+    assert _tags(b) == [0, 2, 6, 20, 21, 22, 25, 26]
+    assert b.counts["error_steps_dropped"] == 2
+    # the advantages of what is kept are unchanged: root 0 -> 1 - 0, child 0 -> 0.9 - 0
+    assert {d.prompt_ids[0]: d.advantage for d in b.datums}[6] == pytest.approx(0.9)
+    # T_d: every agent still has a datum, so the depth weights count 2 trajectories per depth
+    assert sum(d.traj_start for d in b.datums) == 4
+    # off (or TextWorld, whose EnvSpec does not filter): every cell is a datum
+    everything = [0, 1, 2, 5, 6, 20, 21, 22, 25, 26]
+    assert _tags(build_stage_batch("execution", groups, filter_errors=False)) == everything
+    tw = [[_error_tree("textworld", True, True, 0), _error_tree("textworld", False, False, 2)]]
+    tw_batch = build_stage_batch("execution", tw, zero_variance="keep")
+    assert _tags(tw_batch) == everything and tw_batch.counts["error_steps_dropped"] == 0
+
+
+def test_error_filter_uses_the_scorers_verdict_for_sera_children_and_the_reward_for_rao():
+    # a successful root whose child the scorer called a FAILURE although the environment's check passed:
+    # SERA keeps the child's failed cell (public filter_success = float(rubric_success) = 0)
+    t, other = _error_tree("textcraft", True, False, 0), _error_tree("textcraft", False, False, 2)
+    t.nodes["0.1"].success = True
+    assert 5 in _tags(build_stage_batch("execution", [[t, other]], execution_reward="rubric"))
+    # RAO: the child's binary reward is its filter_success (1 here), so the failed cell goes
+    assert 5 not in _tags(build_stage_batch("execution", [[t, other]], execution_reward="binary"))
+
+
+def test_error_filter_runs_before_the_zero_variance_test():
+    # both roots succeed (advantage 0); the child of rollout 0 scored 0.5 (advantage 0.5 - 1) but every one
+    # of its cells failed, the child of rollout 1 scored 1.0 (advantage 0). Public order: the filter drops
+    # the failing child's steps first, the rest is flat, so TextCraft drops (and replaces) the group
+    t0, t1 = _error_tree("textcraft", True, True, 0), _error_tree("textcraft", True, True, 2)
+    t0.nodes["0.1"].score = 0.5
+    t0.nodes["0.1"].steps[1].cell_output = TRACEBACK
+    t1.nodes["0.1"].score = 1.0
+    b = build_stage_batch("execution", [[t0, t1]])
+    assert b.datums == [] and b.zero_variance_groups == [0] and b.counts["error_steps_dropped"] == 5
+    assert not group_has_signal([t0, t1], "execution")
+    unfiltered = build_stage_batch("execution", [[t0, t1]], filter_errors=False)
+    assert unfiltered.zero_variance_groups == [] and -0.5 in {d.advantage for d in unfiltered.datums}
+
+
+def test_step_cell_fields_round_trip_and_old_trees_still_load():
+    t = _error_tree("textcraft", True, True, 0)
+    back = Tree.from_dict(t.to_dict())
+    assert back.nodes["0"].steps[1].cell_output == TRACEBACK
+    assert back.nodes["0.1"].steps[0].cell_error == "SyntaxError: invalid syntax"
+    old = t.to_dict()
+    for node in old["nodes"].values():
+        for s in node["steps"]:
+            del s["cell_output"], s["cell_error"]
+    loaded = Tree.from_dict(old)
+    assert loaded.nodes["0"].steps[1].cell_output == "" and loaded.nodes["0.1"].steps[0].cell_error == ""
+    # an old tree has no cell record: nothing is filtered
+    other = _error_tree("textcraft", False, False, 2)
+    assert len(build_stage_batch("execution", [[loaded, other]]).datums) == 10

@@ -10,7 +10,7 @@ import importlib
 
 import pytest
 
-MODULES = ["spans", "rewards", "weights", "loss", "schedule", "datums", "batch"]
+MODULES = ["spans", "rewards", "weights", "loss", "schedule", "datums", "batch", "filters"]
 
 
 @pytest.mark.parametrize("name", MODULES)

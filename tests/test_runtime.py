@@ -91,6 +91,27 @@ def test_budget_exhaustion_and_malformed_replies_become_observations():
     assert "NameError" in root.steps[3].observation and "undefined_name" in root.steps[3].observation
 
 
+def test_steps_record_the_cells_output_and_error_for_the_error_filter():
+    # a successful TextCraft root whose first cell raises: its Step records the cell's output and error slot
+    # (from the session's info), so the Execution stage leaves that step out (common/rl/filters.py)
+    from common.rl.filters import is_error_step
+
+    task = tc_tasks("train", 1, seed=1, difficulty="easy")[0]
+
+    def fn(req: GenerationRequest) -> str:
+        if req.meta.get("step") == 0:
+            return "<python>print(undefined_name)</python>"
+        return oracle_fn(tc_oracle)(req)
+
+    tree = run(task, "textcraft", FnPolicy(fn), max_steps=8)
+    steps = tree.root.steps
+    assert tree.success and len(steps) >= 2
+    assert [is_error_step(s) for s in steps] == [True] + [False] * (len(steps) - 1)
+    assert "undefined_name" in steps[0].cell_output + steps[0].cell_error
+    batch = build_stage_batch("execution", [[tree]], zero_variance="keep")
+    assert len(batch.datums) == len(steps) - 1 and batch.counts["error_steps_dropped"] == 1
+
+
 def test_textworld_concurrent_siblings_share_the_world():
     task = tw_tasks("train", 1, seed=2, tier="hard")[0]
     policy = FnPolicy(oracle_fn(tw_oracle, delegate=True))

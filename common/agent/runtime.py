@@ -302,6 +302,9 @@ class _Rollout:
                         observation=result.observation,
                         launched=list(st.launched),
                         refused_launches=st.refused,
+                        # the cell's output and error slot (TextCraft sets them): the error-step filter
+                        cell_output=str(result.info.get("cell_output") or ""),
+                        cell_error=str(result.info.get("cell_error") or ""),
                     )
                 )
                 rebuild = getattr(session, "assistant_turn", None)  # e.g. TextCraft: from the parsed parts

@@ -51,6 +51,13 @@ class Step:
     """Ids of the child nodes launched during this step (one delegation event when non-empty)."""
     refused_launches: int = 0
     """Launches refused in this step (depth limit)."""
+    cell_output: str = ""
+    """What the step's cell printed (TextCraft: the captured stdout, where a raising cell's traceback lands,
+    as in IPython); "" when the environment reports none. Read by the error filter of
+    :mod:`common.rl.filters`; trees written before this field load with ""."""
+    cell_error: str = ""
+    """The step's error slot (TextCraft: the cell's stderr, or the text of an error raised before the cell
+    ran, such as a syntax error); "" when there was none. Read by :mod:`common.rl.filters`."""
 
 
 @dataclass

@@ -94,6 +94,9 @@ class EnvSpec:
     """Execution stage: roll out another task in place of a group without signal."""
     aggregation: Literal["task_weighted", "macro_over_tiers"]
     """How `sera eval` averages success over tiers."""
+    filter_error_steps: bool = False
+    """Execution stage: a successful agent's steps whose cell failed give no datum (TextCraft; public
+    ``trainer.py: build_workflows`` passes ``filter_errors=is_craft``). The rule: :mod:`common.rl.filters`."""
 
     @property
     def caps(self):
@@ -127,7 +130,9 @@ class EnvSpec:
 
 
 ENV_SPECS: dict[str, EnvSpec] = {
-    "textcraft": EnvSpec("textcraft", ("</python>",), 250, "drop", True, "task_weighted"),
+    "textcraft": EnvSpec(
+        "textcraft", ("</python>",), 250, "drop", True, "task_weighted", filter_error_steps=True
+    ),
     "textworld": EnvSpec("textworld", (), 400, "keep", False, "macro_over_tiers"),
     "textworld-cooking": EnvSpec("textworld-cooking", (), 400, "keep", False, "macro_over_tiers"),
 }

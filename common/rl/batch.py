@@ -10,7 +10,8 @@ Input: ``groups`` = one list of trees per task (its root rollouts). Output: a :c
   success for RAO presets: the programmatic check, or the ``--judge`` verdict when the runtime recorded
   one, ``tree.meta["judged_children"]``);
   advantage = r - b_i with b_i the LOO mean of the group's ROOT rewards. Children whose rubric, score or
-  judge verdict failed contribute no datums.
+  judge verdict failed contribute no datums. TextCraft: a successful agent's steps whose cell failed give
+  no datum (:mod:`common.rl.filters`, the public ``filter_errors``).
 * ``delegation``: every launch point (a step whose reply has a launch statement, or that launched
   children) gets leaf credit R x |leaves under its event| / |leaves|; LOO over ALL rollouts' mean launch
   rewards (a rollout without launches counts as 0); only the launch-statement tokens are trained. All the
@@ -38,6 +39,7 @@ from typing import Any
 
 from common.agent.tree import Node, Tree
 from common.rl.datums import Datum, delegation_datum, execution_datums, rubric_datum
+from common.rl.filters import drops_step, env_filters_error_steps
 from common.rl.rewards import (
     delegation_advantages,
     execution_advantages,
@@ -126,10 +128,25 @@ def _add_group(batch: StageBatch, g: int, datums: list[Datum], zero_variance: st
     batch.datums += datums
 
 
+def _filter_success(node: Node, root_reward: float, reward: float, execution_reward: str) -> float:
+    """The public ``filter_success`` of one agent (:mod:`common.rl.filters`): R for the root, the scorer's
+    success verdict for a SERA child (``reward/filter_success = float(rubric_success)``), the binary reward
+    for a RAO child."""
+    if node.parent_id is None:
+        return root_reward
+    if execution_reward == "binary":
+        return reward
+    return 1.0 if node.score_success else 0.0
+
+
 def execution_batch(
-    groups: Sequence[Sequence[Tree]], execution_reward: str, zero_variance: str, judge_labels: bool = False
+    groups: Sequence[Sequence[Tree]],
+    execution_reward: str,
+    zero_variance: str,
+    judge_labels: bool = False,
+    filter_errors: bool | None = None,
 ) -> StageBatch:
-    batch = StageBatch("execution", counts={"dropped_children": 0})
+    batch = StageBatch("execution", counts={"dropped_children": 0, "error_steps_dropped": 0})
     for g, trees in enumerate(groups):
         roots = [1.0 if t.success else 0.0 for t in trees]
         nodes = [[n for n in t.committed_nodes()] for t in trees]
@@ -148,12 +165,19 @@ def execution_batch(
         ]
         advantages, _ = execution_advantages(roots, rewards)
         datums: list[Datum] = []
-        for i, (ns, advs) in enumerate(zip(nodes, advantages, strict=True)):
-            for n, a in zip(ns, advs, strict=True):
+        for i, (t, ns, advs, rs) in enumerate(zip(trees, nodes, advantages, rewards, strict=True)):
+            filtering = env_filters_error_steps(t.env) if filter_errors is None else filter_errors
+            for n, a, r in zip(ns, advs, rs, strict=True):
                 if a is None:
                     batch.counts["dropped_children"] += 1
                     continue
-                calls = [s.call for s in n.steps if s.call.output_ids]
+                steps = [s for s in n.steps if s.call.output_ids]
+                if filtering:  # TextCraft: a successful agent's failed cells give no datum (public rule)
+                    success = _filter_success(n, roots[i], float(r or 0.0), execution_reward)
+                    kept = [s for s in steps if not drops_step(s, success)]
+                    batch.counts["error_steps_dropped"] += len(steps) - len(kept)
+                    steps = kept
+                calls = [s.call for s in steps]
                 datums += execution_datums(calls, a, n.depth, _traj(g, i, n.node_id))
         _add_group(batch, g, datums, zero_variance)
     return batch
@@ -263,6 +287,7 @@ def build_stage_batch(
     zero_variance: str = "drop",
     tokenizer: Any = None,
     judge_labels: bool = False,
+    filter_errors: bool | None = None,
 ) -> StageBatch:
     """The datums of ``stage`` for one optimizer step, with depth weights over the whole batch.
 
@@ -271,9 +296,13 @@ def build_stage_batch(
     stages; the Rubric stage always keeps them (public ``filter_zero_variance_groups=False`` there).
     ``judge_labels``: RAO child rewards come from the ``--judge`` verdicts stored in ``branch_label``
     (the runtime sets ``tree.meta["judged_children"]`` when it judged them, so trainers need not pass it).
+    ``filter_errors``: the Execution stage leaves out the failed cells of successful agents
+    (:mod:`common.rl.filters`, counted in ``counts["error_steps_dropped"]``) before the zero-variance test;
+    None (every tier) = each tree's environment decides (:attr:`common.envs.EnvSpec.filter_error_steps`:
+    TextCraft only), True / False force it.
     """
     if stage == "execution":
-        batch = execution_batch(groups, execution_reward, zero_variance, judge_labels)
+        batch = execution_batch(groups, execution_reward, zero_variance, judge_labels, filter_errors)
     elif stage == "delegation":
         batch = delegation_batch(groups, tokenizer, zero_variance)
     elif stage == "rubric":

@@ -14,7 +14,6 @@ Run: ``pytest tests/test_public_prompt_rendering.py -q``.
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from common.agent.rubric import RubricContext, build_rubric_messages
 from common.agent.runtime import RuntimeConfig, run_root
 from common.envs.textcraft import TextCraftEnv
 from common.envs.textworld_sync.tasks import load_tasks as tw_load
+from common.envs.textworld_sync.tasks import normalize_row
 from common.policy.scripted import ReplayPolicy
 from common.run.rollout import make_env_with_prompts
 
@@ -204,26 +204,87 @@ TRAIN_FILES = {
 }
 
 
+# The blocks each runtime builds in code, written as files (public texts, byte for byte).
+EVAL_BLOCKS = {  # Evaluation/TextWorld/textworld_parallel/evaluator.py: _run_agent, _delegation_summary
+    "inventory_lookup.txt": "[Inventory Lookup]\nCurrent shared inventory (visible to all Agents):\n${inventory}\n\n"
+    "Current environment observation:\n${observation}",
+    "delegation_results.txt": "[SubAgent Results]\n${results}\n\n[Current Environment Observation]\n${observation}",
+    "subagent_result.txt": "- Agent ${agent_id}: returned=${returned}, environment_success=${environment_success}, "
+    "steps=${steps}\n  Budget used by subagent: ${steps}/${max_steps} steps. Total remaining budget for this "
+    "SubAgent task is ${remaining_steps} steps.\n  result: ${result}\n  final observation: ${final_observation}",
+    "delegation_rejected.txt": "SubAgent delegation rejected: current depth ${depth} reached the maximum allowed "
+    "depth ${max_depth}.\n${observation}",
+    "fork_budget_agent.txt": "${parent_agent_id}/fork-budget-exhausted-${group}",
+}
+TRAIN_BLOCKS = {  # Training/runtime/textworld_continuous_policy/env.py + the launch coordinator + the tracker
+    "train_inventory_lookup.txt": "[Inventory Lookup]\nCurrent shared inventory:\n${inventory}\n\n"
+    "Current environment observation:\n${observation}",
+    "train_delegation_results.txt": "[SubAgent Results]\n${results}",
+    "train_subagent_result.txt": "- SubAgent ${index}: ${result}",
+    "train_no_return.txt": "(no explicit return)",
+    # the coordinator's report ends in a newline: the file ends in two
+    "train_launch_report.txt": "${message}\n\nBudget used by subagent: ${used}/${budget} steps. Total remaining "
+    "budget for the current task is ${remaining} steps.\n",
+    "train_budget_exhausted.txt": "WARNING: Exhausted budget when running episode. Halting episode; task may be "
+    "incomplete.",
+    "train_depth_refusal.txt": "Not enough budget to launch subagent for goal ${goal}. Launching a subagent from "
+    "depth ${depth} would exceed the maximum allowed depth of ${max_depth}. " + GUIDANCE,
+}
+
+
 def _valid(infos: dict) -> str:
     return "\n".join(f"- {a}" for a in infos["validActions"]) or "(none)"
 
 
+def _tw_turn(i: int, text: str, infos: dict, training: bool) -> str:
+    """Both builders' ``_observation_user`` (the stand-in sub-agent note included)."""
+    budget = (
+        ""
+        if training
+        else f"Budget used by current Agent: {i + 1}/20 steps.\nCurrent Agent remaining budget: {19 - i} steps.\n\n"
+    )
+    return (
+        f"[Step {i} Observation]\n{text}\n\n{budget}Valid Actions: {_valid(infos)}\nScore: {infos['score']}\n"
+        f"Task Success: {infos['tasksuccess']}\nTask Failure: {infos['taskfailure']}\nDone: {infos['done']}\n\n"
+        "<<sub-agent note>>\nProvide your next action or delegation."
+    )
+
+
 @pytest.mark.parametrize("prompt_set", ["evaluation", "training"])
 def test_textworld_turns_from_a_public_prompts_directory_are_byte_exact(tmp_path, prompt_set):
-    d = write(tmp_path, {**TW_COMMON, **EVAL_FILES, **TRAIN_FILES})
+    """A root moves, looks up the inventory, delegates (asking for 30 steps) and finishes; its child finishes
+    at once. Every message of the root's last call is compared with the public builder's, from a world
+    replayed by hand: evaluation rebuilds "# Initial Observation" from the current observation (valid actions
+    of the start), training keeps the first; the inventory and results blocks are each runtime's own."""
+    d = write(tmp_path, {**TW_COMMON, **EVAL_FILES, **TRAIN_FILES, **EVAL_BLOCKS, **TRAIN_BLOCKS})
     task = tw_load("common/envs/textworld_sync/public_sample.jsonl")[0]
     env = make_env_with_prompts("textworld", str(d), prompt_set=prompt_set)
-    replies = ["<action>look around</action>", "<action>inventory</action>", "<finish>stop</finish>"]
+    replies = [
+        "<action>go to pantry</action>",
+        "<action>inventory</action>",
+        '<delegate>{"goal": "Prepare and eat dish_1", "max_steps": 30}</delegate>',
+        "<finish>took it</finish>",  # the child's only reply
+        "<finish>stop</finish>",
+    ]
     tree = asyncio.run(
         run_root(task, env, ReplayPolicy(replies), RuntimeConfig(max_steps=20, use_rubrics=False))
     )
-    sent = tree.root.steps[2].call.messages
+    sent = tree.root.steps[3].call.messages
+    training = prompt_set == "training"
+    # the same world, replayed by hand
     world = env.make_world(task)
-    obs0, infos0 = world.observe_with_infos(world.root_agent)
+    row_budget = normalize_row(task)["parallelism"]["shared_environment_max_steps"]
+    assert world.spec.max_steps == (100 if training else row_budget) and row_budget != 100  # public training
+    obs0, infos0 = world.observe_with_infos("0")
+    out = world.step("0", "go to pantry")
+    obs1, infos1 = out.observation, out.infos
+    world.add_agent("0.1", start_room="kitchen" if training else None)  # training: the phantom root's room
+    child_obs, child_infos = world.observe_with_infos("0.1")
+    obs_now, infos_now = world.observe_with_infos("0")
+
     strategy = "<<DELEGATION STRATEGY>>\nThe maximum delegation depth is 3; the current depth is 0.\n"
     head = "<<identity>>\nYou are Agent 0.\nYour current delegation depth is 0 (root is depth 0).\n"
     tail = f"<<shared world>>\n\n<TIPS>\n<<INTERACTION STRATEGY>>\n\n{strategy}</TIPS>\n\n<<one block>>"
-    training = prompt_set == "training"
     system = (
         head
         + ("" if training else "<<decomposition>>\nBUDGET-AWARE COLLABORATION:\n<<budget paragraph>>\n")
@@ -231,26 +292,71 @@ def test_textworld_turns_from_a_public_prompts_directory_are_byte_exact(tmp_path
     )
     desc = str(task.get("task_description") or task.get("goal"))
     budget = "" if training else "Budget: You have a total budget of 20 steps to complete this task.\n\n"
-    first = (
-        f"# Task\n\n{desc}\n\n{budget}# Initial Observation\n\n{obs0}\n\n# Valid Actions\n\n{_valid(infos0)}\n\n"
-        "# Action Space\n\n<<AVAILABLE ACTIONS with delegate>>\n\n# Delegation\n\n<<delegation paragraph>>\n\n"
-        "Now provide the first action or delegation."
-    )
-    assert sent[0] == {"role": "system", "content": system}
-    assert sent[1] == {"role": "user", "content": first}
-    assert [m["content"] for m in sent[2::2]] == replies[:2]  # TextWorld keeps the raw replies (public)
-    for i, turn in enumerate(sent[3::2]):
-        assert turn["role"] == "user" and turn["content"].startswith(f"[Step {i} Observation]\n")
-        lines = turn["content"].split("\n\nValid Actions: ", 1)
-        has_budget = (
-            f"Budget used by current Agent: {i + 1}/20 steps.\nCurrent Agent remaining budget: {19 - i} steps."
-            in lines[0]
+
+    def first(observation: str) -> str:
+        return (
+            f"# Task\n\n{desc}\n\n{budget}# Initial Observation\n\n{observation}\n\n# Valid Actions\n\n"
+            f"{_valid(infos0)}\n\n# Action Space\n\n<<AVAILABLE ACTIONS with delegate>>\n\n# Delegation\n\n"
+            "<<delegation paragraph>>\n\nNow provide the first action or delegation."
         )
-        assert has_budget is not training
-        assert re.search(
-            r"\nScore: \S+\nTask Success: (True|False)\nTask Failure: (True|False)\nDone: (True|False)\n\n"
-            r"<<sub-agent note>>\nProvide your next action or delegation\.$",
-            turn["content"],
+
+    if training:
+        lookup = f"[Inventory Lookup]\nCurrent shared inventory:\n{infos1['inventory']}\n\n"
+        results = (
+            "[SubAgent Results]\n- SubAgent 0: took it\n\nBudget used by subagent: 1/30 steps. Total remaining "
+            "budget for the current task is 18 steps."
+        )
+    else:
+        lookup = f"[Inventory Lookup]\nCurrent shared inventory (visible to all Agents):\n{infos1['inventory']}\n\n"
+        results = (
+            "[SubAgent Results]\n- Agent 0.1: returned=True, environment_success=False, steps=1\n  Budget used by "
+            "subagent: 1/20 steps. Total remaining budget for this SubAgent task is 19 steps.\n  result: took it\n"
+            f"  final observation: {child_obs}\n\n[Current Environment Observation]\n{obs_now}"
+        )
+    lookup += f"Current environment observation:\n{obs1}"
+    expected = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": first(obs0 if training else obs_now)},
+        {"role": "assistant", "content": replies[0]},
+        {"role": "user", "content": _tw_turn(0, obs1, infos1, training)},
+        {"role": "assistant", "content": replies[1]},
+        {"role": "user", "content": _tw_turn(1, lookup, infos1, training)},
+        {"role": "assistant", "content": replies[2]},
+        {"role": "user", "content": _tw_turn(2, results, infos_now, training)},
+    ]
+    assert sent == expected
+    assert obs_now != obs0  # the rebuilt first message differs from the start's
+    child = tree.nodes["0.1"]
+    assert child.max_steps == (30 if training else 20)  # public training: the asked budget, uncapped
+    assert f"# Initial Observation\n\n{child_obs}\n\n" in child.steps[0].call.messages[1]["content"]
+    assert ("You are in the kitchen." if training else "You are in the pantry.") in child_obs
+
+
+@pytest.mark.parametrize("prompt_set", ["evaluation", "training"])
+def test_textworld_depth_limit_from_a_public_prompts_directory(tmp_path, prompt_set):
+    """The delegation past the depth limit: the evaluator's rejection + observation, or (training) one
+    ``- SubAgent i:`` line per launch with the tracker's depth message."""
+    from common.envs.textworld_sync import TextWorldSyncEnv
+
+    d = write(tmp_path, {**TW_COMMON, **EVAL_FILES, **TRAIN_FILES, **EVAL_BLOCKS, **TRAIN_BLOCKS})
+    task = tw_load("common/envs/textworld_sync/public_sample.jsonl")[0]
+    env = TextWorldSyncEnv(max_depth=0, prompts_dir=str(d), prompt_set=prompt_set)
+    replies = ['<delegate>{"goal": "Prepare and eat dish_1"}</delegate>', "<action>look around</action>"]
+    tree = asyncio.run(
+        run_root(task, env, ReplayPolicy(replies), RuntimeConfig(max_steps=2, max_depth=0, use_rubrics=False))
+    )
+    turn = tree.root.steps[0].observation.split("\n\nValid Actions: ", 1)[0]
+    obs = env.make_world(task).observe("0")
+    if prompt_set == "training":
+        assert turn == (
+            "[Step 0 Observation]\n[SubAgent Results]\n- SubAgent 0: Not enough budget to launch subagent for "
+            "goal Prepare and eat dish_1. Launching a subagent from depth 0 would exceed the maximum allowed "
+            f"depth of 0. {GUIDANCE}"
+        )
+    else:
+        assert turn.startswith(
+            "[Step 0 Observation]\nSubAgent delegation rejected: current depth 0 reached the maximum allowed "
+            f"depth 0.\n{obs}\n\nBudget used by current Agent: 1/2 steps."
         )
 
 

@@ -284,7 +284,10 @@ def test_visible_state_is_the_agents_own_view():
     asyncio.run(other.step("<action>go to pantry</action>"))
     asyncio.run(s.step("<action>take carrot</action>"))
     v = s.visible_state()
-    assert set(v) == {"observation", "infos", "location"} and v["location"] == "kitchen"
+    # public rubric_selector.py: coordinator_state (and training TextWorldEnv.snapshot): these keys, in order
+    assert list(v) == ["game", "agent_id", "location", "observation", "infos"]
+    assert v["game"] == "cookingworld_multidish" and v["agent_id"] == "0" and v["location"] == "kitchen"
+    assert (v["observation"], v["infos"]) == w.observe_with_infos("0")  # the world now, as public observes
     text = json.dumps(v)
     assert "pantry" not in text.replace("go to pantry", "").replace("move north", "")  # no other agent's room
     assert "grilled" not in text and "diced" not in text.replace("dice carrot", "")  # no hidden recipe
@@ -346,3 +349,238 @@ def test_many_concurrent_sessions_share_one_world_safely():
     w.check_invariants()
     assert w.steps_used <= w.spec.max_steps
     assert w.failure is None
+
+
+# ---- the training prompt set plays the public TRAINING runtime (textworld_continuous_policy/env.py) -----
+TRAIN = TextWorldSyncEnv(prompt_set="training")
+PUBLIC_DEPTH = (
+    "Not enough budget to launch subagent for goal {goal}. Launching a subagent from depth 3 would exceed the "
+    "maximum allowed depth of 3. The maximum depth for hierarchical delegation has been reached. You should "
+    "perform the task yourself instead of delegating."
+)
+
+
+def _train_root(task: dict, launch=_no_launch) -> tuple[SyncWorld, SyncSession]:
+    w = TRAIN.make_world(task)
+    return w, TRAIN.root_session(w, task, launch)
+
+
+def _scripted_hook(parent_ref: list, replies: list[str], seen: list):
+    """Builds each child with TRAIN on the parent's live world and plays ``replies`` (then stops)."""
+
+    async def launch(request: LaunchRequest) -> ChildResult:
+        parent = parent_ref[0]
+        child = TRAIN.child_session(
+            parent.world, parent, request, f"{parent.agent_id}.{len(seen) + 1}", _no_launch
+        )
+        seen.append(child)
+        child.first_user_message()
+        for reply in replies[: child.max_steps]:
+            if (await child.step(reply)).done:
+                break
+        return ChildResult(
+            request=request,
+            returned=child.finished,
+            message=child.finish_message or "",
+            steps_used=child.steps_used,
+        )
+
+    return launch
+
+
+def test_training_delegation_turn_is_the_public_training_summary():
+    """_child_result_summary over the launch coordinator's reports: no verdict, no final observation, no
+    [Current Environment Observation]; the asked budget (50) is kept, not capped at 20."""
+    ref, seen = [], []
+    _, s = _train_root(
+        make_task(TWO),
+        _scripted_hook(ref, ["<action>look around</action>", "<finish>took it</finish>"], seen),
+    )
+    ref.append(s)
+    s.first_user_message()
+    r = asyncio.run(s.step('<delegate>{"goal": "Prepare and eat dish_1", "max_steps": 50}</delegate>'))
+    assert seen[0].max_steps == 50 and s.uncapped_child_budgets
+    head = r.observation.split("\n\nValid Actions: ", 1)[0]
+    assert head == (
+        "[Step 0 Observation]\n[SubAgent Results]\n- SubAgent 0: took it\n\nBudget used by subagent: 2/50 "
+        "steps. Total remaining budget for the current task is 20 steps."
+    )
+    for eval_only in (
+        "environment_success",
+        "final observation",
+        "[Current Environment Observation]",
+        "Agent 0.1",
+    ):
+        assert eval_only not in r.observation
+
+
+def test_training_launch_reports_follow_the_public_coordinator():
+    """finish message, else error, else platoon's budget warning; '' leaves only the budget line; a
+    counterfactual report and a refusal are the line as is; R = the parent's own budget before the step."""
+    _, s = _train_root(make_task(TWO))
+    s.steps_used = 3  # the parent's 4th step (index 3): R = 20 - 3
+    req = LaunchRequest(goal="g", max_steps=4)
+    rep = lambda res: s._launch_report(res, remaining=s.max_steps - 3)  # noqa: E731
+    assert rep(ChildResult(req, True, "done", 2)).strip() == (
+        "done\n\nBudget used by subagent: 2/4 steps. Total remaining budget for the current task is 17 steps."
+    )
+    exhausted = rep(ChildResult(req, False, "", 4))
+    assert exhausted.startswith(
+        "WARNING: Exhausted budget when running episode. Halting episode; task may be incomplete.\n\n"
+    )
+    block = s.prompts.train_delegation_results(
+        [
+            rep(ChildResult(req, False, "", 1)),  # the world ended under it: no message
+            rep(ChildResult(req, False, "", 1, error="RuntimeError: boom")),
+            rep(
+                ChildResult(
+                    req,
+                    True,
+                    "x",
+                    1,
+                    report="x\n\nSelected branch: 0; counterfactual branches collected: 4.\n",
+                )
+            ),
+            rep(ChildResult(req, False, refused=True, error="Launch refused: too many.")),
+            "",
+        ]
+    )
+    assert block == (
+        "[SubAgent Results]\n"
+        "- SubAgent 0: Budget used by subagent: 1/4 steps. Total remaining budget for the current task is 17 steps.\n"
+        "- SubAgent 1: RuntimeError: boom\n\nBudget used by subagent: 1/4 steps. Total remaining budget for the "
+        "current task is 17 steps.\n"
+        "- SubAgent 2: x\n\nSelected branch: 0; counterfactual branches collected: 4.\n"
+        "- SubAgent 3: Launch refused: too many.\n"
+        "- SubAgent 4: (no explicit return)"
+    )
+
+
+def test_training_malformed_reply_costs_no_world_step():
+    """Public training: no valid block -> no world step, the turn shows the current observation; the error
+    is recorded, never shown. Evaluation keeps the evaluator's fallback action (one shared step)."""
+    w, s = _train_root(make_task(TWO))
+    before = w.steps_used
+    r = asyncio.run(s.step("I think I should go north\nmove north"))
+    assert w.steps_used == before and w.location("0") == "kitchen" and s.steps_used == 1
+    assert r.info["error"] and r.info["counted"] is False
+    assert r.observation.startswith("[Step 0 Observation]\n" + w.observe("0") + "\n\nValid Actions: ")
+    assert "valid TextWorld action block" not in r.observation
+    we, se = root(make_task(TWO))
+    asyncio.run(se.step("I think I should go north\nmove north"))
+    assert we.steps_used == 1 and we.location("0") == "pantry"
+
+
+def test_training_inventory_lookup_and_depth_limit_texts():
+    _, s = _train_root(make_task(TWO))
+    r = asyncio.run(s.step("<action>inventory</action>"))
+    assert r.observation.startswith(
+        "[Step 0 Observation]\n[Inventory Lookup]\nCurrent shared inventory:\n(empty)\n\nCurrent environment "
+        "observation:\nYou are in the kitchen."
+    )
+    w = TRAIN.make_world(make_task(TWO))
+    deep = SyncSession(
+        w, agent_id="0.1.1.1", depth=3, goal="g", max_steps=5, launch=_no_launch, prompts=TRAIN.prompts
+    )
+    goals = {"delegations": [{"goal": "a"}, {"goal": "b"}]}
+    r = asyncio.run(deep.step(f"<delegate>{json.dumps(goals)}</delegate>"))
+    assert r.info["rejected"] and w.steps_used == 0
+    assert r.observation.split("\n\nValid Actions: ")[0] == (
+        "[Step 0 Observation]\n[SubAgent Results]\n- SubAgent 0: "
+        + PUBLIC_DEPTH.format(goal="a")
+        + "\n- SubAgent 1: "
+        + PUBLIC_DEPTH.format(goal="b")
+    )
+
+
+def test_training_world_has_100_shared_steps_and_children_start_in_the_kitchen():
+    """create_textworld_env: 100 whatever the row says; fork_shared: the phantom "root" stands in the
+    kitchen; fork_counterfactual: a branch starts where its parent stands. Evaluation: the row's budget and
+    the root's room."""
+    task = make_task(TWO, max_steps=65)
+    assert TRAIN.make_world(task).spec.max_steps == 100 and ENV.make_world(task).spec.max_steps == 65
+    for env, live_room in ((TRAIN, "kitchen"), (ENV, "pantry")):
+        w = env.make_world(task)
+        parent = env.root_session(w, task, _no_launch)
+        w.step("0", "go to pantry")
+        req = LaunchRequest(goal="Prepare and eat dish_1", max_steps=30)
+        child = env.child_session(w, parent, req, "0.1", _no_launch)
+        branch = env.child_session(w.fork(), parent, req, "0.2", _no_launch)
+        assert child.world.location("0.1") == live_room and branch.world.location("0.2") == "pantry"
+        assert child.max_steps == (30 if env is TRAIN else 20)
+
+
+def test_fork_budget_refusal_is_the_public_pseudo_child():
+    """rubric_selector.py: select_delegated_trajectory: agent {parent}/fork-budget-exhausted-{group[:8]},
+    max_steps = remaining_steps = the child's budget; other refusals keep the evaluator's crash record."""
+
+    async def refuse(request: LaunchRequest) -> ChildResult:
+        return ChildResult(request=request, returned=False, refused=True, error=ENV.fork_budget_text)
+
+    _, s = root(make_task(TWO), refuse)
+    r = asyncio.run(s.step('<delegate>{"goal": "Prepare and eat dish_1", "max_steps": 7}</delegate>'))
+    m = re.search(r"- Agent 0/fork-budget-exhausted-([0-9a-f]{8}): ", r.observation)
+    assert m, r.observation
+    assert (
+        "returned=False, environment_success=False, steps=0\n  Budget used by subagent: 0/7 steps. Total remaining "
+        "budget for this SubAgent task is 7 steps.\n  result: Fork budget exhausted; complete this delegation "
+        "locally.\n  final observation: \n\n[Current Environment Observation]\n"
+    ) in r.observation
+    _, again = root(make_task(TWO), refuse)
+    r2 = asyncio.run(again.step('<delegate>{"goal": "Prepare and eat dish_1", "max_steps": 7}</delegate>'))
+    assert r2.observation == r.observation  # the group id is a hash: repeats are exact
+
+
+def test_evaluation_rebuilds_the_first_message_from_the_current_observation():
+    """Public evaluator.py: _run_agent passes the CURRENT observation and the INITIAL infos to
+    build_messages on every call, so "# Initial Observation" follows the agent while "# Valid Actions" stays
+    the first list. Training keeps the first message of the agent's start (TextWorldAgent.act)."""
+    from common.agent.runtime import RuntimeConfig, run_root
+    from common.policy.scripted import ReplayPolicy
+
+    task = make_task(TWO)
+    replies = ["<action>go to pantry</action>", "<action>look around</action>", "<finish>x</finish>"]
+    for env, moved in ((ENV, True), (TRAIN, False)):
+        tree = asyncio.run(
+            run_root(task, env, ReplayPolicy(replies), RuntimeConfig(max_steps=5, use_rubrics=False))
+        )
+        first, second = (tree.root.steps[i].call.messages[1]["content"] for i in (0, 1))
+        assert "# Initial Observation\n\nYou are in the kitchen." in first
+        room = "pantry" if moved else "kitchen"
+        assert f"# Initial Observation\n\nYou are in the {room}." in second
+        valid = lambda m: m.split("# Valid Actions\n\n", 1)[1].split("\n\n# Action Space", 1)[0]  # noqa: E731
+        assert valid(second) == valid(first) and "- take knife" in valid(second)  # the kitchen's list
+        assert tree.root.steps[1].call.messages[2:] == [
+            {"role": "assistant", "content": replies[0]},
+            {"role": "user", "content": tree.root.steps[0].observation},
+        ]
+
+
+def test_rubric_stage_rubrics_read_the_textworld_tool_list():
+    """Ledgered deviation (textworld_sync.md, "the child's tools"): public Rubric-stage group rubrics pass
+    TextCraft's tool string ("get_info, view_inventory, craft, finish, launch_subagent",
+    rubric_generation.py) also for TextWorld; ours keeps the TextWorld list in every stage, the counterfactual
+    (Rubric-stage) launch included, and shows the child's budget as asked (30, uncapped in training)."""
+    from common.agent.runtime import RuntimeConfig, run_root
+    from common.policy.scripted import ReplayPolicy
+
+    acts = [
+        '<delegate>{"goal": "Prepare and eat dish_1", "max_steps": 30}</delegate>',
+        "<finish>a</finish>",
+        "<finish>b</finish>",
+        "<finish>stop</finish>",
+    ]
+    policy = ReplayPolicy({"act": acts, "*": ["not a rubric"] * 4})
+    cfg = RuntimeConfig(max_steps=5, counterfactual_k=2, use_rubrics=True)
+    tree = asyncio.run(run_root(make_task(TWO), TRAIN, policy, cfg))
+    head = tree.nodes["0.1"]
+    assert head.branch_group and head.rubric_call is not None
+    user = head.rubric_call.messages[-1]["content"]
+    tools = user.split("[Child Tools]\n", 1)[1].split("\n\n", 1)[0]
+    assert tools == '"TextWorld environment actions, inventory lookup, finish, and launch_subagent"'
+    assert head.max_steps == 30
+    # the collector's report as the parent's line (public _child_result_summary over it, stripped)
+    assert tree.root.steps[0].observation.startswith(
+        "[Step 0 Observation]\n[SubAgent Results]\n- SubAgent 0: a\n\nSelected branch: 0; counterfactual "
+        "branches collected: 2.\n\nValid Actions: "
+    )

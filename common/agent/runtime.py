@@ -286,6 +286,10 @@ class _Rollout:
                 if getattr(session, "done", False):  # the shared world ended (another agent finished it)
                     break
                 st.step_index, st.launched, st.refused = i, [], 0
+                refresh = getattr(session, "refresh_first_message", None)  # TextWorld evaluation (public)
+                fresh = refresh() if refresh is not None else None
+                if fresh is not None:
+                    st.messages = [st.messages[0], {"role": "user", "content": fresh}, *st.messages[2:]]
                 call = await self.call(
                     "act",
                     st.messages,
@@ -469,7 +473,9 @@ class _Rollout:
             request = LaunchRequest(
                 goal=request.goal,
                 context=request.context,
-                max_steps=min(request.max_steps, self.cfg.max_steps),
+                max_steps=request.max_steps  # public TextWorld training: the asked budget, uncapped
+                if getattr(parent.session, "uncapped_child_budgets", False)
+                else min(request.max_steps, self.cfg.max_steps),
                 targets=request.targets,
             )
             if self.cfg.best_of_n > 1 and not parent.in_branch:

@@ -33,12 +33,34 @@ asks for, judged on the world (dish ids it names eaten, ingredients it names on 
 naming neither falls back to "the child called finish". The ``environment_success`` shown to the parent is
 the public one: the WHOLE task's success. The root's success is ``world.root_success()``.
 
+The TRAINING prompt set (``prompt_set="training"``) also plays the public TRAINING runtime
+(``Training/runtime/textworld_continuous_policy/env.py: TextWorldEnv`` with platoon's launch coordinator and
+``DepthAwareStepBudgetTracker``) instead of the evaluator's loop:
+
+* a malformed reply costs the agent its step but no world step; its turn shows the current observation
+  (the public error text is recorded in ``info["error"]``, never shown, as in public);
+* an inventory look-up reads ``[Inventory Lookup]\nCurrent shared inventory:`` (``train_inventory_lookup.txt``);
+* a delegation asks for ``max_steps`` as written (default 20), NOT capped at 20 (the session sets
+  ``uncapped_child_budgets`` so the runtime does not cap it either); its turn is only
+  ``[SubAgent Results]`` with one ``- SubAgent i: <launch report>`` line per child (``train_*.txt``): the
+  child's finish message, else its error, then ``Budget used by subagent: u/N steps. Total remaining budget
+  for the current task is R steps.``; no whole-task verdict, no final or current observation;
+* past the depth limit each child's line is the tracker's ``Not enough budget to launch subagent ...``;
+* the world's shared budget is 100 whatever the row says, and ordinary children start in the KITCHEN
+  (public ``fork_shared`` looks up a phantom ``root`` agent); counterfactual branches start in the
+  parent's room (public ``fork_counterfactual``).
+
+The EVALUATION set also rebuilds the first user message from the CURRENT observation before every model
+call (``refresh_first_message``; public ``evaluator.py: _run_agent``), the valid actions staying the
+initial ones.
+
 Run a scripted episode end to end: ``python -m common.envs.textworld_sync.oracle``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
 from common.envs.base import (
@@ -50,7 +72,7 @@ from common.envs.base import (
     StepResult,
     World,
 )
-from common.envs.textworld_sync.prompts import PromptSet, default_prompts, load_prompts
+from common.envs.textworld_sync.prompts import RUNTIME_PROMPTS, PromptSet, default_prompts, load_prompts
 from common.envs.textworld_sync.protocol import (
     Delegation,
     extract_action,
@@ -58,12 +80,20 @@ from common.envs.textworld_sync.protocol import (
     is_inventory_action,
 )
 from common.envs.textworld_sync.tasks import normalize_row
-from common.envs.textworld_sync.world import RULES, SyncWorld
+from common.envs.textworld_sync.world import KITCHEN, RULES, SyncWorld
+from common.templates import pick, read_template, user_dir
 
 ROOT_MAX_STEPS = 20
 """The root agent's own step budget (public ``EvaluationSettings.max_steps``)."""
 CHILD_MAX_STEPS = 20
-"""A sub-agent's budget cap (public ``subagent_max_steps``; a delegation may ask for fewer)."""
+"""A sub-agent's budget cap (public ``subagent_max_steps``; a delegation may ask for fewer). Evaluation only:
+public training passes the requested ``max_steps`` uncapped."""
+TRAIN_SHARED_MAX_STEPS = 100
+"""The shared world budget of every training world (public ``create_textworld_env``:
+``task.misc.setdefault("shared_environment_max_steps", 100)``; the row's own value is never read)."""
+TRAIN_INVALID_REPLY = "The model response did not contain a valid TextWorld action block."
+"""Public training's error for a reply without a valid block (recorded in ``info``; never shown)."""
+"""The runtime's test-time fork-budget refusal text, so that its launch shows as the public pseudo-child."""
 
 
 class SyncSession(AgentSession):
@@ -85,10 +115,12 @@ class SyncSession(AgentSession):
         max_child_steps: int = CHILD_MAX_STEPS,
         prompts: PromptSet | None = None,
         allow_subagents: bool = True,
+        start_room: str | None = None,
+        fork_budget_text: str | None = None,
     ):
         if not isinstance(world, SyncWorld):
             raise TypeError(f"a SyncSession needs a SyncWorld, got {type(world).__name__}")
-        world.add_agent(agent_id, start_from)
+        world.add_agent(agent_id, start_from, start_room)
         self.world = world
         self.agent_id = agent_id
         self.depth = depth
@@ -101,7 +133,11 @@ class SyncSession(AgentSession):
         self.is_root = is_root
         self.launch = launch
         self.prompts = prompts or default_prompts()
+        self.training = self.prompts.prompt_set == "training"
+        """Play the public training runtime (module docstring) instead of the evaluator's loop."""
         self.allow_subagents = allow_subagents
+        self.fork_budget_text = fork_budget_text
+        """The runtime's fork-budget refusal text (evaluation: shown as the public pseudo-child)."""
         self.steps_used = 0
         self.finished = False
         self.finish_message: str | None = None
@@ -110,6 +146,8 @@ class SyncSession(AgentSession):
         self.scope = world.parse_goal(goal)
         self.env_observation, self.env_infos = world.observe_with_infos(agent_id)
         """The agent's latest environment observation and public ``infos`` (its own view)."""
+        self.initial_infos: dict[str, Any] = dict(self.env_infos)
+        """The ``infos`` of the first user message (its valid actions stay these, also when refreshed)."""
         self.last_observation = ""
         self.history: list[dict[str, Any]] = []
         self._children: dict[int, list[SyncSession]] = {}
@@ -129,22 +167,46 @@ class SyncSession(AgentSession):
     def system_prompt(self) -> str:
         return self.prompts.system(self.agent_id, self.depth, self.max_depth, self.allow_subagents)
 
+    @property
+    def uncapped_child_budgets(self) -> bool:
+        """Training: a child gets the ``max_steps`` its parent asked for (public
+        ``launch_subagent(max_steps=int(item.get("max_steps", 20)))``, no cap); the runtime reads this."""
+        return self.training
+
     def first_user_message(self) -> str:
         self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
+        self.initial_infos = dict(self.env_infos)
         return self.prompts.initial_user(
-            self.goal, self.env_observation, self.env_infos, self.max_steps, self.allow_subagents
+            self.goal, self.env_observation, self.initial_infos, self.max_steps, self.allow_subagents
+        )
+
+    def refresh_first_message(self) -> str | None:
+        """The first user message for the next model call, or None to keep it. Evaluation: rebuilt from
+        the CURRENT observation with the INITIAL valid actions (public ``evaluator.py: _run_agent`` passes
+        ``observe_async()``'s observation and ``initial_infos`` to ``build_messages`` on every call).
+        Training keeps the message of the agent's start (public ``TextWorldAgent.act``)."""
+        if self.training:
+            return None
+        observation, _ = self.world.observe_with_infos(self.agent_id)
+        return self.prompts.initial_user(
+            self.goal, observation, self.initial_infos, self.max_steps, self.allow_subagents
         )
 
     def valid_actions(self) -> list[str]:
         return self.world.valid_actions(self.agent_id)
 
     def visible_state(self) -> dict[str, Any]:
-        """What this agent itself last saw (``AgentSession.visible_state``): its latest observation, its
-        public ``infos`` and its room. Never another agent's location or a required preparation."""
+        """The agent's own view of the world now (``AgentSession.visible_state``), in the public shape
+        (``rubric_selector.py: coordinator_state``, training ``TextWorldEnv.snapshot``): the game, the agent
+        id, its room, its observation and its public ``infos``. Never another agent's location or a required
+        preparation."""
+        observation, infos = self.world.observe_with_infos(self.agent_id)
         return {
-            "observation": self.env_observation,
-            "infos": dict(self.env_infos),
-            "location": self.env_infos.get("agent_location"),
+            "game": self.world.spec.game,
+            "agent_id": self.agent_id,
+            "location": infos.get("agent_location"),
+            "observation": observation,
+            "infos": infos,
         }
 
     async def step(self, reply: str) -> StepResult:
@@ -168,10 +230,14 @@ class SyncSession(AgentSession):
         if decision.kind == "finish":
             self.finished, done = True, True
             self.finish_message = finish_message = decision.message
-            text = self.env_observation
+            text = decision.message if self.training else self.env_observation  # public training: the output
         elif decision.kind == "delegate":
-            text = await self._delegate(decision.delegations, info)
+            text = await self._delegate(decision.delegations, info, index)
             done = self.world.over
+        elif decision.kind == "error" and self.training:  # public training: no world step, the observation
+            info.update(error=decision.error or TRAIN_INVALID_REPLY, counted=False)
+            self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
+            text = self.env_observation
         else:
             if decision.kind == "error":
                 info["error"] = decision.error
@@ -180,7 +246,10 @@ class SyncSession(AgentSession):
             if is_inventory_action(action):
                 info.update(kind="inventory_lookup", counted=False)
                 self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
-                text = self.prompts.inventory_lookup(str(self.env_infos["inventory"]), self.env_observation)
+                lookup = (
+                    self.prompts.train_inventory_lookup if self.training else self.prompts.inventory_lookup
+                )
+                text = lookup(str(self.env_infos["inventory"]), self.env_observation)
             else:
                 out = self.world.step(self.agent_id, action)
                 info.update(
@@ -213,31 +282,75 @@ class SyncSession(AgentSession):
         """Called by ``child_session``: lets the results block show the child's final observation."""
         self._children.setdefault(id(request), []).append(child)
 
-    async def _delegate(self, delegations: tuple[Delegation, ...], info: dict[str, Any]) -> str:
+    async def _delegate(self, delegations: tuple[Delegation, ...], info: dict[str, Any], index: int) -> str:
+        if self.training and self.allow_subagents and self.depth >= self.max_depth:
+            info["rejected"] = True  # public training: each launch returns the tracker's depth message
+            self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
+            return self.prompts.train_delegation_results(
+                [self.prompts.train_depth_refusal(d.goal, self.depth, self.max_depth) for d in delegations]
+            )
         if not self.allow_subagents or self.depth >= self.max_depth:
             info["rejected"] = True
             self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
             return self.prompts.delegation_rejected(self.depth, self.max_depth, self.env_observation)
         self.delegation_events += 1
         requests = [
-            LaunchRequest(goal=d.goal, max_steps=min(d.max_steps, self.child_cap)) for d in delegations
+            LaunchRequest(
+                goal=d.goal, max_steps=d.max_steps if self.training else min(d.max_steps, self.child_cap)
+            )
+            for d in delegations
         ]
         results = await asyncio.gather(*(self.launch(r) for r in requests), return_exceptions=True)
-        children, summary = [], []
-        for req, res in zip(requests, results, strict=True):
+        children, reports, summary = [], [], []
+        for k, (req, res) in enumerate(zip(requests, results, strict=True)):
             if isinstance(res, BaseException):
                 if not isinstance(res, Exception):
                     raise res
                 res = ChildResult(request=req, returned=False, error=f"{type(res).__name__}: {res}")
-            children.append(self._child_record(res))
+            if self.training:
+                reports.append(self._launch_report(res, remaining=self.max_steps - index))
+            else:
+                children.append(self._child_record(res, index, k))
             summary.append({"goal": req.goal, "returned": res.returned, "refused": res.refused})
         info["delegations"] = summary
         self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
+        if self.training:
+            return self.prompts.train_delegation_results(reports)
         return self.prompts.delegation_results(children, self.env_observation)
 
-    def _child_record(self, res: ChildResult) -> dict[str, Any]:
+    def _launch_report(self, res: ChildResult, remaining: int) -> str:
+        """What one public training launch returned to the parent (before the summary strips it):
+        a counterfactual group's report or a refusal as is; else the child's finish message, else its
+        error (a spent budget: platoon's warning), then the budget line. ``remaining``: the parent's own
+        budget left before this step (``DepthAwareStepBudgetTracker.remaining_budget``)."""
+        if res.report is not None:
+            return res.report
+        if res.refused:
+            return res.error or ""
+        child = self._find_child(res.request)
+        budget = child.max_steps if child is not None else res.request.max_steps
+        used = res.steps_used or (child.steps_used if child is not None else 0)
+        exhausted = self.prompts.train_budget_exhausted if used >= budget else ""
+        message = res.message or res.error or exhausted
+        return self.prompts.train_launch_report(message, used, budget, remaining)
+
+    def _child_record(self, res: ChildResult, index: int = 0, k: int = 0) -> dict[str, Any]:
         """The public child record (agent_id, returned, environment_success, steps, ...)."""
         req = res.request
+        if res.refused and self.fork_budget_text is not None and res.error == self.fork_budget_text:
+            # public select_delegated_trajectory: a pseudo-child named after the group (a uuid there; a
+            # hash of the parent, step and launch here, so that repeats are exact)
+            group = hashlib.sha256(f"{self.agent_id}/{index}/{k}".encode()).hexdigest()[:8]
+            return {
+                "agent_id": self.prompts.fork_budget_agent(self.agent_id, group),
+                "returned": False,
+                "environment_success": False,
+                "steps": 0,
+                "max_steps": req.max_steps,
+                "remaining_steps": req.max_steps,
+                "finish_message": res.error,
+                "final_observation": "",
+            }
         child = self._find_child(req)
         if child is None or (res.error and not res.refused and res.steps_used == 0):
             return {  # public: a crashed child is reported as agent "unknown" with its error
@@ -303,6 +416,13 @@ class TextWorldSyncEnv(Environment):
         self.rules = rules
         self.prompts = load_prompts(prompts_dir, prompt_set) if prompts_dir else default_prompts(prompt_set)
         self.allow_subagents = allow_subagents
+        self.fork_budget_text = read_template(pick("fork_budget.txt", RUNTIME_PROMPTS, user_dir(prompts_dir)))
+        """The runtime's fork-budget refusal (the same ``--prompts-dir`` replaces both)."""
+
+    @property
+    def training(self) -> bool:
+        """The training prompt set, which also plays the public training runtime (module docstring)."""
+        return self.prompts.prompt_set == "training"
 
     @property
     def tools_description(self) -> str:  # type: ignore[override]
@@ -310,7 +430,12 @@ class TextWorldSyncEnv(Environment):
         return self.prompts.tools_description
 
     def make_world(self, task: dict[str, Any]) -> SyncWorld:
-        return SyncWorld(task, root_agent=self.root_agent_id, rules=self.rules)
+        return SyncWorld(
+            task,
+            root_agent=self.root_agent_id,
+            rules=self.rules,
+            max_steps=TRAIN_SHARED_MAX_STEPS if self.training else None,
+        )
 
     def root_session(self, world: World, task: dict[str, Any], launch: LaunchHook) -> SyncSession:
         row = normalize_row(task)
@@ -329,6 +454,7 @@ class TextWorldSyncEnv(Environment):
             max_child_steps=self.max_child_steps,
             prompts=self.prompts,
             allow_subagents=self.allow_subagents,
+            fork_budget_text=self.fork_budget_text,
         )
 
     def child_session(
@@ -341,22 +467,30 @@ class TextWorldSyncEnv(Environment):
     ) -> SyncSession:
         if not isinstance(world, SyncWorld):
             raise TypeError(f"a TextWorld-Sync child needs a SyncWorld, got {type(world).__name__}")
+        if self.training:
+            # public training: the requested budget as is; fork_shared puts an ordinary child where the
+            # phantom "root" stands (the kitchen), fork_counterfactual a branch where its parent stands
+            max_steps = request.max_steps
+            branch = isinstance(parent, SyncSession) and world is not parent.world
+            start = {"start_from": parent.agent_id} if branch else {"start_room": KITCHEN}
+        else:
+            cap = parent.child_cap if isinstance(parent, SyncSession) else self.max_child_steps
+            max_steps = min(request.max_steps, cap)
+            start = {"start_from": world.root_agent}  # public fork_shared: where the root stands
         child = SyncSession(
             world,
             agent_id=agent_id,
             depth=parent.depth + 1,
             goal=request.goal,
             context=request.context,
-            max_steps=min(
-                request.max_steps,
-                parent.child_cap if isinstance(parent, SyncSession) else self.max_child_steps,
-            ),
+            max_steps=max_steps,
             launch=launch,
             max_depth=self.max_depth,
-            start_from=world.root_agent,  # public fork_shared: children start where the root stands
             max_child_steps=self.max_child_steps,
             prompts=self.prompts,
             allow_subagents=self.allow_subagents,
+            fork_budget_text=self.fork_budget_text,
+            **start,
         )
         if isinstance(parent, SyncSession):
             parent.register_child(request, child)

@@ -40,6 +40,8 @@ from typing import Any
 from common.templates import PromptTemplateError, load_template
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
+RUNTIME_PROMPTS = Path(__file__).resolve().parents[2] / "agent" / "prompts"
+"""The runtime's own templates (``fork_budget.txt``, ...): one ``--prompts-dir`` serves both loaders."""
 _SYSTEM = frozenset({"agent_id", "depth", "delegation_strategy"})
 _INITIAL_USER = frozenset(
     {"task", "agent_max_steps", "observation", "valid_actions", "action_space", "delegation_section"}
@@ -86,7 +88,16 @@ FIELDS: dict[str, frozenset[str]] = {
         }
     ),
     "delegation_rejected": frozenset({"depth", "max_depth", "observation"}),
+    "fork_budget_agent": frozenset({"parent_agent_id", "group"}),
     "tools_description": frozenset(),
+    # the training runtime's own blocks (textworld_continuous_policy/env.py + the launch coordinator)
+    "train_inventory_lookup": frozenset({"inventory", "observation"}),
+    "train_delegation_results": frozenset({"results"}),
+    "train_subagent_result": frozenset({"index", "result"}),
+    "train_launch_report": frozenset({"message", "used", "budget", "remaining"}),
+    "train_no_return": frozenset(),
+    "train_budget_exhausted": frozenset(),
+    "train_depth_refusal": frozenset({"goal", "depth", "max_depth"}),
 }
 """Template name -> the placeholders it may use (all optional)."""
 PROMPT_SETS = ("evaluation", "training")
@@ -205,6 +216,42 @@ class PromptSet:
     def delegation_rejected(self, depth: int, max_depth: int, observation: str) -> str:
         return self.render("delegation_rejected", depth=depth, max_depth=max_depth, observation=observation)
 
+    def fork_budget_agent(self, parent_agent_id: str, group: str) -> str:
+        """The agent id of the pseudo-child a test-time fork-budget refusal reports (public
+        ``rubric_selector.py: select_delegated_trajectory``)."""
+        return self.render("fork_budget_agent", parent_agent_id=parent_agent_id, group=group)
+
+    # ---- the training runtime's blocks (public textworld_continuous_policy/env.py) ------------------
+    def train_inventory_lookup(self, inventory: str, observation: str) -> str:
+        """``TextWorldEnv.step``: the inventory as ``infos`` has it (not stripped), then the observation."""
+        return self.render("train_inventory_lookup", inventory=inventory, observation=observation)
+
+    def train_launch_report(self, message: str, used: int, budget: int, remaining: int) -> str:
+        """What one public training launch returns (``AsyncRubricRolloutCoordinator.launch_subagent``,
+        ``verbose=True``): the child's finish message, else its error, then the budget line."""
+        return self.render(
+            "train_launch_report", message=message, used=used, budget=budget, remaining=remaining
+        )
+
+    def train_depth_refusal(self, goal: str, depth: int, max_depth: int) -> str:
+        """What a launch past the depth limit returns in public training (``Not enough budget to launch
+        subagent for goal ...`` + ``DepthAwareStepBudgetTracker``'s message and guidance)."""
+        return self.render("train_depth_refusal", goal=goal, depth=depth, max_depth=max_depth)
+
+    @property
+    def train_budget_exhausted(self) -> str:
+        """A child's error once its own budget is spent (platoon ``halt_episode``)."""
+        return self.render("train_budget_exhausted")
+
+    def train_delegation_results(self, reports: list[str]) -> str:
+        """``_child_result_summary``: one line per launch, its report stripped (or the no-return text); no
+        verdict, no final observation, no current observation."""
+        lines = "\n".join(
+            self.render("train_subagent_result", index=i, result=r.strip() or self.render("train_no_return"))
+            for i, r in enumerate(reports)
+        )
+        return self.render("train_delegation_results", results=lines)
+
 
 def format_valid_actions(infos: dict[str, Any]) -> str:
     """``- a`` per line, or ``(none)`` (public ``_valid_actions``)."""
@@ -237,8 +284,8 @@ def load_prompts(directory: str | Path | None = None, prompt_set: str = "evaluat
         raise FileNotFoundError(f"prompt directory not found: {d} (pass a directory of NAME.txt templates)")
     for path in sorted(d.glob("*.txt")):
         name = path.stem
-        if name.startswith(("rubric_", "score_", "textcraft_")):  # other loaders' templates
-            continue
+        if name.startswith(("rubric_", "score_", "textcraft_")) or (RUNTIME_PROMPTS / path.name).exists():
+            continue  # other loaders' templates (the runtime's: common/agent/prompts)
         if name not in FIELDS:
             raise PromptTemplateError(
                 f"{path}: unknown template name {name!r}; expected one of {sorted(FIELDS)}"

@@ -191,6 +191,8 @@ class TaskSpec:
     nav: dict[str, tuple[str, ...]]
     """Per room: the always-listed actions (look, inventory, cookbook, go to, move), precomputed."""
     items_by_room: dict[str, tuple[int, ...]]
+    game: str = "cookingworld_multidish"
+    """The row's ``game`` (public ``TaskSpec.game`` / ``misc["textworld_game"]``), shown in the visible state."""
 
     @property
     def strict(self) -> bool:
@@ -230,8 +232,12 @@ def normalize_row(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_spec(task: dict[str, Any], rules: str = "public") -> TaskSpec:
-    """Turn a public-format task row (flat or manifest form) into the immutable :class:`TaskSpec`."""
+def build_spec(task: dict[str, Any], rules: str = "public", max_steps: int | None = None) -> TaskSpec:
+    """Turn a public-format task row (flat or manifest form) into the immutable :class:`TaskSpec`.
+
+    ``max_steps``: the shared step budget, replacing the row's ``shared_environment_max_steps`` (public
+    training: ``textworld_continuous_policy/env.py: TextWorldEnv.reset`` reads the key from ``task.misc``,
+    where ``tasks.py: get_textworld_task`` never puts it, so every training world has 100 steps)."""
     if rules not in RULES:
         raise ValueError(f"unknown rules {rules!r}; use one of {RULES}")
     row = normalize_row(task)
@@ -277,7 +283,8 @@ def build_spec(task: dict[str, Any], rules: str = "public") -> TaskSpec:
     if isinstance(cap_spec, dict) and cap_spec.get("inventory"):
         capacity = _int(cap_spec["inventory"], 0)
     cooldown = _int((par.get("mechanisms") or {}).get("tool_cooldown_steps"), 0)
-    max_steps = _int(par.get("shared_environment_max_steps"), 100)
+    if max_steps is None:
+        max_steps = _int(par.get("shared_environment_max_steps"), 100)
     if capacity < 0 or cooldown < 0 or max_steps <= 0:
         raise ValueError("capacity/cooldown must be >= 0 and shared_environment_max_steps > 0")
     return TaskSpec(
@@ -306,6 +313,7 @@ def build_spec(task: dict[str, Any], rules: str = "public") -> TaskSpec:
             for loc in rooms
         },
         items_by_room={r: tuple(i for i, it in enumerate(items) if it.room == r) for r in rooms},
+        game=str(row.get("game") or "cookingworld_multidish"),
     )
 
 
@@ -433,8 +441,15 @@ class SyncWorld(World):
         b = w.fork(); b.step("0", "go to pantry"); w.commit(b)
     """
 
-    def __init__(self, task: dict[str, Any] | TaskSpec, root_agent: str = "0", rules: str = "public"):
-        spec = task if isinstance(task, TaskSpec) else build_spec(task, rules)
+    def __init__(
+        self,
+        task: dict[str, Any] | TaskSpec,
+        root_agent: str = "0",
+        rules: str = "public",
+        max_steps: int | None = None,
+    ):
+        """``max_steps``: the shared step budget instead of the row's (see :func:`build_spec`)."""
+        spec = task if isinstance(task, TaskSpec) else build_spec(task, rules, max_steps)
         self.spec = spec
         self._lock = threading.Lock()
         self._actual = [it.initial for it in spec.items]
@@ -526,11 +541,17 @@ class SyncWorld(World):
     def root_agent(self) -> str:
         return self._root
 
-    def add_agent(self, agent_id: str, start_from: str | None = None) -> None:
-        """Register an agent view. It starts where ``start_from`` (default: the root agent) stands now
-        (public ``fork_shared``). Re-registering an existing agent keeps its view."""
+    def add_agent(self, agent_id: str, start_from: str | None = None, start_room: str | None = None) -> None:
+        """Register an agent view. It starts in ``start_room`` when given, else where ``start_from``
+        (default: the root agent) stands now (public ``fork_shared``). Re-registering an existing agent keeps
+        its view."""
         with self._lock:
             if agent_id in self._agents:
+                return
+            if start_room is not None:
+                if start_room not in self.spec.rooms:
+                    raise ValueError(f"unknown room {start_room!r}; this task has {self.spec.rooms}")
+                self._agents[agent_id] = _Agent(start_room)
                 return
             ref = self._agents.get(start_from or self._root) or self._agents.get(self._root)
             self._agents[agent_id] = _Agent(ref.location if ref else KITCHEN)

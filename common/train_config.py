@@ -32,6 +32,7 @@ ROLLOUT_OPTIONS = (
     "temperature",
     "rubric_max_new_tokens",
     "score_max_new_tokens",
+    "branch_score_max_new_tokens",
     "counterfactual_k",
     "max_envs_per_rollout",
     "prompts_dir",
@@ -228,7 +229,9 @@ class TrainConfig:
 def paper_profile(env: str) -> dict[str, Any]:
     """The paper's sizes for ``env`` as flat settings (SPEC.md §4 and the public training configs): 8 tasks x
     8 rollouts, K=8, 20 steps per agent, the environment's training prompt and output caps, 1,024-token
-    rubric/score calls, bf16, the paper's training task mix."""
+    rubric/score calls (TextWorld scores its counterfactual branches with 512: public
+    ``Scripts/Main/textworld/sera.sh``), bf16,
+    the paper's training task mix."""
     from common.envs import env_spec
 
     spec = env_spec(env)
@@ -242,6 +245,7 @@ def paper_profile(env: str) -> dict[str, Any]:
         "steps": spec.paper_steps,
         "rubric_max_new_tokens": 1024,
         "score_max_new_tokens": 1024,
+        "branch_score_max_new_tokens": 512 if env == "textworld" else 1024,
         "difficulty": "paper",
         "n_tasks": 852 if env == "textcraft" else 1500,
         "dtype": "bfloat16",

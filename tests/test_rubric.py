@@ -102,24 +102,51 @@ def test_parse_fenced_block_in_prose():
     assert len(r.items) == 3
 
 
-def test_parse_embedded_in_prose_with_trailing_text_and_braces():
-    # first-{ to last-} fails here (a stray "}" at the end); the raw_decode scan still finds it.
-    text = "Sure. " + json.dumps(GOOD) + " Note: the gate uses {set} notation }"
-    r = parse_rubric(text)
-    assert len(r.items) == 3
-
-
-def test_parse_nested_braces_inside_strings():
+def test_parse_embedded_in_prose_first_brace_to_last_brace():
+    assert len(parse_rubric("Sure. " + json.dumps(GOOD) + " Done.").items) == 3
     d = json.loads(json.dumps(GOOD))
     d["rubric_items"][0]["description"] = 'inventory must equal {"a1_i5": 2} } {'
-    d["scoring_procedure"] = "sum over {items}"
-    r = parse_rubric("prefix { not json " + json.dumps(d) + " suffix")
+    r = parse_rubric("prefix " + json.dumps(d) + " suffix")
     assert r.items[0].description == 'inventory must equal {"a1_i5": 2} } {'
 
 
-def test_parse_skips_objects_without_rubric_items():
-    text = 'Example item: {"name": "x", "weight": 1}. Rubric: ' + json.dumps(GOOD)
-    assert len(parse_rubric(text).items) == 3
+SCORE = {"success": True, "final_score": 0.5}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # first { to last } is not JSON (a stray brace in the prose after the object): no candidate
+        "Sure. " + json.dumps(GOOD) + " Note: the gate uses {set} notation }",
+        "prefix { not json " + json.dumps(GOOD) + " suffix",
+        # the first object found wins, whatever its keys: a later rubric is never searched for
+        'Example item: {"name": "x", "weight": 1}. Rubric: ' + json.dumps(GOOD),
+        '```json\n{"name": "x", "weight": 1}\n```\n```json\n' + json.dumps(GOOD) + "\n```",
+    ],
+)
+def test_json_discovery_is_the_public_rule_rubric(text):
+    """Public ``Runtime/rubric/scoring.py: extract_json_object``: the whole text, each fenced block, first
+    ``{`` to last ``}``; the first candidate that is a dict is the answer. Before #36 a ``raw_decode`` scan
+    and a search for the first object holding ``rubric_items`` accepted all of these."""
+    with pytest.raises(RubricParseError):
+        parse_rubric(text)
+
+
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ("Here: " + json.dumps(SCORE) + ' and more {"x": 1}', False),  # the audit's example
+        ('```json\n{"x": 1}\n```\nScore: ' + json.dumps(SCORE), False),  # a fenced dict comes first
+        ("```\n" + json.dumps(SCORE) + '\n```\n```json\n{"x": 1}\n```', True),  # the first fence wins
+        ("The score: " + json.dumps(SCORE), True),
+    ],
+)
+def test_json_discovery_is_the_public_rule_score(text, ok):
+    if ok:
+        assert parse_score(text).final_score == 0.5
+    else:
+        with pytest.raises(ScoreParseError):
+            parse_score(text)
 
 
 def test_item_level_rule_drops_malformed_items():
@@ -329,8 +356,8 @@ def test_rubric_prompt_has_the_public_sections_in_order_and_json_values():
     pos = [user.index(sec) for sec in SECTIONS]
     assert pos == sorted(pos)  # every section, in the public order
     assert (
-        '{"child_depth": 1, "fork_step": 2, "parent_agent_id": "0", "parent_depth": 0}' in user
-    )  # sorted keys
+        '{"child_depth": 1, "fork_step": 2, "parent_depth": 0, "parent_trajectory_id": "0"}' in user
+    )  # sorted keys; training names the parent as public async_pipeline.py does
     assert "[Parent Message 0: system]\nS\n[Parent Message 1: user]\nU" in user
     assert '[Observable Pre-call Environment]\n{"inventory": {"m3_ore": 4}}' in user
     assert '[Child Tools]\n"get_info, view_inventory, craft, finish, launch_subagent"' in user
@@ -492,7 +519,33 @@ def test_packaged_templates_are_package_data():
         "rubric_truncation",
         "score_system",
         "score_user",
+        "delegated_task",
     } <= names
+
+
+def test_metadata_keys_are_the_public_ones_in_training_and_at_test_time():
+    """Public ``async_pipeline.py: _build_rubric_messages`` (training) names the parent
+    ``parent_trajectory_id``; ``rubric_selector.py`` (test time) ``parent_agent_id``."""
+    assert set(_ctx().metadata()) == {"parent_trajectory_id", "parent_depth", "child_depth", "fork_step"}
+    assert set(_ctx(test_time=True).metadata()) == {
+        "parent_agent_id",
+        "parent_depth",
+        "child_depth",
+        "fork_step",
+    }
+
+
+def test_the_parents_context_is_part_of_the_delegated_task_and_the_task_goal():
+    """Public TextCraft ``launch_subagent`` appends the context to the child's goal: the rubric writer's
+    delegated task and the scorer's ``task_goal`` hold it."""
+    from common.agent.rubric import delegated_task
+
+    whole = delegated_task("Craft the following items: 2x a1_i4", "use the ore")
+    assert whole.startswith("Craft the following items: 2x a1_i4\n\n") and whole.endswith("use the ore")
+    user = build_rubric_messages(_ctx(parent_messages=[], delegated_context="use the ore"))[1]["content"]
+    assert "[Delegated SubAgent Task]\n" + whole + "\n\n[Child Tools]" in user
+    assert trajectory_payload(_node(), task_goal=whole)["task_goal"] == whole
+    assert trajectory_payload(_node())["task_goal"] == _node().goal
 
 
 # ---- fuzzing -------------------------------------------------------------------------------------------------

@@ -114,6 +114,107 @@ def test_the_report_is_a_template_of_the_prompts_dir(tmp_path):
     assert f"MINE [{head.finish_message}] of {K}" in tree.root.steps[0].observation
 
 
+class NeverFinishes(Policy):
+    """The root launches its first target at step 0 and finishes at step 1; every branch only prints, so it
+    runs out of steps. Keeps every request (``requests``)."""
+
+    def __init__(self):
+        self.requests: list[GenerationRequest] = []
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        self.requests.append(request)
+        nid = str(request.meta.get("node_id"))
+        if request.role == "rubric":
+            text = rubric_json("crafted")
+        elif request.role == "score":
+            text = score_json(bool(request.meta.get("child_success")))
+        elif nid == "0":
+            if request.meta["step"] == 0:
+                item, n = next(iter(request.session.targets.items()))
+                text = f"<python>r = await launch_subagent({{'{item}': {n}}})\nprint(r)</python>"
+            else:
+                text = "<python>finish('done')</python>"
+        else:
+            text = "<python>print('still thinking')</python>"
+        return Completion(text=text, prompt_ids=[1], output_ids=[2], logprobs=[-0.1])
+
+
+def run_exhausting(prompts_dir=None, **cfg):
+    task = tc_tasks("train", 1, seed=4, difficulty="medium")[0]
+    policy = NeverFinishes()
+    config = RuntimeConfig(counterfactual_k=2, max_steps=3, temperature=0.0, prompts_dir=prompts_dir, **cfg)
+    return asyncio.run(run_root(task, make_env("textcraft"), policy, config)), policy
+
+
+def test_a_branch_that_ran_out_of_steps_is_reported_as_such():
+    """Public ``CounterfactualCollector``: ``finish_message or error_message or "Subagent branch i completed."``;
+    a budget-exhausted platoon episode has ``error_message = "WARNING: Exhausted budget when running episode.
+    Halting episode; task may be incomplete."`` (``episode/loop.py: halt_episode``). Before #36 the parent was
+    told "Subagent branch 0 completed." for a branch that had run out of steps."""
+    tree, _ = run_exhausting()
+    head = next(nd for nd in tree.nodes.values() if nd.branch_group == "g1" and nd.branch_index == 0)
+    assert head.finish_message is None and head.steps_used == head.max_steps
+    seen = tree.root.steps[0].observation
+    public = (
+        "WARNING: Exhausted budget when running episode. Halting episode; task may be incomplete.\n\n"
+        "Selected branch: 0; counterfactual branches collected: 2."
+    )
+    assert public in seen and "completed" not in seen
+
+
+def test_the_budget_warning_is_a_template_of_the_prompts_dir(tmp_path):
+    (tmp_path / "branch_exhausted.txt").write_text("OUT OF STEPS\n")
+    tree, _ = run_exhausting(prompts_dir=str(tmp_path))
+    assert "OUT OF STEPS\n\nSelected branch: 0" in tree.root.steps[0].observation
+
+
+def test_branch_message_order_finish_error_budget_completed():
+    from common.agent.runtime import _Rollout, programmatic_judge
+    from common.agent.tree import Node
+
+    ro = _Rollout(make_env("textcraft"), NeverFinishes(), RuntimeConfig(), {"id": "t"}, programmatic_judge)
+
+    def node(**kw):
+        return Node(node_id="0.1", parent_id="0", depth=1, fork_step=0, goal="g", max_steps=0, **kw)
+
+    exhausted = "WARNING: Exhausted budget when running episode. Halting episode; task may be incomplete."
+    assert ro.branch_message(node(finish_message="made it", error="boom")) == "made it"
+    assert ro.branch_message(node(error="boom")) == "boom"
+    assert ro.branch_message(node()) == exhausted  # 0 of 0 steps left
+    ended_early = node(branch_index=0)
+    ended_early.max_steps = 5  # the shared world ended before the branch's budget did
+    assert ro.branch_message(ended_early) == "Subagent branch 0 completed."
+
+
+def test_rubric_stage_depth_refusal_is_the_collectors_text():
+    """Public ``counterfactual.py``: in a Rubric-stage rollout a launch past the depth limit returns
+    ``Cannot launch subagent beyond max_subagent_depth={m}; complete the task in the current agent.``; the
+    other stages keep the environment's own refusal."""
+    public = "Cannot launch subagent beyond max_subagent_depth=0; complete the task in the current agent."
+    tree, _ = run_exhausting(max_depth=0)
+    assert public in tree.root.steps[0].observation and tree.root.steps[0].refused_launches == 1
+    task = tc_tasks("train", 1, seed=4, difficulty="medium")[0]
+    config = RuntimeConfig(counterfactual_k=1, max_steps=3, temperature=0.0, max_depth=0)
+    flat = asyncio.run(run_root(task, make_env("textcraft"), NeverFinishes(), config))
+    assert flat.root.steps[0].refused_launches == 1
+    assert "Cannot launch subagent beyond" not in flat.root.steps[0].observation
+
+
+def test_branches_are_scored_with_the_rubric_stage_length():
+    """Public ``Scripts/Main/textworld/sera.sh``: ``rubric_generation_ranking.max_scoring_tokens=512`` (the
+    Execution stage's scorer keeps 1,024); TextCraft's ``sera.sh`` uses 1,024 for both."""
+    from common.train_config import paper_profile
+
+    assert paper_profile("textworld")["branch_score_max_new_tokens"] == 512
+    assert paper_profile("textworld")["score_max_new_tokens"] == 1024
+    assert paper_profile("textcraft")["branch_score_max_new_tokens"] == 1024
+    _, policy = run_exhausting(branch_score_max_new_tokens=77, score_max_new_tokens=99)
+    lengths = {r.sampling.max_new_tokens for r in policy.requests if r.role == "score"}
+    assert lengths == {77}
+    _, policy = run_exhausting(score_max_new_tokens=99)  # unset: the Execution-stage length
+    assert {r.sampling.max_new_tokens for r in policy.requests if r.role == "score"} == {99}
+
+
 def test_judge_and_score_calls_go_out_in_one_wave():
     """All K score calls are in flight together (a barrier that needs all K would time out otherwise)."""
     tree, *_, policy = run_counterfactual(barrier=True)

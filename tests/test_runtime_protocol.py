@@ -382,3 +382,146 @@ def test_small_cap_cuts_the_trajectory_never_the_frozen_rubric():
     user = score.messages[1]["content"]
     assert '"frozen_rubric": {"failure_conditions"' in user and '"delegated_task": "increment' in user
     assert '"omitted_steps"' in user  # the middle of the child's trajectory gave way
+
+
+# ---- 4. issue #36: what the scorer sees, metadata keys, the cap of rubric and score calls -----------------------
+def _tc_run(child_fn, cfg: RuntimeConfig, context: str = ""):
+    """TextCraft: the root launches its first target (with ``context``) at step 0 and finishes at step 1;
+    agents below the root answer ``child_fn(request)``."""
+    task = tc_tasks("train", 1, seed=4, difficulty="medium")[0]
+    arg = f", context={context!r}" if context else ""
+
+    def fn(req: GenerationRequest) -> str:
+        if req.role == "rubric":
+            return rubric_json("g")
+        if req.role == "score":
+            return score_json(bool(req.meta.get("child_success")))
+        if req.meta["node_id"] == "0":
+            if req.meta["step"] == 0:
+                name, n = next(iter(req.session.targets.items()))
+                return f"<python>r = await launch_subagent({{'{name}': {n}}}{arg})\nprint(r)</python>"
+            return "<python>finish('done')</python>"
+        return child_fn(req)
+
+    policy = Recorder(fn)
+    tree = asyncio.run(run_root(task, make_env("textcraft"), policy, cfg))
+    return tree, policy
+
+
+def _score_payload(policy: Recorder, node_id: str) -> dict:
+    req = next(r for r in policy.requests if r.role == "score" and r.meta["node_id"] == node_id)
+    return json.loads(req.messages[1]["content"].split("\n\n")[1])
+
+
+@pytest.mark.parametrize(
+    "reply, state",
+    [
+        ("<python>finish('crafted what I could')</python>", "inventory"),
+        ("<python>finish('')</python>", "empty"),  # finish() without a message: no final inventory
+        ("<python>print('thinking')</python>", "empty"),  # ran out of steps
+    ],
+)
+def test_execution_stage_final_state_needs_a_finish_message_where_the_environment_says_so(
+    reply, state, monkeypatch
+):
+    """Public TextCraft ``adapters/textcraft.py: final_state_from_trajectory`` returns ``{"inventory": ...}``
+    only from a step where ``finish()`` got a non-empty message (platoon sets ``final_inventory`` there),
+    else ``{}``. An environment opts in with ``session.score_state_needs_finish``."""
+    from common.envs.textcraft.env import TextCraftSession
+
+    cfg = RuntimeConfig(max_steps=2, temperature=0.0)
+    tree, policy = _tc_run(lambda r: reply, cfg)  # without the flag: the child's view, always
+    assert set(_score_payload(policy, "0.1")["final_environment_state"]) == {"inventory"}
+    monkeypatch.setattr(TextCraftSession, "score_state_needs_finish", True, raising=False)
+    tree, policy = _tc_run(lambda r: reply, cfg)
+    final = _score_payload(policy, "0.1")["final_environment_state"]
+    assert (set(final) == {"inventory"}) if state == "inventory" else final == {}
+
+
+def test_the_parents_context_reaches_the_scorer_and_the_childs_own_rubric_writer():
+    """Public TextCraft ``launch_subagent`` appends ``Context provided from parent agent: ...`` to the child's
+    goal; that string is the scorer's ``delegated_task`` and ``task_goal`` (``async_pipeline.py``:
+    ``child_goal=goal``, ``serialize_agent_trajectory``: ``task.goal``) and the ``[Parent Task]`` of the
+    child's own children (``parent_task=env.task.goal``)."""
+
+    def child(req: GenerationRequest) -> str:
+        if req.meta["node_id"] == "0.1" and req.meta["step"] == 0:
+            name, n = next(iter(req.session.targets.items()))
+            return f"<python>r = await launch_subagent({{'{name}': {n}}})\nprint(r)</python>"
+        return "<python>finish('ok')</python>"
+
+    tree, policy = _tc_run(child, RuntimeConfig(max_steps=3, temperature=0.0), context="use the ore")
+    payload = _score_payload(policy, "0.1")
+    goal = tree.nodes["0.1"].goal
+    assert payload["delegated_task"].startswith(goal) and payload["delegated_task"].endswith("use the ore")
+    assert payload["trajectory"]["task_goal"] == payload["delegated_task"]
+    grandchild_rubric = next(
+        r for r in policy.requests if r.role == "rubric" and r.meta["node_id"] == "0.1.1"
+    )
+    parent_task = (
+        grandchild_rubric.messages[1]["content"].split("[Parent Task]\n")[1].split("\n\n[Parent Meta")[0]
+    )
+    assert parent_task == payload["delegated_task"]
+
+
+def test_rubric_metadata_keys_in_training_and_at_test_time():
+    """Training (public ``async_pipeline.py: _build_rubric_messages``): ``parent_trajectory_id`` and the
+    parent's step; test time (``rubric_selector.py`` called from ``evaluator.py``): ``parent_agent_id`` and
+    ``step * 100 + the delegation's index in the step``."""
+    for cfg, expected in (
+        (RuntimeConfig(), {"child_depth": 1, "fork_step": 1, "parent_depth": 0, "parent_trajectory_id": "0"}),
+        (
+            RuntimeConfig(best_of_n=2, temperature=0.0),
+            {"child_depth": 1, "fork_step": 100, "parent_agent_id": "0", "parent_depth": 0},
+        ),
+    ):
+        policy = Recorder(secret_script)
+        asyncio.run(run_root({"goal": "raise the counter"}, SecretEnv(), policy, cfg))
+        user = next(r for r in policy.requests if r.role == "rubric").messages[1]["content"]
+        meta = user.split("[Parent Metadata Visible To Rubric Generator]\n")[1].split("\n")[0]
+        assert json.loads(meta) == expected
+
+
+def test_rubric_and_score_calls_get_the_context_left_after_their_own_output():
+    """Public ``three_stage_train/policy_client.py: ArealPolicyClient``: a rubric or score call's prompt cap is
+    ``max_prompt_tokens + default_completion_tokens - max_completion_tokens`` (TextCraft training: 9,600 + 512
+    - 1,024 = 9,088); an agent step keeps ``max_prompt_tokens``."""
+
+    def fn(req: GenerationRequest) -> str:
+        if req.role != "act":
+            return secret_script(req)
+        if req.meta["depth"] == 0:
+            return (
+                "LOOK " + "o" * 4000
+                if req.meta["step"] < 3
+                else ("DELEGATE" if req.meta["step"] == 3 else "FINISH")
+            )
+        return ["INC", "FINISH"][min(req.meta["step"], 1)]
+
+    policy = Recorder(fn)
+    cfg = RuntimeConfig(max_prompt_tokens=4000, max_new_tokens=64, rubric_max_new_tokens=1024, max_steps=6)
+    tree = asyncio.run(run_root({"goal": "g"}, SecretEnv(), policy, cfg))
+    rubric = next(r for r in policy.requests if r.role == "rubric")
+    assert estimate_tokens(rubric.messages) <= 4000 + 64 - 1024
+    assert tree.nodes["0.1"].rubric_call.prompt_truncated  # the uncut request would have fitted 4,000
+    assert max(estimate_tokens(r.messages) for r in policy.requests if r.role == "act") <= 4000
+    from common.agent.runtime import _Rollout, programmatic_judge
+
+    ro = _Rollout(
+        SecretEnv(), policy, RuntimeConfig(max_prompt_tokens=9600, max_new_tokens=512), {}, programmatic_judge
+    )
+    assert (ro.prompt_cap(512), ro.prompt_cap(1024), ro.prompt_cap(20_000)) == (9600, 9088, 1)
+
+
+class RubricStageRefusalSession(SecretSession):
+    def counterfactual_depth_refusal(self, request, depth, max_depth):
+        return f"Cannot launch subagent beyond max_subagent_depth={max_depth}."
+
+
+def test_an_environment_can_word_the_rubric_stage_depth_refusal():
+    """Public TextWorld ``textworld_two_stage_rollout.py`` refuses with ``Cannot launch subagent beyond
+    max_subagent_depth={m}.``: a session's ``counterfactual_depth_refusal`` replaces the TextCraft text there."""
+    policy = Recorder(secret_script)
+    cfg = RuntimeConfig(counterfactual_k=2, max_depth=0)
+    tree = asyncio.run(run_root({"goal": "g"}, SecretEnv(RubricStageRefusalSession), policy, cfg))
+    assert tree.root.steps[1].observation == "child said: Cannot launch subagent beyond max_subagent_depth=0."

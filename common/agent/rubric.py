@@ -27,13 +27,12 @@ sort_keys=True)``.
 
 Parsing rules (what "strict but sensible" means here):
 
-* **Finding the JSON.** Candidates are tried in order: the whole reply, each fenced ```json (or plain
-  ```) block, the span from the first ``{`` to the last ``}``, and finally every ``{`` in the text
-  decoded with ``json.JSONDecoder.raw_decode`` (so an object followed by trailing prose still parses;
-  at most the first 512 ``{`` are tried).
-  The first candidate that is a JSON object holding the required key (``rubric_items`` /
-  ``final_score``) is used. Python's JSON reader accepts ``NaN``/``Infinity``; those values are then
-  rejected by the numeric checks below.
+* **Finding the JSON** (public ``Runtime/rubric/scoring.py: extract_json_object``). Candidates are tried
+  in order: the whole reply, each fenced block (```` ```json ```` or plain ```` ``` ````), the span from
+  the first ``{`` to the last ``}``. The FIRST candidate that parses to a JSON object is the answer, whatever
+  its keys; when it lacks ``rubric_items`` / ``final_score`` the reply fails (a later object is never
+  searched for, and an object followed by more braces in prose is not found). Python's JSON reader
+  accepts ``NaN``/``Infinity``; those values are then rejected by the numeric checks below.
 * **Rubric items** (item-level rule). An item is *accepted* when it is an object with a non-empty string
   ``name`` and a ``weight`` that is a JSON number (not a boolean, not a string). Items that are not
   objects, lack a name or lack a numeric weight are *dropped*. The text fields ``description``,
@@ -127,6 +126,7 @@ RUBRIC_TEMPLATES: dict[str, frozenset[str]] = {
     ),
     "rubric_parent_message": frozenset({"index", "role", "content"}),
     "rubric_truncation": frozenset(),
+    "delegated_task": frozenset({"goal", "context"}),
 }
 """Rubric-request template files (``common/agent/prompts/NAME.txt``) and the placeholders each may use."""
 SCORE_TEMPLATES: dict[str, frozenset[str]] = {
@@ -258,16 +258,22 @@ class RubricContext:
     """The tools the child will have (public: a short JSON string naming them)."""
     child_max_steps: int
     delegated_context: str = ""
-    """Extra context the parent passed to the child (TextCraft ``context=``), appended to the goal."""
+    """Extra context the parent passed to the child (TextCraft ``context=``), appended to the goal
+    (:func:`delegated_task`)."""
     parent_agent_id: str = ""
     """The parent's node id (metadata)."""
+    test_time: bool = False
+    """Written for test-time selection: the metadata names the parent ``parent_agent_id`` (public
+    ``rubric_selector.py``); in training ``parent_trajectory_id`` (public ``async_pipeline.py``)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Optional extra metadata (environment name, ...), merged into the metadata JSON."""
 
     def metadata(self) -> dict[str, Any]:
-        """The ``[Parent Metadata Visible To Rubric Generator]`` object."""
+        """The ``[Parent Metadata Visible To Rubric Generator]`` object: the parent's id, both depths and the
+        fork step (the training-only ``fork_group_id`` / ``branch_index`` of the public Rubric stage are
+        random run ids and are left out)."""
         return {
-            "parent_agent_id": self.parent_agent_id,
+            "parent_agent_id" if self.test_time else "parent_trajectory_id": self.parent_agent_id,
             "parent_depth": self.parent_depth,
             "child_depth": self.child_depth,
             "fork_step": self.fork_step,
@@ -342,10 +348,15 @@ def serialise_trajectory(node: Node, max_chars: int = 16_000) -> str:
 
 
 def trajectory_payload(
-    node: Node, max_chars: int = TRAJECTORY_CHARS, field_chars: int = FIELD_CHARS
+    node: Node,
+    max_chars: int = TRAJECTORY_CHARS,
+    field_chars: int = FIELD_CHARS,
+    task_goal: str | None = None,
 ) -> dict[str, Any]:
     """The child's trajectory as the score payload holds it (public ``serialize_trajectory`` shape):
     ``{task_goal, steps: [{step, raw_response, observation, error}], finish_message, error_message}``.
+    ``task_goal`` is the child's whole task text (:func:`delegated_task`: the goal and the parent's context);
+    default ``node.goal``.
 
     No environment verdict (success, reward) is included: the scorer judges from the trajectory and the
     final state. Strings are cut to ``field_chars``; when the whole exceeds ``max_chars`` the middle
@@ -368,7 +379,7 @@ def trajectory_payload(
         )
     payload = _clip_strings(
         {
-            "task_goal": node.goal,
+            "task_goal": node.goal if task_goal is None else task_goal,
             "steps": steps,
             "finish_message": node.finish_message,
             "error_message": node.error,
@@ -388,6 +399,20 @@ def trajectory_payload(
 
 
 # ---- prompts --------------------------------------------------------------------------------------------
+def delegated_task(goal: str, context: str = "", prompts_dir: str | Path | None = None) -> str:
+    """The child's whole task text: the goal, then the context its parent passed (``delegated_task.txt``;
+    the goal alone when there is none). Public TextCraft ``launch_subagent`` appends ``Context provided from
+    parent agent: ...`` to the child's goal, and that one string is the rubric writer's delegated task, the
+    scorer's ``delegated_task`` and ``task_goal``, and the ``[Parent Task]`` of the child's own children.
+
+    >>> delegated_task("Craft 1x a", ""), delegated_task("Craft 1x a", "use the ore").splitlines()[0]
+    ('Craft 1x a', 'Craft 1x a')
+    """
+    if not context:
+        return goal
+    return render(load_templates(RUBRIC_TEMPLATES, prompts_dir)["delegated_task"], goal=goal, context=context)
+
+
 def build_rubric_messages(ctx: RubricContext, prompts_dir: str | Path | None = None) -> list[dict[str, str]]:
     """A fresh chat asking the policy to write the rubric for ``ctx.delegated_goal`` (module docstring)."""
     t = load_templates(RUBRIC_TEMPLATES, prompts_dir)
@@ -400,9 +425,7 @@ def build_rubric_messages(ctx: RubricContext, prompts_dir: str | Path | None = N
         )
         for i, m in enumerate(ctx.parent_messages)
     )
-    goal = ctx.delegated_goal
-    if ctx.delegated_context:
-        goal += f"\n\nContext passed by the parent:\n{ctx.delegated_context}"
+    goal = delegated_task(ctx.delegated_goal, ctx.delegated_context, prompts_dir)
     context = render(
         t["rubric_context"],
         parent_task=ctx.parent_task,
@@ -448,10 +471,7 @@ def build_score_messages(
 
 
 # ---- JSON extraction ------------------------------------------------------------------------------------
-_FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\r?\n?(.*?)```", re.DOTALL)
-_DECODER = json.JSONDecoder()
-_MAX_SCAN_STARTS = 512
-"""At most this many ``{`` positions are tried by the raw_decode scan (replies are <= 1024 tokens)."""
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
 
 def _loads(text: str) -> Any:
@@ -463,33 +483,26 @@ def _loads(text: str) -> Any:
 
 
 def _candidates(text: str):
-    """JSON objects found in ``text``, in the order of the parsing rule (module docstring)."""
+    """Parsed candidates of ``text``, in the order of the parsing rule (module docstring)."""
     yield _loads(text.strip())
     for m in _FENCE.finditer(text):
         yield _loads(m.group(1).strip())
     first, last = text.find("{"), text.rfind("}")
     if first != -1 and last > first:
         yield _loads(text[first : last + 1])
-    pos = text.find("{")
-    for _ in range(_MAX_SCAN_STARTS):  # bounded: pathological texts cannot make parsing quadratic
-        if pos == -1:
-            break
-        try:
-            obj, _end = _DECODER.raw_decode(text, pos)
-        except (ValueError, RecursionError):
-            obj = None
-        yield obj
-        pos = text.find("{", pos + 1)
 
 
-def find_json_object(text: str, required_key: str) -> dict[str, Any] | None:
-    """The first JSON object in ``text`` that has ``required_key`` (None when there is none)."""
+def find_json_object(text: str) -> dict[str, Any] | None:
+    """The first candidate of ``text`` that is a JSON object, whatever its keys (None when there is none).
+
+    >>> find_json_object('Here: {"a": 1} and more {"b": 2}') is None  # first { to last } is not JSON
+    True
+    >>> find_json_object('```json\\n{"note": 1}\\n```\\n{"final_score": 1}')
+    {'note': 1}
+    """
     if not isinstance(text, str):
         return None
-    for obj in _candidates(text):
-        if isinstance(obj, dict) and required_key in obj:
-            return obj
-    return None
+    return next((obj for obj in _candidates(text) if isinstance(obj, dict)), None)
 
 
 # ---- rubric parsing --------------------------------------------------------------------------------------
@@ -575,9 +588,11 @@ def _rubric_from_obj(obj: dict[str, Any], renormalise: bool = True) -> Rubric:
 
 def parse_rubric(text: str) -> Rubric:
     """Parse the rubric writer's reply (rules in the module docstring). Raises RubricParseError only."""
-    obj = find_json_object(text, "rubric_items")
+    obj = find_json_object(text)
     if obj is None:
-        raise RubricParseError("no JSON object with 'rubric_items' found")
+        raise RubricParseError("no JSON object found")
+    if "rubric_items" not in obj:
+        raise RubricParseError("the first JSON object has no 'rubric_items'")
     return _rubric_from_obj(obj, renormalise=True)
 
 
@@ -623,9 +638,11 @@ def parse_score(text: str) -> Score:
     >>> parse_score('{"success": true, "final_score": 0.6, "criterion_scores": [{"name": "a", "score": "high"}]}')
     Score(success=True, criterion_scores=(), final_score=0.6, reason='')
     """
-    obj = find_json_object(text, "final_score")
+    obj = find_json_object(text)
     if obj is None:
-        raise ScoreParseError("no JSON object with 'final_score' found")
+        raise ScoreParseError("no JSON object found")
+    if "final_score" not in obj:
+        raise ScoreParseError("the first JSON object has no 'final_score'")
     s = _parse_number(obj["final_score"], "final_score")
     if not 0.0 <= s <= 1.0:
         raise ScoreParseError(f"final_score {s} is outside [0, 1]")

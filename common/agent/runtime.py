@@ -23,7 +23,8 @@
    ``CounterfactualCollector``: at a delegation the live world is snapshotted and ALL K branches of the
    same child (same goal, same frozen rubric) run concurrently on isolated forks of the snapshot; when
    every branch has ended, branch 0's final world is committed to the parent's world (branch 0 is the
-   "committed" branch) and the parent is told ``<branch 0's finish message>`` followed by
+   "committed" branch) and the parent is told branch 0's finish message (else its error, else that it
+   ran out of steps or completed: :meth:`_Rollout.branch_message`) followed by
    ``Selected branch: 0; counterfactual branches collected: K.`` (``counterfactual_report.txt``). Every
    branch then gets a verified label and a score, all K judge and K score calls in one concurrent wave.
 4. Test-time selection (``best_of_n > 1``, public ``TestTimeScale/textworld_bestofn``): every delegation
@@ -64,6 +65,7 @@ from common.agent.rubric import (
     ScoreParseError,
     build_rubric_messages,
     build_score_messages,
+    delegated_task,
     parse_rubric,
     parse_score,
     score_budget,
@@ -88,6 +90,15 @@ RUNTIME_TEMPLATES = {"counterfactual_report": frozenset({"message", "k"}), "fork
 ``CounterfactualCollector``, ``verbose=True``: branch 0's finish message, else its error, else ``Subagent
 branch 0 completed.``, then the group size, no budget line); ``fork_budget``, what a parent is told when
 test-time selection has no forks left for its launch (public wording)."""
+RUNTIME_TEMPLATES |= {
+    "branch_exhausted": frozenset(),
+    "branch_completed": frozenset({"branch"}),
+    "branch_depth_refusal": frozenset({"max_depth"}),
+}
+"""Texts of a Rubric-stage rollout (public ``CounterfactualCollector``): ``branch_exhausted``, the committed
+branch's message when it used its whole step budget without finishing (platoon ``halt_episode``'s error
+message); ``branch_completed``, when it ended otherwise without a message or an error; ``branch_depth_refusal``,
+what a launch past ``max_depth`` returns in a Rubric-stage rollout (:meth:`_Rollout.refusal_at_depth`)."""
 
 
 @dataclass
@@ -115,6 +126,10 @@ class RuntimeConfig:
     """Rubrics are sampled in training (the rubric writer is trained); scoring is always greedy."""
     score_max_new_tokens: int = SCORE_MAX_NEW_TOKENS
     """Output cap of a scoring call."""
+    branch_score_max_new_tokens: int | None = None
+    """Output cap of the scoring calls of counterfactual branches (Rubric-stage rollouts); None: the same as
+    ``score_max_new_tokens``. The paper profile: 512 on TextWorld, 1,024 on TextCraft (public
+    ``Scripts/Main/*/sera.sh``: ``rubric_generation_ranking.max_scoring_tokens``)."""
     counterfactual_k: int = 1
     """Branches per delegation in Rubric-stage rollouts (1 = off; 4 in level 0, 8 in the paper)."""
     max_envs_per_rollout: int = 16
@@ -211,6 +226,9 @@ class _AgentState:
     """The messages actually sent at the current step (after the cap): what the agent saw."""
     last_observation: str = ""
     reply: str = ""
+    task_text: str = ""
+    """A child's whole task: its goal and the context its parent passed (:func:`delegated_task`); the
+    scorer's delegated task and ``task_goal``, and the ``[Parent Task]`` of its own children."""
     step_index: int = 0
     launched: list[str] = field(default_factory=list)
     refused: int = 0
@@ -245,7 +263,7 @@ class _Rollout:
         meta: dict[str, Any],
     ) -> CallRecord:
         t0 = time.perf_counter()
-        sent, _, truncated = fit_prompt(messages, self.cfg.max_prompt_tokens, self.tokenizer)
+        sent, _, truncated = fit_prompt(messages, self.prompt_cap(sampling.max_new_tokens), self.tokenizer)
         self.truncated_calls += int(truncated)
         comp: Completion = await self.policy.generate(
             GenerationRequest(messages=sent, sampling=sampling, role=role, session=session, meta=meta)
@@ -365,6 +383,7 @@ class _Rollout:
             world=world,
             in_branch=in_branch,
             temperature=parent.temperature if temperature is None else temperature,
+            task_text=delegated_task(request.goal, request.context, self.cfg.prompts_dir),
         )
         st.session = self.env.child_session(
             world, parent.session, request, node.node_id, self.launch_hook(st)
@@ -379,14 +398,71 @@ class _Rollout:
         state = st.session.visible_state() if hasattr(st.session, "visible_state") else None
         return {"observation": st.last_observation} if state is None else state
 
+    def final_state(self, child: _AgentState, stage: str) -> Any:
+        """The score payload's ``final_environment_state``: the child's own view at its end
+        (:meth:`visible_state`). Exception: an Execution-stage child (``stage == "execution"``) that ended
+        without a non-empty finish message, in an environment whose session sets
+        ``score_state_needs_finish = True``, gets ``{}`` (public TextCraft ``adapters/textcraft.py:
+        final_state_from_trajectory`` reads the inventory of the step where ``finish()`` got a message, else
+        returns ``{}``). Counterfactual branches (``"branch"``: public, the branch's snapshot) and test-time
+        candidates (``"selection"``) always get the view."""
+        if stage == "execution" and getattr(child.session, "score_state_needs_finish", False):
+            if not child.node.finish_message:
+                return {}
+        return self.visible_state(child)
+
+    def prompt_cap(self, max_new_tokens: int) -> int:
+        """The prompt cap of a call that may write ``max_new_tokens``: an agent step's context
+        (``max_prompt_tokens + max_new_tokens``) less this call's output cap, at least 1 (public
+        ``three_stage_train/policy_client.py: ArealPolicyClient.generate_batch``: ``max_prompt_tokens +
+        default_completion_tokens - max_completion_tokens``). An agent step gets ``max_prompt_tokens``; a
+        1,024-token rubric call of a paper TextCraft run 9,600 + 512 - 1,024 = 9,088."""
+        return max(1, self.cfg.max_prompt_tokens + self.cfg.max_new_tokens - max_new_tokens)
+
+    def branch_message(self, node: Node) -> str:
+        """What a counterfactual group tells the parent about its committed branch (public
+        ``CounterfactualCollector``: the finish message, else the error message, else ``Subagent branch i
+        completed.``). A branch that used its whole step budget without finishing carries platoon's budget
+        warning as its error message (``episode/loop.py: halt_episode``): ``branch_exhausted.txt``."""
+        if node.finish_message:
+            return node.finish_message
+        if node.error:
+            return node.error
+        if node.steps_used >= node.max_steps:
+            return self.texts["branch_exhausted"]
+        return render(self.texts["branch_completed"], branch=node.branch_index or 0)
+
+    def refusal_at_depth(self, parent: _AgentState) -> Callable[[LaunchRequest, int, int], str] | None:
+        """How a launch past ``max_depth`` is refused: ``(request, depth, max_depth) -> text``. The
+        environment's own ``session.depth_refusal`` in Execution- and Delegation-stage rollouts. In a
+        Rubric-stage rollout (``counterfactual_k > 1``) every launch goes through the public
+        ``CounterfactualCollector``, which refuses with its own text: the session's
+        ``counterfactual_depth_refusal`` when it has one (public TextWorld ``textworld_two_stage_rollout.py``),
+        else ``branch_depth_refusal.txt`` (public TextCraft ``counterfactual.py``)."""
+        if self.cfg.counterfactual_k <= 1:
+            return getattr(parent.session, "depth_refusal", None)
+        own = getattr(parent.session, "counterfactual_depth_refusal", None)
+        text = self.texts["branch_depth_refusal"]
+        return own or (lambda _request, _depth, max_depth: render(text, max_depth=max_depth))
+
     async def write_rubric(
-        self, parent: _AgentState, request: LaunchRequest, node: Node, temperature: float
+        self,
+        parent: _AgentState,
+        request: LaunchRequest,
+        node: Node,
+        temperature: float,
+        selection_index: int | None = None,
     ) -> Rubric | None:
+        """``selection_index``: at test time, which delegation of the parent's step this is; the metadata
+        then numbers the fork step ``step * 100 + index`` and names the parent ``parent_agent_id`` (public
+        ``evaluator.py`` / ``rubric_selector.py``)."""
         ctx = RubricContext(
-            parent_task=parent.node.goal,
+            parent_task=parent.task_text or parent.node.goal,
             parent_depth=parent.node.depth,
             child_depth=parent.node.depth + 1,
-            fork_step=parent.step_index,
+            fork_step=parent.step_index
+            if selection_index is None
+            else parent.step_index * 100 + selection_index,
             parent_messages=list(parent.sent),
             parent_action=parent.reply,
             pre_call_state=self.visible_state(parent),
@@ -395,6 +471,7 @@ class _Rollout:
             child_max_steps=request.max_steps,
             delegated_context=request.context,
             parent_agent_id=parent.node.node_id,
+            test_time=selection_index is not None,
         )
         sampling = SamplingParams(
             max_new_tokens=self.cfg.rubric_max_new_tokens,
@@ -418,17 +495,25 @@ class _Rollout:
         return rubric
 
     async def score_child(
-        self, rubric: Rubric | None, request: LaunchRequest, child: _AgentState, max_new_tokens: int
+        self,
+        rubric: Rubric | None,
+        request: LaunchRequest,
+        child: _AgentState,
+        max_new_tokens: int,
+        stage: str = "execution",
     ) -> None:
+        """``stage``: ``execution`` (one child), ``branch`` (a counterfactual branch) or ``selection`` (a
+        test-time candidate); it picks the final state (:meth:`final_state`)."""
         node = child.node
         if rubric is None:
             return
-        traj_chars, field_chars = score_budget(self.cfg.max_prompt_tokens)
+        traj_chars, field_chars = score_budget(self.prompt_cap(max_new_tokens))
+        task = child.task_text or request.goal
         messages = build_score_messages(
             rubric,
-            request.goal,
-            trajectory_payload(node, traj_chars, field_chars),
-            self.visible_state(child),
+            task,
+            trajectory_payload(node, traj_chars, field_chars, task_goal=task),
+            self.final_state(child, stage),
             self.cfg.prompts_dir,
             field_chars,
         )
@@ -458,7 +543,7 @@ class _Rollout:
         async def launch(request: LaunchRequest) -> ChildResult:
             if parent.node.depth + 1 > self.cfg.max_depth:
                 parent.refused += 1
-                refusal = getattr(parent.session, "depth_refusal", None)  # the environment's own text
+                refusal = self.refusal_at_depth(parent)  # the environment's own text, or the Rubric stage's
                 return ChildResult(
                     request=request,
                     returned=False,
@@ -534,11 +619,11 @@ class _Rollout:
 
         jobs = [label(c) for c in children]
         if self.cfg.use_rubrics:
-            jobs += [self.score_child(rubric, request, c, self.cfg.score_max_new_tokens) for c in children]
+            tokens = self.cfg.branch_score_max_new_tokens or self.cfg.score_max_new_tokens
+            jobs += [self.score_child(rubric, request, c, tokens, "branch") for c in children]
         await asyncio.gather(*jobs)  # one wave; each result lands on its own node (order-independent)
         head = nodes[0]
-        message = head.finish_message or head.error or "Subagent branch 0 completed."
-        report = render(self.texts["counterfactual_report"], message=message, k=k)
+        report = render(self.texts["counterfactual_report"], message=self.branch_message(head), k=k)
         return replace(_result(request, head), report=report)
 
     async def launch_best_of_n(self, parent: _AgentState, request: LaunchRequest) -> ChildResult:
@@ -560,7 +645,16 @@ class _Rollout:
             ]
             rubric = None
             if cfg.selection_mode == "rubric":  # written once, from the parent's view, before any candidate
-                rubric = await self.write_rubric(parent, request, nodes[0], cfg.selection_rubric_temperature)
+                index = sum(  # earlier delegations of this step (their groups are done: the lock)
+                    1
+                    for n in self.tree.nodes.values()
+                    if n.parent_id == parent.node.node_id
+                    and n.fork_step == parent.step_index
+                    and n.branch_index == 0
+                )
+                rubric = await self.write_rubric(
+                    parent, request, nodes[0], cfg.selection_rubric_temperature, selection_index=index
+                )
             worlds = [parent.world.fork() for _ in range(n)]
             children = []
             for b, (node, world) in enumerate(zip(nodes, worlds, strict=True)):
@@ -576,7 +670,7 @@ class _Rollout:
             if rubric is not None:
                 await asyncio.gather(
                     *(
-                        self.score_child(rubric, request, c, cfg.selection_score_max_new_tokens)
+                        self.score_child(rubric, request, c, cfg.selection_score_max_new_tokens, "selection")
                         for c in children
                     )
                 )

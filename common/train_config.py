@@ -161,8 +161,15 @@ class TrainConfig:
     rolled out after it; unused spares are discarded and their tasks drawn again later. The accepted groups
     are those of 0 (replace one at a time); only the compute differs (more in flight, fewer waits)."""
     max_idle_rounds: int = 3
-    """Rollout rounds in a row without a trained token (the clock does not move) before the run stops
-    and says why; such a round is logged, not counted as an optimizer step."""
+    """Rollout rounds in a row without an optimizer step (no trained token, or fewer trainable datums than
+    --min-trainable-datums; the clock does not move) before the run stops and says why; such a round is
+    logged, not counted as an optimizer step."""
+    min_trainable_datums: int = 1
+    """Fewest datums with a trained token for a round to take its optimizer step; below it the round is
+    logged (train/skipped = 1), the clock does not move and the stage repeats with new tasks. The paper's
+    value is 8, the public trainer's data-parallel rank count (`decide_sync_action`: fewer trainable datums
+    than ranks skips the step; set by --paper); the laptop profile's 1 lets its 1 task x 2 rollouts train (a
+    Rubric round has one datum per mixed counterfactual group: often fewer than 8)."""
     save_every: int = 1
     """Checkpoint every N optimizer steps."""
     seed: int = 0
@@ -205,6 +212,7 @@ class TrainConfig:
                 ("save_every", self.save_every, 1),
                 ("max_batch_size", self.max_batch_size, 1),
                 ("max_idle_rounds", self.max_idle_rounds, 1),
+                ("min_trainable_datums", self.min_trainable_datums, 1),
                 ("max_task_replacements", self.max_task_replacements, 0),
                 ("spare_groups", self.spare_groups, 0),
                 ("eval_every", self.eval_every, 0),
@@ -231,7 +239,7 @@ def paper_profile(env: str) -> dict[str, Any]:
     8 rollouts, K=8, 20 steps per agent, the environment's training prompt and output caps, 1,024-token
     rubric/score calls (TextWorld scores its counterfactual branches with 512: public
     ``Scripts/Main/textworld/sera.sh``), bf16,
-    the paper's training task mix."""
+    the paper's training task mix, no optimizer step below 8 trainable datums."""
     from common.envs import env_spec
 
     spec = env_spec(env)
@@ -249,4 +257,5 @@ def paper_profile(env: str) -> dict[str, Any]:
         "difficulty": "paper",
         "n_tasks": 852 if env == "textcraft" else 1500,
         "dtype": "bfloat16",
+        "min_trainable_datums": 8,  # the public trainer's 8 data-parallel ranks (decide_sync_action)
     }

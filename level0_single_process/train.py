@@ -192,10 +192,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
             zero_variance=env_spec(cfg.env).zero_variance,
             tokenizer=tokenizer,
         )
-        # 3. CISPO loss and one AdamW step, only if some token is trained.
+        # 3. CISPO loss and one AdamW step, only with --min-trainable-datums datums that have a trained token.
         bar.phase("training")
         t1 = time.perf_counter()
-        updated = any(d.num_trained_tokens for d in batch.datums)
+        updated = batch.takes_step(cfg.min_trainable_datums)  # public decide_sync_action (paper: 8)
         train_metrics = train_on_batch(model, optimizer, batch, cfg) if updated else dict(NO_UPDATE)
         t_train = time.perf_counter() - t1
         # 4. Log (first), checkpoint (second): a run killed in between redoes this round.
@@ -218,7 +218,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
         if not updated:
             bar.log(idle_hint(cfg, stage, batch, groups))
         if idle >= cfg.max_idle_rounds:
-            bar.log(f"stopping: {idle} rounds in a row without a trained token (--max-idle-rounds)")
+            bar.log(f"stopping: {idle} rounds in a row without an optimizer step (--max-idle-rounds)")
             break
     held_out.log_if_due(policy, state.round, state.step, writer, lambda line: bar.log(line, state.step))
     bar.close()

@@ -302,7 +302,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         bar.phase("training")
         t1 = time.perf_counter()
         n_tokens = float(batch.num_trained_tokens)  # |M| counts every datum (the same batch on every rank)
-        updated = n_tokens > 0
+        updated = batch.takes_step(cfg.min_trainable_datums)  # public decide_sync_action (paper: 8)
         train_metrics = (
             train_on_shard(
                 model,
@@ -344,7 +344,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             if not updated:
                 bar.log(idle_hint(cfg, stage, batch, groups))
         if idle >= cfg.max_idle_rounds:
-            bar.log(f"stopping: {idle} rounds in a row without a trained token (--max-idle-rounds)")
+            bar.log(f"stopping: {idle} rounds in a row without an optimizer step (--max-idle-rounds)")
             break
     evaluate_now()  # the last step's policy
     bar.close()

@@ -385,7 +385,7 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
             batch = build_stage_batch(stage, groups, preset.execution_reward,
                                       zero_variance=env_spec(cfg.env).zero_variance, tokenizer=system.tokenizer)  # fmt: skip
             n_tokens = float(batch.num_trained_tokens)  # |M| counts every datum ...
-            updated = n_tokens > 0
+            updated = batch.takes_step(cfg.min_trainable_datums)  # public decide_sync_action (paper: 8)
             bar.phase("training")
             t1 = time.perf_counter()
             train_m = (
@@ -435,7 +435,7 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
         if not updated:
             bar.log(idle_hint(cfg, stage, batch, groups))
         if idle >= cfg.max_idle_rounds:
-            bar.log(f"stopping: {idle} rounds in a row without a trained token (--max-idle-rounds)")
+            bar.log(f"stopping: {idle} rounds in a row without an optimizer step (--max-idle-rounds)")
             break
     bar.close()
     writer.close()

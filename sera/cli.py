@@ -586,7 +586,17 @@ TRAIN_PANELS: dict[str, tuple[str, ...]] = {
         "max_task_replacements",
         "spare_groups",
     ),
-    RL_PANEL: ("schedule", "lr", "weight_decay", "beta1", "beta2", "grad_clip", "dtype", "max_idle_rounds"),
+    RL_PANEL: (
+        "schedule",
+        "lr",
+        "weight_decay",
+        "beta1",
+        "beta2",
+        "grad_clip",
+        "dtype",
+        "max_idle_rounds",
+        "min_trainable_datums",
+    ),
     LOG_PANEL: ("save_every", "tensorboard", "eval_tasks", "eval_every", "eval_limit"),
 }
 """`sera train --help`, panel by panel (the Level 1 and Level 2 panels follow, from the tiers' dataclasses).

@@ -357,3 +357,43 @@ def test_level0_batch_leaves_out_failed_cells_of_successful_textcraft_agents(tmp
 
     back = read_trees(Path(cfg.out) / "trees.jsonl")  # the cell records survive the log
     assert back[0].nodes["0.1"].steps[0].cell_error == "SyntaxError"
+
+
+def _rubric_task(n_groups: int):
+    """One task of 2 rollouts whose first rollout has ``n_groups`` mixed counterfactual groups of 2 branches:
+    ``n_groups`` Rubric-stage datums (one per mixed group)."""
+    from common.agent.tree import CallRecord, Node, Tree
+
+    def tree(groups: int) -> Tree:
+        t = Tree(task_id="t", env="textcraft", success=True)
+        t.nodes["0"] = Node("0", None, 0, None, "goal", 3, success=True)
+        for g in range(groups):
+            for b, (score, label) in enumerate([(0.5 + 0.01 * g, True), (0.6, False)]):
+                n = Node(f"0.{g + 1}" + ("~b1" if b else ""), "0", 1, 0, "sub", 3, branch_group=f"g{g + 1}",
+                         branch_index=b, branch_label=label, score=score, rubric={"rubric_items": []},
+                         committed=b == 0)  # fmt: skip
+                if b == 0:
+                    n.rubric_call = CallRecord(role="rubric", messages=[], text="{}", prompt_ids=[1, 2],
+                                               output_ids=[10, 11, 12], logprobs=[-0.5] * 3)  # fmt: skip
+                t.nodes[n.node_id] = n
+        return t
+
+    return [tree(n_groups), tree(0)]
+
+
+def test_level0_skips_a_rubric_round_below_min_trainable_datums(tmp_path: Path, monkeypatch, capsys):
+    import level0_single_process.train as level0
+
+    # public decide_sync_action with 8 ranks: a Rubric round of 3 datums makes no optimizer step (the clock
+    # stays, the stage repeats), the next round's 8 datums do
+    fake_rounds(monkeypatch, level0, [[_rubric_task(3)], [_rubric_task(8)]])
+    cfg = small_config(
+        tmp_path, "textcraft", steps=1, schedule="rubric:1", oracle_mix=0.0, min_trainable_datums=8
+    )
+    skipped, stepped = level0.train(cfg, progress=False)
+    assert (skipped["stage"], skipped["step"], skipped["train/skipped"]) == ("rubric", 0, 1.0)
+    assert skipped["loss/tokens"] == 0.0 and skipped["grad_norm"] == 0.0
+    assert (stepped["stage"], stepped["step"], stepped["train/skipped"]) == ("rubric", 0, 0.0)
+    assert stepped["loss/tokens"] == 8 * 3 and stepped["grad_norm"] > 0
+    assert "3 datums with a trained token, fewer than --min-trainable-datums 8" in capsys.readouterr().out
+    assert (Path(cfg.out) / "checkpoints" / "step_000001" / "state.pt").exists()

@@ -489,3 +489,19 @@ def test_level1_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
     assert [r["loss/cispo"] for r in got] == pytest.approx(
         [r["loss/cispo"] for r in want], rel=1e-6, abs=1e-9
     )
+
+
+def test_level1_skips_a_rubric_round_below_min_trainable_datums(tmp_path: Path, monkeypatch):
+    from test_level0 import _rubric_task, small_config
+
+    import level1_batched.train as level1
+
+    # the same skip rule as level 0 (StageBatch.takes_step): 3 Rubric datums < 8 -> no step; then 8 -> a step
+    rounds = iter([[_rubric_task(3)], [_rubric_task(8)]])
+    monkeypatch.setattr(level1, "collect_groups_in_flight", lambda *a, **k: (next(rounds), 0))
+    cfg = small_config(
+        tmp_path, "textcraft", steps=1, schedule="rubric:1", oracle_mix=0.0, min_trainable_datums=8
+    )
+    skipped, stepped = level1.train(cfg, level1.Level1Config(max_tokens_per_microbatch=4096), progress=False)
+    assert (skipped["step"], skipped["train/skipped"], skipped["loss/tokens"]) == (0, 1.0, 0.0)
+    assert (stepped["step"], stepped["train/skipped"], stepped["loss/tokens"]) == (0, 0.0, 8 * 3)

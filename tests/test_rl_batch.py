@@ -501,3 +501,21 @@ def test_step_cell_fields_round_trip_and_old_trees_still_load():
     # an old tree has no cell record: nothing is filtered
     other = _error_tree("textcraft", False, False, 2)
     assert len(build_stage_batch("execution", [[loaded, other]]).datums) == 10
+
+
+def test_the_skip_rule_counts_datums_with_a_trained_token():
+    # public decide_sync_action: fewer trainable datums than the 8 data-parallel ranks -> no optimizer step.
+    # A Rubric round with 3 mixed groups gives 3 datums (skipped at 8); one with 8 gives 8 (it steps)
+    mixed = [(0.5, True), (0.6, False)]
+    three = build_stage_batch("rubric", [[_rubric_tree([mixed] * 3), _rubric_tree([])]])
+    eight = build_stage_batch("rubric", [[_rubric_tree([mixed] * 5), _rubric_tree([mixed] * 3)]])
+    assert (three.num_trainable_datums, eight.num_trainable_datums) == (3, 8)
+    assert not three.takes_step(8) and eight.takes_step(8)
+    assert three.takes_step(1) and three.takes_step(3) and not eight.takes_step(9)
+    # a datum with advantage 0 still counts (the public trainable_datums mask keeps it); one without a
+    # trained token does not
+    assert [d.advantage for d in three.datums] == pytest.approx([0.0] * 3)
+    three.datums[0].loss_mask = [0] * len(three.datums[0].loss_mask)
+    assert three.num_trainable_datums == 2 and not three.takes_step(3)
+    with pytest.raises(ValueError, match="min_trainable_datums must be >= 1"):
+        three.takes_step(0)

@@ -57,6 +57,9 @@ def test_paper_fills_defaults_before_the_users_flags():
     assert tw["steps"] == 400 and tw["rollout"]["max_new_tokens"] == 3072 and tw["rollout"]["max_steps"] == 7
     plain = resolved()
     assert plain["steps"] == 2 and plain["rollout"]["max_steps"] == 3 and plain["level"] == 0
+    # the skip rule: the paper's 8 (public decide_sync_action, 8 data-parallel ranks); the laptop's 1
+    assert cfg["min_trainable_datums"] == 8 and plain["min_trainable_datums"] == 1
+    assert resolved("--paper", "--min-trainable-datums", "3")["min_trainable_datums"] == 3
 
 
 def test_level1_defaults_and_options():
@@ -73,6 +76,7 @@ def test_level1_defaults_and_options():
         (["--max-tokens-per-microbatch", "4096"], "--max-tokens-per-microbatch only apply to --level 1"),
         (["--max-batch-size", "0"], "--max-batch-size must be >= 1"),
         (["--steps", "0"], "--steps must be >= 1"),
+        (["--min-trainable-datums", "0"], "--min-trainable-datums must be >= 1"),
         (["--steps", "-1"], "--steps must be >= 1"),
         (["--oracle-mix", "2"], "--oracle-mix must be in [0, 1]"),
         (["--tasks", "no/such/file.jsonl"], "does not exist"),

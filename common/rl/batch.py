@@ -83,6 +83,28 @@ class StageBatch:
         """|M|, the token-mean's denominator: the trained tokens of EVERY datum of the step."""
         return sum(d.num_trained_tokens for d in self.datums)
 
+    @property
+    def num_trainable_datums(self) -> int:
+        """Datums with a trained token (advantage 0 included: such a datum still counts in |M|), the count
+        the public trainer compares with its data-parallel rank count."""
+        return sum(1 for d in self.datums if d.num_trained_tokens)
+
+    def takes_step(self, min_trainable_datums: int = 1) -> bool:
+        """Does this batch make an optimizer step? Only with at least ``min_trainable_datums`` datums that have
+        a trained token (public ``safety/sync_decision.py: decide_sync_action``: fewer trainable datums than
+        the 8 data-parallel ranks skips the step, the policy version stays and the stage repeats). 1 = any
+        trained token. Every tier asks this; a round that does not step is logged ``train/skipped = 1``.
+
+        >>> from common.rl.datums import CallTokens, rubric_datum
+        >>> d = rubric_datum(CallTokens("rubric", [1], [2, 3], [-0.1, -0.1]), 0.0, 0, "r")
+        >>> batch = StageBatch("rubric", [d] * 3, [1.0] * 3)
+        >>> batch.takes_step(1), batch.takes_step(3), batch.takes_step(8), StageBatch("rubric").takes_step(1)
+        (True, True, False, False)
+        """
+        if min_trainable_datums < 1:
+            raise ValueError(f"min_trainable_datums must be >= 1, got {min_trainable_datums}")
+        return self.num_trainable_datums >= min_trainable_datums
+
     def with_gradient(self) -> tuple[list[Datum], list[float]]:
         """The datums (and their depth weights) whose loss has a gradient: a trained token and
         ``advantage x weight != 0``. Every CISPO term of any other datum is multiplied by ``A x w_d = 0``,

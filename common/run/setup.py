@@ -121,6 +121,12 @@ def idle_hint(
 ) -> str:
     """What to say after a round without a trained token: the stage's own reason, counted from this
     round's ``batch`` (:class:`~common.rl.batch.StageBatch`) and ``groups`` (one list of trees per task)."""
+    trainable = getattr(batch, "num_trainable_datums", 0)  # a StageBatch (tests pass stand-ins)
+    if trainable and trainable < cfg.min_trainable_datums:  # the round had tokens but too few datums
+        return (
+            f"  (no optimizer step this {stage} round: {trainable} datums with a trained token, "
+            f"fewer than --min-trainable-datums {cfg.min_trainable_datums}; the clock did not move)"
+        )
     if stage in ("rubric", "delegation"):
         if groups and all(len(g) < 2 for g in groups):
             why = f"every task had 1 rollout; the {stage.capitalize()} stage needs 2 or more for a baseline"

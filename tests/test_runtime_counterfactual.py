@@ -244,3 +244,84 @@ def test_recorded_tree_does_not_depend_on_the_order_the_calls_return():
     assert _stable(in_order) == _stable(reversed_)
     scores = [nd.score for nd in sorted(in_order.nodes.values(), key=lambda x: x.node_id) if nd.branch_group]
     assert sorted(scores) == [0.0, 0.0, 1.0, 1.0]
+
+
+# ---- which launches form groups, and the environment budget (public CounterfactualEnvironmentBudget) ------
+class Delegating(Policy):
+    """Every agent below ``max_depth`` launches a child for its first target at each of its first
+    ``launches`` steps (the root) or at step 0 (a child), then finishes. Rubrics and scores parse."""
+
+    def __init__(self, launches: int):
+        self.launches = launches
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        nid, step = str(request.meta.get("node_id")), request.meta.get("step")
+        if request.role == "score":
+            text = score_json(bool(request.meta.get("child_success")))
+        elif request.role == "rubric":
+            text = rubric_json("crafted")
+        elif step < (self.launches if nid == "0" else 1):  # a new cell each step (no loop detection)
+            item, n = next(iter(request.session.targets.items()))
+            text = f"<python>r{step} = await launch_subagent({{'{item}': {n}}})\nprint(r{step})</python>"
+        else:
+            text = "<python>finish('done')</python>"
+        return Completion(text=text, prompt_ids=[1], output_ids=[2, 3], logprobs=[-0.1, -0.2])
+
+
+async def _alternating(request, node, session, world) -> bool:
+    """Branch labels: even branches succeed, odd ones fail (every group is mixed)."""
+    return (node.branch_index or 0) % 2 == 0
+
+
+def run_delegating(launches: int, max_depth: int, seed: int = 4):
+    task = tc_tasks("train", 1, seed=seed, difficulty="medium")[0]
+    # 20 steps: in TextCraft a child's steps count against its parent's budget (the depth-aware tracker)
+    cfg = RuntimeConfig(counterfactual_k=K, max_steps=20, max_depth=max_depth, temperature=0.0)
+    return asyncio.run(run_root(task, make_env("textcraft"), Delegating(launches), cfg, judge=_alternating))
+
+
+def _groups(tree) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for n in tree.nodes.values():
+        if n.branch_group:
+            out.setdefault(n.branch_group, []).append(n)
+    return out
+
+
+def test_a_group_is_formed_while_fewer_than_the_cap_environments_exist():
+    # public reserve(): created starts at 1 (the root's environment) and grows by K per group; a launch forms
+    # a group while created < 16. K = 4: 1 -> 5 -> 9 -> 13 -> 17, so the root's 6 launches give 4 groups and
+    # 2 plain children (a hard cap at +K-1 would have given 5 groups: 1 -> 4 -> ... -> 16)
+    tree = run_delegating(launches=6, max_depth=1)
+    groups = _groups(tree)
+    assert len(groups) == 4 and all(len(g) == K for g in groups.values())
+    assert tree.meta["counterfactual_groups"] == 4 and tree.meta["envs_used"] == 1 + 4 * K
+    plain = [n for n in tree.children("0") if n.branch_group is None]
+    assert len(plain) == 2 and all(n.committed for n in plain)
+
+
+def test_launches_inside_uncommitted_branches_form_groups_too():
+    # public: the collector's launcher is a context variable the branch tasks inherit, so a launch inside
+    # branch 1..K-1 draws on the same budget and its group is trained. The root's group (1 -> 5) leaves room
+    # for 3 more: 3 of its 4 branches' launches form groups (5 -> 9 -> 13 -> 17), the 4th runs plain
+    tree = run_delegating(launches=1, max_depth=2)
+    groups = _groups(tree)
+    assert len(groups) == 4 and tree.meta["envs_used"] == 17
+    nested = {g: ns for g, ns in groups.items() if ns[0].depth == 2}
+    assert len(nested) == 3
+    under = {g: tree.nodes[ns[0].parent_id] for g, ns in nested.items()}
+    in_branches = [g for g, parent in under.items() if not parent.committed]
+    assert len(in_branches) >= 2  # at most one of them sits under the committed branch 0
+    for g in in_branches:  # a group inside an uncommitted branch stays uncommitted, branch 0 included
+        assert not any(n.committed for n in groups[g])
+    for g, parent in under.items():
+        if parent.committed:  # under branch 0: its own branch 0 continues the committed line
+            assert [n.committed for n in sorted(groups[g], key=lambda n: n.branch_index)] == [True] + [
+                False
+            ] * (K - 1)
+    # the Rubric stage trains them: one datum per mixed group, those inside branches included
+    from common.rl.batch import build_stage_batch
+
+    batch = build_stage_batch("rubric", [[tree, run_delegating(launches=1, max_depth=2)]])
+    assert batch.counts["mixed_groups"] == 8 and len(batch.datums) == 8
+    assert sum(d.depth == 1 for d in batch.datums) == 6  # rubrics written by depth-1 agents

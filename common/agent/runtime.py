@@ -133,7 +133,9 @@ class RuntimeConfig:
     counterfactual_k: int = 1
     """Branches per delegation in Rubric-stage rollouts (1 = off; 4 in level 0, 8 in the paper)."""
     max_envs_per_rollout: int = 16
-    """Environment budget for counterfactual branches per root rollout (16 = 2 groups of K=8)."""
+    """Environment budget of counterfactual branches per root rollout, the root's own included: a launch (in a
+    branch too) forms a group of K new environments while fewer than this many exist (public soft cap:
+    16 = 1 -> 9 -> 17, 2 groups of K=8; K=4: 4 groups)."""
     best_of_n: int = 1
     """Test-time selection: candidates per delegation (1 = off; the paper reports N=2)."""
     selection_mode: SelectionMode = "rubric"
@@ -566,7 +568,9 @@ class _Rollout:
             if self.cfg.best_of_n > 1 and not parent.in_branch:
                 return await self.launch_best_of_n(parent, request)
             k = self.cfg.counterfactual_k
-            if k > 1 and not parent.in_branch and self.envs_used + (k - 1) <= self.cfg.max_envs_per_rollout:
+            # public CounterfactualEnvironmentBudget.reserve: any launch, inside branches too, forms a group
+            # while fewer than max_envs_per_rollout environments exist (soft cap: the last group may cross it)
+            if k > 1 and self.envs_used < self.cfg.max_envs_per_rollout:
                 return await self.launch_counterfactual(parent, request, k)
             return await self.launch_one(parent, request)
 
@@ -592,7 +596,7 @@ class _Rollout:
     async def launch_counterfactual(self, parent: _AgentState, request: LaunchRequest, k: int) -> ChildResult:
         """K branches of one child, each on its own fork of one snapshot (public ``CounterfactualCollector``);
         branch 0's final world is then committed to the parent's world."""
-        self.envs_used += k - 1
+        self.envs_used += k  # every branch, branch 0 included, runs on a new environment (public: +K)
         self.n_groups += 1
         group = f"g{self.n_groups}"
         snapshot = parent.world.fork()
@@ -606,11 +610,13 @@ class _Rollout:
         )
         children = []
         for b, (node, world) in enumerate(zip(nodes, worlds, strict=True)):
-            node.branch_group, node.branch_index, node.committed = group, b, b == 0
+            node.branch_group, node.branch_index = group, b
+            node.committed = b == 0 and not parent.in_branch  # inside an uncommitted branch: uncommitted
             if b > 0:  # one rubric per group, written from the pre-delegation context only
                 node.rubric, node.rubric_error = nodes[0].rubric, nodes[0].rubric_error
-            # branch 0 is committed (its own delegations may form groups); the others are branches
-            children.append(self.start_child(parent, node, request, world, in_branch=b > 0))
+            # branch 0 continues its parent's line; the others (and everything under them) are branches
+            in_branch = parent.in_branch or b > 0
+            children.append(self.start_child(parent, node, request, world, in_branch=in_branch))
         await asyncio.gather(*(self.run_agent(c) for c in children))
         parent.world.commit(worlds[0])  # the parent continues from branch 0's final state
 

@@ -8,6 +8,7 @@
 | loss.py     | CISPO loss and token log-probs (the only torch module)                             |
 | schedule.py | the ``execution:16,delegation:2,rubric:2`` stage cycle and the method presets (rao_d 12:4) |
 | datums.py   | ``CallTokens`` -> ``Datum`` builders for the three stages (scoring is never trained) |
+| filters.py  | TextCraft's error-step filter: a successful agent's failed cells give no Execution datum |
 
 Nothing here imports torch.distributed, Ray or SGLang; only ``loss.py`` imports torch (and importing
 this package therefore does too).

@@ -36,6 +36,12 @@ ROLLOUT_OPTIONS = (
     "counterfactual_k",
     "max_envs_per_rollout",
     "prompts_dir",
+    "step_timeout_s",
+    "tree_timeout_s",
+    "group_timeout_s",
+    "cancel_grace_s",
+    "max_launches_per_step",
+    "max_agents_per_tree",
 )
 """The RuntimeConfig fields a training run exposes as options. The others are set by the loop (``stop``
 from the environment, ``use_rubrics`` from the method, ``seed`` per rollout) or are test-time only."""

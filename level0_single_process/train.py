@@ -52,7 +52,15 @@ from common.rl.loss import cispo_loss, token_logprobs
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.evaluation import InRunEval
-from common.run.metrics import NO_UPDATE, MetricsWriter, closing_line, log_line, plot_curves, step_metrics
+from common.run.metrics import (
+    NO_UPDATE,
+    MetricsWriter,
+    closing_line,
+    log_deadline_groups,
+    log_line,
+    plot_curves,
+    step_metrics,
+)
 from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import collect_groups as collect_task_groups
@@ -65,16 +73,17 @@ from common.train_config import TrainConfig
 # Rollouts: one task group at a time; K counterfactual branches only in Rubric-stage rollouts.
 # ----------------------------------------------------------------------------------------------------
 def collect_groups(
-    cfg: TrainConfig, stage: str, rnd: int, sampler: TaskSampler, env, policy, judge, preset
+    cfg: TrainConfig, stage: str, rnd: int, sampler: TaskSampler, env, policy, judge, preset, dropped=None
 ) -> tuple[list[list[Any]], int]:
     """``tasks_per_step`` groups of ``rollouts_per_task`` trees, one group at a time (its trees at once). A
     group without signal is replaced by a fresh task (TextCraft's Execution-stage rule), rolled out beside
-    it as a spare (``--spare-groups``): :func:`common.run.rollout.collect_groups`."""
+    it as a spare (``--spare-groups``); a group cut by a deadline goes to ``dropped`` and is replaced too:
+    :func:`common.run.rollout.collect_groups`."""
 
     def roll(jobs):
         return asyncio.run(rollout_in_flight(jobs, env, policy, judge))
 
-    return collect_task_groups(cfg, stage, rnd, sampler, preset, roll, per_wave=1)
+    return collect_task_groups(cfg, stage, rnd, sampler, preset, roll, per_wave=1, dropped=dropped)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -172,7 +181,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
     print(
         f"[level0] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | steps {state.step}->{cfg.steps}"
     )
-    bar = RunProgress(progress, cfg.steps, state.step, stats)
+    stats.stuck_path = out / "stuck_calls.jsonl"  # what was in flight when a deadline fired
+    bar = RunProgress(progress, cfg.steps, state.step, stats)  # + a heartbeat line every 30 s of a slow round
     held_out = InRunEval(cfg)  # --eval-tasks: held-out success of the current policy at step 0 and every N
     history, idle = [], 0
     while state.step < cfg.steps:
@@ -181,7 +191,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
         # 1. Rollouts with the current policy.
         bar.phase(f"{stage} rollouts")
         t0 = time.perf_counter()
-        groups, replaced = collect_groups(cfg, stage, state.round, sampler, env, policy, judge, preset)
+        dropped: list[list[Any]] = []  # groups cut by a deadline (replaced; logged, never trained)
+        groups, replaced = collect_groups(
+            cfg, stage, state.round, sampler, env, policy, judge, preset, dropped
+        )
         t_roll = time.perf_counter() - t0
         trees = [t for g in groups for t in g]
         # 2. Rewards -> LOO advantages -> datums of this stage (common/rl: rewards.py, datums.py, weights.py).
@@ -202,8 +215,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
         metrics = step_metrics(
             round=state.round, step=state.step, stage=stage, trees=trees, batch=batch, train=train_metrics,
             execution_reward=preset.execution_reward, t_rollout=t_roll, t_train=t_train, replaced=replaced,
-            t_round=time.perf_counter() - t0,
+            t_round=time.perf_counter() - t0, deadline_groups=len(dropped),
         )  # fmt: skip
+        log_deadline_groups(out, dropped, state.step, state.round)
         for t in trees:
             t.meta.update(step=state.step, round=state.round)
             append_tree(out / "trees.jsonl", t)

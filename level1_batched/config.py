@@ -41,6 +41,14 @@ class Level1Config:
     of its start-up, which another process starting on the same GPU would disturb (bench/learning.sh
     PARALLEL=1). Default: from --gpu-memory-utilization on CUDA, 0.5 GiB on CPU."""
 
+    engine_log_stats: bool = False
+    """--engine vllm: print vLLM's own stats line every few seconds (running / waiting requests, KV-cache
+    use, preemptions, prompt and generation tokens/s): what a slow or stuck round looks like inside the
+    engine."""
+    async_scheduling: bool | None = None
+    """--engine vllm: vLLM's asynchronous scheduling (it overlaps the next step's scheduling with this
+    step's forward). Default: vLLM's own choice (on for CUDA in vLLM 0.24)."""
+
     fast_trainer: bool | None = None
     """Varlen attention (no dense packed mask), chunked log-probs (no [T, V] float32 logits, logits only
     where trained) and long packed rows (level1_batched/efficiency.py), with --dtype auto in bf16 and fp32

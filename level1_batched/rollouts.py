@@ -37,6 +37,7 @@ def collect_groups_in_flight(
     preset,
     rank: int = 0,
     world: int = 1,
+    dropped: list[list[Any]] | None = None,
 ) -> tuple[list[list[Any]], int]:
     """Level 0's ``collect_groups`` in waves: every group still missing (plus its spares) rolled out at once,
     each rank its share, then judged in draw order (:func:`common.run.rollout.collect_groups`). Same tasks,
@@ -47,4 +48,4 @@ def collect_groups_in_flight(
         mine = asyncio.run(rollout_in_flight(jobs[rank::world], env, policy, judge))
         return gather_groups(mine, len(jobs), world)
 
-    return collect_groups(cfg, stage, rnd, sampler, preset, roll, per_wave=None)
+    return collect_groups(cfg, stage, rnd, sampler, preset, roll, per_wave=None, dropped=dropped)

@@ -68,7 +68,15 @@ from common.rl.batch import build_stage_batch
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.evaluation import InRunEval
-from common.run.metrics import NO_UPDATE, MetricsWriter, closing_line, log_line, plot_curves, step_metrics
+from common.run.metrics import (
+    NO_UPDATE,
+    MetricsWriter,
+    closing_line,
+    log_deadline_groups,
+    log_line,
+    plot_curves,
+    step_metrics,
+)
 from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import make_env_with_prompts
@@ -234,6 +242,8 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             gpu_memory_utilization=l1.gpu_memory_utilization,
             kv_cache_gib=l1.kv_cache_gib,
             engine_process=l1.engine_process,
+            log_stats=l1.engine_log_stats,
+            async_scheduling=l1.async_scheduling,
         )
         if l1.fast_trainer:
             from level1_batched.efficiency import apply_efficiency
@@ -269,7 +279,10 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     )
     judge = make_judge(cfg.judge, policy)
     writer = MetricsWriter(out, cfg.tensorboard) if rank == 0 else None
-    bar = RunProgress(progress and rank == 0, cfg.steps, state.step, stats)
+    stats.stuck_path = out / (f"stuck_calls.rank{rank}.jsonl" if rank else "stuck_calls.jsonl")
+    bar = RunProgress(
+        progress and rank == 0, cfg.steps, state.step, stats, heartbeat_s=30.0 if rank == 0 else 0
+    )
     held_out = InRunEval(cfg)  # --eval-tasks: the current policy, on this engine, at step 0 and every N
 
     def evaluate_now() -> None:
@@ -285,8 +298,9 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         stage = schedule.stage_at(state.step)  # the clock is the policy version
         bar.phase(f"{stage} rollouts")
         t0 = time.perf_counter()
+        dropped: list[list[Any]] = []  # groups cut by a deadline (replaced; logged, never trained)
         groups, replaced = collect_groups_in_flight(
-            cfg, stage, state.round, sampler, env, policy, judge, preset, rank, world
+            cfg, stage, state.round, sampler, env, policy, judge, preset, rank, world, dropped
         )
         t_roll = time.perf_counter() - t0
         trees = [t for g in groups for t in g]
@@ -323,6 +337,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             **step_metrics(
                 round=state.round, step=state.step, stage=stage, trees=trees, batch=batch, train=train_metrics,
                 execution_reward=preset.execution_reward, t_rollout=t_roll, t_train=t_train, replaced=replaced,
+                deadline_groups=len(dropped),
             ),
             "train/tokens_per_s": train_metrics.get("train/packed_tokens", 0.0) / max(t_train, 1e-9),
             "dp/world_size": world,
@@ -337,6 +352,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             for t in trees:
                 t.meta.update(step=metrics["step"], round=metrics["round"])
                 append_tree(out / "trees.jsonl", t)
+            log_deadline_groups(out, dropped, metrics["step"], metrics["round"])
             writer.write(metrics)  # logs first, checkpoint second (as level 0)
             if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps):
                 ckpt.save(state, model, optimizer, asdict(cfg))

@@ -55,6 +55,7 @@ import itertools
 import os
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,7 @@ class VLLMEngine(Engine):
         seed: int = 0,
         continuous: bool = True,
         engine_process: bool = False,
+        log_stats: bool = False,
         **llm_kwargs: Any,
     ) -> None:
         """``model``: ``smollm2``, a directory (``save_model``) or an HF id on disk. ``dtype`` float32 gives the
@@ -127,7 +129,9 @@ class VLLMEngine(Engine):
         to ``vllm.LLM``. ``continuous`` (default) feeds every request to vLLM's scheduler the moment it
         arrives (:class:`_Stepper`); ``False`` keeps the older path: the queue's batches, each run to
         completion by ``LLM.generate`` (bench/bench_rounds.py compares the two). ``engine_process``: vLLM's
-        engine core in a child process (see the module docstring), chosen per engine."""
+        engine core in a child process (see the module docstring), chosen per engine. ``log_stats``: vLLM's
+        own periodic stats line (running / waiting requests, KV-cache use, preemptions, tokens/s) every few
+        seconds, from the stepper."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if engine_process else "0"
         if engine_process:  # apply_model ships the weight-loading function (and its tensors) pickled
             os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
@@ -163,7 +167,9 @@ class VLLMEngine(Engine):
             seed=seed,
             logprobs_mode="raw_logprobs",
             enable_prefix_caching=True,
+            disable_log_stats=not log_stats,
         )
+        self.log_stats = bool(log_stats)
         if kv_cache_memory_bytes is not None:
             kw["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
         if cuda:  # with a fixed KV cache vLLM still checks this share of the GPU is free at start-up
@@ -268,6 +274,11 @@ class VLLMEngine(Engine):
             prompt_truncated=truncated,
         )
 
+    def describe_inflight(self) -> list[dict[str, Any]]:
+        """The requests in flight, oldest first (:meth:`_Stepper.describe`): what a heartbeat or a deadline's
+        stuck-call dump shows about the engine side of a slow call."""
+        return self.stepper.describe() if self.stepper is not None else []
+
     # ------------------------------------------------------------------ weights and memory
     def _load_weights(self, pairs: list[tuple[str, Any]]) -> None:
         # In-process: the trainer's tensors by reference. Engine process: CPU copies, pickled with the call.
@@ -329,58 +340,150 @@ class _Stepper:
     path's behaviour: a wave ends with its slowest sequence). The engine lock is held for each step, so
     ``update_weights`` / ``sleep`` / ``wake`` happen between steps (the trainer calls them when nothing is in
     flight). The thread sleeps on a condition variable while there is no work.
+
+    Cancellation-safe: a caller that goes away (its ``await`` cancelled by a deadline, Ctrl-C, a killed
+    CodeAct worker) cancels its future; the request is then aborted in vLLM at the next step, and a
+    result for a future nobody waits for is dropped. Nothing a caller does can end the thread: one bad
+    output fails its own request only. :meth:`describe` says what every request in flight is (for the
+    heartbeat and the stuck-call dump): its age, prompt length, sampling parameters and output so far.
     """
 
     def __init__(self, engine: VLLMEngine) -> None:
         self.engine = engine
-        self.inbox: list[tuple[list[int], Any, Any]] = []
-        self.waiting: dict[str, Any] = {}
+        self.inbox: list[tuple[str, list[int], Any, Future]] = []
+        self.waiting: dict[str, Future] = {}
+        self.info: dict[str, dict[str, Any]] = {}  # rid -> what describe() reports
+        self.to_abort: list[str] = []
+        self.aborted = 0
         self.cv = threading.Condition()
         self.steps = 0
         self.counter = itertools.count()
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._loop, name="vllm-stepper", daemon=True)
         self.thread.start()
 
     def submit(self, prompt_ids: list[int], params: Any) -> Future:
         fut: Future = Future()
+        rid = f"sera-{next(self.counter)}"  # outputs carry the id given here
+        fut.add_done_callback(lambda f, rid=rid: self._on_done(rid, f))
         with self.cv:
-            self.inbox.append((list(prompt_ids), params, fut))
+            if self.error is not None:  # the loop died (it should not): fail fast instead of hanging
+                fut.set_exception(RuntimeError(f"the vllm stepper thread stopped: {self.error!r}"))
+                return fut
+            self.info[rid] = {
+                "request_id": rid,
+                "submitted": time.monotonic(),
+                "prompt_tokens": len(prompt_ids),
+                "max_tokens": getattr(params, "max_tokens", None),
+                "temperature": getattr(params, "temperature", None),
+                "top_p": getattr(params, "top_p", None),
+                "seed": getattr(params, "seed", None),
+                "stop": list(getattr(params, "stop", None) or []),
+            }
+            self.inbox.append((rid, list(prompt_ids), params, fut))
             self.cv.notify()
         return fut
 
+    def _on_done(self, rid: str, fut: Future) -> None:
+        """Every future ends here once: a cancelled one queues its request's abort."""
+        with self.cv:
+            self.info.pop(rid, None)
+            if fut.cancelled():
+                self.to_abort.append(rid)
+                self.cv.notify()
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Every request in flight, oldest first: id, age (s), prompt tokens, sampling parameters, and the
+        output so far as vLLM's output processor holds it (tokens and the decoded tail)."""
+        now = time.monotonic()
+        with self.cv:
+            rows = [dict(r) for r in self.info.values()]
+        states = {}
+        try:
+            processor = self.engine.llm.llm_engine.output_processor
+            states = {getattr(s, "external_req_id", k): s for k, s in list(processor.request_states.items())}
+        except Exception:  # noqa: BLE001 - a diagnostic never fails the run
+            pass
+        for row in rows:
+            row["age_s"] = round(now - row.pop("submitted"), 1)
+            state = states.get(row["request_id"])
+            tokens = list(getattr(getattr(state, "detokenizer", None), "output_token_ids", None) or [])
+            row["in_engine"] = state is not None
+            row["output_tokens"] = len(tokens)
+            if tokens:
+                tail = self.engine.tokenizer.decode(tokens[-64:], skip_special_tokens=False)
+                row["output_tail"] = tail
+                row["output_last_ids"] = tokens[-16:]
+        return sorted(rows, key=lambda r: -r["age_s"])
+
     def _loop(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # the loop must never die silently: fail everything it held
+            with self.cv:
+                self.error = exc
+                pending = list(self.waiting.values()) + [f for *_, f in self.inbox]
+                self.waiting.clear()
+                self.inbox.clear()
+            for fut in pending:
+                _deliver(fut, exc=RuntimeError(f"the vllm stepper thread stopped: {exc!r}"))
+            raise
+
+    def _run(self) -> None:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         llm = self.engine.llm
         while True:
             with self.cv:
-                while not self.inbox and not self.waiting:
+                while not self.inbox and not self.waiting and not self.to_abort:
                     self.cv.wait()
                 new, self.inbox = self.inbox, []
+                abort, self.to_abort = self.to_abort, []
             with self.engine._lock:
-                for ids, params, fut in new:  # a request vLLM refuses (asleep, too long) fails alone
-                    rid = f"sera-{next(self.counter)}"  # outputs carry the id given here
+                for rid, ids, params, fut in new:  # a request vLLM refuses (asleep, too long) fails alone
+                    if fut.done():  # cancelled before it reached the engine
+                        continue
                     params.output_kind = RequestOutputKind.FINAL_ONLY
                     try:
                         if self.engine.asleep:
                             raise RuntimeError("the vllm engine is asleep: call wake() before generating")
                         llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
                     except Exception as exc:  # noqa: BLE001
-                        fut.set_exception(exc)
+                        _deliver(fut, exc=exc)
                         continue
                     self.waiting[rid] = fut
+                gone = [rid for rid in abort if self.waiting.pop(rid, None) is not None]
+                if gone:  # callers that went away: free their sequences now
+                    try:
+                        llm.llm_engine.abort_request(gone)
+                        self.aborted += len(gone)
+                    except Exception:  # noqa: BLE001 - already finished inside the engine
+                        pass
                 try:
                     outputs = llm.llm_engine.step() if self.waiting else []
                     self.steps += 1
+                    if self.engine.log_stats:
+                        llm.llm_engine.do_log_stats_with_interval()
                 except Exception as exc:  # noqa: BLE001 - an engine error fails the requests it held
                     for fut in self.waiting.values():
-                        fut.set_exception(exc)
+                        _deliver(fut, exc=exc)
                     self.waiting.clear()
                     continue
             for out in outputs:
                 if out.finished and out.request_id in self.waiting:
-                    self.waiting.pop(out.request_id).set_result(out)
+                    _deliver(self.waiting.pop(out.request_id), result=out)
+
+
+def _deliver(fut: Future, result: Any = None, exc: BaseException | None = None) -> None:
+    """Resolve ``fut`` unless its caller already went away (a cancelled future cannot take a result)."""
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+    except Exception:  # noqa: BLE001 - InvalidStateError: cancelled meanwhile
+        pass
 
 
 def make_rollout_engine(
@@ -394,10 +497,14 @@ def make_rollout_engine(
     gpu_memory_utilization: float = 0.3,
     engine_process: bool = False,
     kv_cache_gib: float | None = None,
+    log_stats: bool = False,
+    async_scheduling: bool | None = None,
 ) -> Engine:
     """Level 1's rollout engine for a trainer holding ``model``: ``hf`` = ``HFPolicy`` on that very model
     (shared weights, strictly on-policy); ``vllm`` = a ``VLLMEngine`` started from the trainer's current
-    weights (written to a temp directory once) in the trainer's dtype, kept in sync by :func:`sync_weights`."""
+    weights (written to a temp directory once) in the trainer's dtype, kept in sync by :func:`sync_weights`.
+    ``log_stats``: vLLM's periodic stats line; ``async_scheduling``: vLLM's asynchronous scheduling (None:
+    vLLM's own default, on for CUDA in 0.24)."""
     import torch
 
     from common.policy.hf import HFPolicy
@@ -419,6 +526,8 @@ def make_rollout_engine(
         max_batch_size=max_batch_size,
         seed=seed,
         engine_process=engine_process,
+        log_stats=log_stats,
+        **({} if async_scheduling is None else {"async_scheduling": bool(async_scheduling)}),
     )
 
 

@@ -44,7 +44,15 @@ from common.envs import env_spec
 from common.rl.batch import build_stage_batch
 from common.run.checkpoint import RunState, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
-from common.run.metrics import NO_UPDATE, MetricsWriter, closing_line, log_line, plot_curves, step_metrics
+from common.run.metrics import (
+    NO_UPDATE,
+    MetricsWriter,
+    closing_line,
+    log_deadline_groups,
+    log_line,
+    plot_curves,
+    step_metrics,
+)
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import make_env_with_prompts
 from common.run.setup import idle_hint, method_and_schedule
@@ -358,7 +366,8 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
     )
     stats = LiveStats()
     writer = MetricsWriter(out, cfg.tensorboard)
-    bar = RunProgress(progress, cfg.steps, state.step, stats)
+    stats.stuck_path = out / "stuck_calls.jsonl"  # what was in flight when a deadline fired
+    bar = RunProgress(progress, cfg.steps, state.step, stats)  # + a heartbeat line every 30 s of a slow round
     history: list[dict[str, Any]] = []
     served, idle = -(10**9), 0  # the version the servers hold (none yet: sync before the first rollout)
     while state.step < cfg.steps:
@@ -374,8 +383,9 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
             judge = make_judge(cfg.judge, policy)
             bar.phase(f"{stage} rollouts")
             t0 = time.perf_counter()
+            dropped: list[list[Any]] = []  # groups cut by a deadline (replaced; logged, never trained)
             groups, replaced = collect_groups_in_flight(
-                cfg, stage, state.round, sampler, env, policy, judge, preset
+                cfg, stage, state.round, sampler, env, policy, judge, preset, dropped=dropped
             )
             t_roll = time.perf_counter() - t0
             if system.router.failure is not None:  # a server died under the agents: restart (below)
@@ -413,7 +423,7 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
             **step_metrics(
                 round=state.round, step=state.step, stage=stage, trees=trees, batch=batch, train=train_m,
                 execution_reward=preset.execution_reward, t_rollout=t_roll, t_train=t_train, replaced=replaced,
-                t_round=time.perf_counter() - t_start,
+                t_round=time.perf_counter() - t_start, deadline_groups=len(dropped),
             ),
             **sync_m, **off,
             "train/tokens_per_s": train_m.get("train/packed_tokens", 0.0) / max(t_train, 1e-9),
@@ -427,6 +437,7 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
         for t in trees:
             t.meta.update(step=metrics["step"], round=metrics["round"])
             append_tree(out / "trees.jsonl", t)
+        log_deadline_groups(out, dropped, metrics["step"], metrics["round"])
         writer.write(metrics)  # logs first, checkpoint second (as levels 0 and 1)
         if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps):
             system.save(state, out)

@@ -75,6 +75,29 @@ def main(
     """SERA: recursive agents that write, freeze and learn rubrics."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time: no hub retries
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    stop_on_signals()
+
+
+def stop_on_signals() -> None:
+    """Ctrl-C and a plain ``kill`` stop a run the same way: the resume command, checkpoints intact.
+
+    A process started in the background by a script (``cmd &``, ``setsid nohup cmd &``) inherits SIGINT
+    ignored, and Python then keeps it ignored: such a run could not be stopped with SIGINT. Default
+    handling is restored here, and SIGTERM is turned into the same KeyboardInterrupt (exit 130 with the
+    resume line, instead of a silent exit 143)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # signals belong to the main thread
+        return
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def on_term(signum, frame):  # noqa: ARG001 - signal handler signature
+        signal.raise_signal(signal.SIGINT)  # the same path as Ctrl-C (asyncio cancels what is in flight)
+
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, on_term)
 
 
 OPTIONAL = {

@@ -15,7 +15,9 @@ rejects tiny's 16), saved to a temp directory, in float32 (vLLM and transformers
     the new weights (within the tolerance) and far from the old ones;
 (c) one TextCraft rollout (greedy, rubrics on, one tree in flight) gives the same tree with both engines;
 (d) continuous batching (the default ``_Stepper``): a request that arrives while another decodes joins the
-    running batch and finishes first; the queue path (``stepper = None``) makes it wait; same tokens.
+    running batch and finishes first; the queue path (``stepper = None``) makes it wait; same tokens;
+(e) cancellation: a caller that goes away (a deadline, Ctrl-C) aborts its request inside vLLM, the stepper
+    thread lives on and serves the next request; ``describe_inflight`` shows the output so far.
 
 Run: ``pytest tests/test_engine_vllm_cpu.py`` (about a minute: one vLLM start-up).
 """
@@ -133,6 +135,30 @@ out["race_continuous"] = asyncio.run(race(engine))
 stepper, engine.stepper = engine.stepper, None
 out["race_queue"] = asyncio.run(race(engine))
 engine.stepper = stepper
+# (e) cancellation (a deadline, Ctrl-C, a killed CodeAct worker): the request is aborted inside vLLM, the
+#     stepper thread lives on, the next request is served; describe_inflight shows the output so far
+async def cancel_case():
+    long = asyncio.ensure_future(engine.generate(req("count long", 1500, temperature=0.0, ignore_eos=True)))
+    seen = []
+    for _ in range(200):  # until some tokens are out
+        await asyncio.sleep(0.05)
+        seen = engine.describe_inflight()
+        if seen and seen[0].get("output_tokens", 0) > 4:
+            break
+    long.cancel()
+    try:
+        await long
+    except asyncio.CancelledError:
+        pass
+    t = time.time()
+    while engine.llm.llm_engine.get_num_unfinished_requests() and time.time() - t < 20:
+        await asyncio.sleep(0.05)
+    left = engine.llm.llm_engine.get_num_unfinished_requests()
+    nxt = await asyncio.wait_for(engine.generate(req("hi", 4, temperature=0.0)), 60)
+    return {"described": seen, "unfinished_after_cancel": left, "aborted": engine.stepper.aborted,
+            "alive": engine.stepper.thread.is_alive(), "waiting": len(engine.stepper.waiting),
+            "next_tokens": len(nxt.output_ids), "cancelled_s": round(time.time() - t, 2)}
+out["cancel"] = asyncio.run(cancel_case())
 print("RESULT " + json.dumps(out))
 """
 
@@ -207,3 +233,14 @@ def test_vllm_engine_batches_continuously(report):
     assert report["race_continuous"]["order"] == ["short", "long"]
     assert report["race_queue"]["order"] == ["long", "short"]
     assert report["race_continuous"]["ids"] == report["race_queue"]["ids"]
+
+
+@pytest.mark.slow
+def test_vllm_engine_cancelled_request_is_aborted_and_the_stepper_lives(report):
+    c = report["cancel"]
+    row = c["described"][0]  # what a stuck-call dump shows: prompt length, sampling, output so far
+    assert row["in_engine"] and row["output_tokens"] > 4 and row["max_tokens"] == 1500
+    assert row["prompt_tokens"] > 0 and row["temperature"] == 0.0 and row["age_s"] >= 0
+    assert isinstance(row["output_tail"], str)
+    assert c["unfinished_after_cancel"] == 0 and c["aborted"] == 1 and c["waiting"] == 0
+    assert c["alive"] and c["next_tokens"] == 4

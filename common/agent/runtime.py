@@ -84,12 +84,17 @@ from common.policy.context import (
 
 SelectionMode = Literal["first", "random", "oracle", "rubric"]
 SELECTION_MODES: tuple[str, ...] = ("first", "random", "oracle", "rubric")
-RUNTIME_TEMPLATES = {"counterfactual_report": frozenset({"message", "k"}), "fork_budget": frozenset()}
+RUNTIME_TEMPLATES = {
+    "counterfactual_report": frozenset({"message", "k"}),
+    "fork_budget": frozenset(),
+    "launch_limit": frozenset({"reason"}),
+}
 """The runtime's own model-visible texts (common/agent/prompts/*.txt; ``--prompts-dir`` replaces them):
 ``counterfactual_report``, what a parent's launch returns after a counterfactual group (public
 ``CounterfactualCollector``, ``verbose=True``: branch 0's finish message, else its error, else ``Subagent
 branch 0 completed.``, then the group size, no budget line); ``fork_budget``, what a parent is told when
-test-time selection has no forks left for its launch (public wording)."""
+test-time selection has no forks left for its launch (public wording); ``launch_limit``, what a launch past
+``max_launches_per_step`` / ``max_agents_per_tree`` returns (ours: the public code has no such bound)."""
 RUNTIME_TEMPLATES |= {
     "branch_exhausted": frozenset(),
     "branch_completed": frozenset({"branch"}),
@@ -152,6 +157,27 @@ class RuntimeConfig:
     """A directory of prompt templates replacing the packaged rubric/score ones (``--prompts DIR``)."""
     seed: int = 0
     """Base seed passed to the policy per call (combined with the node id and step)."""
+    step_timeout_s: float = 300.0
+    """Deadline of every model call (act, rubric, score) and of every environment step of an agent, the
+    children it launches in that step included (public platoon ``run_episode(timeout=300)``: each
+    ``agent.act`` and ``env.step`` under ``asyncio.wait_for``). A step past it ends that agent with an error
+    (reward 0); the call is cancelled (an engine aborts the request)."""
+    tree_timeout_s: float = 3600.0
+    """Deadline of one root rollout (the paper's 3,600 s per rollout): past it the whole tree is cancelled
+    and recorded with ``meta["deadline"]``; a training round drops and replaces its task group."""
+    group_timeout_s: float = 3600.0
+    """Deadline of one task group's rollouts in training (the paper's 3,600 s per group): every tree of the
+    group still running then is cancelled (``meta["deadline"] = "group"``) and the group is replaced."""
+    cancel_grace_s: float = 30.0
+    """After a tree's deadline, how long its cancelled agents get to wind down (the paper's 30 s grace)."""
+    max_launches_per_step: int = 10
+    """Launches one agent may make in one step (one CodeAct cell); past it a launch is refused with a
+    message, as at the depth limit. Ours: the public code has no such bound (a cell looping on
+    ``launch_subagent`` ran 300 children); the paper's tasks need at most a few per step."""
+    max_agents_per_tree: int = 200
+    """Agents (nodes) one root rollout may create, every branch and candidate counted; past it a launch is
+    refused with a message. Ours (the public code has none): bounds a tree that delegates at every step
+    of every agent (3 launches per step at depth 3 made 820 agents)."""
 
     def __post_init__(self) -> None:
         if self.selection_mode not in SELECTION_MODES:
@@ -167,6 +193,14 @@ class RuntimeConfig:
             )
         if self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        for name in ("step_timeout_s", "tree_timeout_s", "group_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
+        if self.cancel_grace_s < 0:
+            raise ValueError(f"--cancel-grace-s must be >= 0 seconds, got {self.cancel_grace_s}")
+        for name in ("max_launches_per_step", "max_agents_per_tree"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.prompts_dir:  # a bad template fails here, with its file:line, not inside every rollout
             load_templates({**RUBRIC_TEMPLATES, **SCORE_TEMPLATES, **RUNTIME_TEMPLATES}, self.prompts_dir)
 
@@ -236,6 +270,9 @@ class _AgentState:
     refused: int = 0
     n_children: int = 0
     in_branch: bool = False
+    attempts: int = 0
+    """Launches asked for in step ``attempts_step`` (refused ones included): ``max_launches_per_step``."""
+    attempts_step: int = -1
 
 
 class _Rollout:
@@ -255,6 +292,40 @@ class _Rollout:
         self.commit_locks: dict[int, asyncio.Lock] = {}
         self.texts = load_templates(RUNTIME_TEMPLATES, cfg.prompts_dir)
 
+    async def within(self, work: Awaitable[Any], timeout: float, late: str) -> Any:
+        """``await work`` for at most ``timeout`` s, in this task (as ``asyncio.timeout``: no new task, so
+        sibling agents interleave exactly as without a deadline), but what is in flight is reported BEFORE
+        it is cancelled: past the deadline, :meth:`report_stuck` with ``late``, cancel, raise ``TimeoutError``."""
+        task = asyncio.current_task()
+        fired = False
+
+        def expire() -> None:
+            nonlocal fired
+            fired = True
+            self.report_stuck(late)
+            task.cancel()
+
+        timer = asyncio.get_running_loop().call_later(timeout, expire)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if not fired:  # cancelled from above (Ctrl-C, a deadline further up): not ours to turn
+                raise
+            uncancel = getattr(task, "uncancel", None)  # Python >= 3.11: this cancel is handled here
+            if uncancel is not None:
+                uncancel()
+            raise asyncio.TimeoutError(late) from None
+        finally:
+            timer.cancel()
+
+    async def run_with_deadline(self, work: Awaitable[None], timeout: float) -> bool:
+        """Run ``work`` (a root agent) for at most ``timeout`` s; True when it finished in time."""
+        try:
+            await self.within(work, timeout, f"tree past its deadline ({timeout:.0f} s)")
+        except asyncio.TimeoutError:
+            return False
+        return True
+
     # ---- model calls ---------------------------------------------------------------------------
     async def call(
         self,
@@ -267,9 +338,14 @@ class _Rollout:
         t0 = time.perf_counter()
         sent, _, truncated = fit_prompt(messages, self.prompt_cap(sampling.max_new_tokens), self.tokenizer)
         self.truncated_calls += int(truncated)
-        comp: Completion = await self.policy.generate(
-            GenerationRequest(messages=sent, sampling=sampling, role=role, session=session, meta=meta)
-        )
+        request = GenerationRequest(messages=sent, sampling=sampling, role=role, session=session, meta=meta)
+        late = f"{role} call of node {meta.get('node_id')} past {self.cfg.step_timeout_s:g} s"
+        try:
+            comp: Completion = await self.within(self.policy.generate(request), self.cfg.step_timeout_s, late)
+        except asyncio.TimeoutError:
+            raise DeadlineError(
+                f"the {role} call did not return within {self.cfg.step_timeout_s:g} s (--step-timeout-s)"
+            ) from None
         return CallRecord(
             role=role,
             messages=[dict(m) for m in sent],
@@ -282,6 +358,16 @@ class _Rollout:
             prompt_truncated=truncated or comp.prompt_truncated,
             seconds=time.perf_counter() - t0,
         )
+
+    def report_stuck(self, reason: str) -> None:
+        """A deadline fired: the policy (``CountingPolicy`` in the training loops) writes what is in flight
+        to the run directory."""
+        dump = getattr(self.policy, "report_stuck", None)
+        if callable(dump):
+            try:
+                dump(f"{self.tree.task_id}: {reason}")
+            except Exception:  # noqa: BLE001 - a diagnostic never ends a rollout
+                pass
 
     def act_sampling(self, st: _AgentState, step: int) -> SamplingParams:
         return SamplingParams(
@@ -318,7 +404,14 @@ class _Rollout:
                     {"node_id": node.node_id, "depth": node.depth, "step": i},
                 )
                 st.sent, st.reply = call.messages, call.text
-                result = await session.step(call.text)
+                late = f"step {i} of node {node.node_id} past {self.cfg.step_timeout_s:g} s"
+                try:
+                    result = await self.within(session.step(call.text), self.cfg.step_timeout_s, late)
+                except asyncio.TimeoutError:  # the public loop records no step for it: no datum
+                    raise DeadlineError(
+                        f"step {i}: the environment step (its children included) did not finish within "
+                        f"{self.cfg.step_timeout_s:g} s (--step-timeout-s)"
+                    ) from None
                 node.steps.append(
                     Step(
                         index=i,
@@ -344,6 +437,12 @@ class _Rollout:
                     node.finished = result.finish_message is not None
                     node.finish_message = result.finish_message
                     break
+        except asyncio.CancelledError:  # a deadline above this agent (its parent's step, its tree) cut it
+            node.error = (
+                node.error or "cancelled: a deadline above this agent (its parent's step or its tree)"
+            )
+            node.seconds = time.perf_counter() - t0
+            raise
         except Exception as e:  # an agent's crash ends that agent only (reward 0), never the process
             node.error = f"{type(e).__name__}: {e}"
         node.finished = node.finished or bool(getattr(session, "finished", False))
@@ -480,13 +579,17 @@ class _Rollout:
             temperature=temperature,
             seed=_seed(self.cfg.seed, node.node_id, -1),
         )
-        call = await self.call(
-            "rubric",
-            build_rubric_messages(ctx, self.cfg.prompts_dir),
-            sampling,
-            parent.session,
-            {"node_id": node.node_id, "depth": node.depth, "goal": request.goal},
-        )
+        try:
+            call = await self.call(
+                "rubric",
+                build_rubric_messages(ctx, self.cfg.prompts_dir),
+                sampling,
+                parent.session,
+                {"node_id": node.node_id, "depth": node.depth, "goal": request.goal},
+            )
+        except DeadlineError as e:  # no rubric: the child runs unscored, as after an unparseable one
+            node.rubric_error = str(e)
+            return None
         node.rubric_call = call
         try:
             rubric = parse_rubric(call.text)
@@ -520,18 +623,22 @@ class _Rollout:
             field_chars,
         )
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-        call = await self.call(
-            "score",
-            messages,
-            sampling,
-            child.session,
-            {
-                "node_id": node.node_id,
-                "depth": node.depth,
-                "child_success": node.success,
-                "n_items": len(rubric.items),
-            },
-        )
+        try:
+            call = await self.call(
+                "score",
+                messages,
+                sampling,
+                child.session,
+                {
+                    "node_id": node.node_id,
+                    "depth": node.depth,
+                    "child_success": node.success,
+                    "n_items": len(rubric.items),
+                },
+            )
+        except DeadlineError as e:  # unscored, as after an unparseable score
+            node.score_error = str(e)
+            return
         node.score_call = call
         try:
             score = parse_score(call.text)
@@ -543,6 +650,14 @@ class _Rollout:
     # ---- delegation ----------------------------------------------------------------------------
     def launch_hook(self, parent: _AgentState):
         async def launch(request: LaunchRequest) -> ChildResult:
+            if parent.attempts_step != parent.step_index:  # the first launch of this step
+                parent.attempts_step, parent.attempts = parent.step_index, 0
+            parent.attempts += 1
+            limit = self.launch_limit(parent)
+            if limit is not None:
+                parent.refused += 1
+                self.tree.meta["refused_by_bound"] = self.tree.meta.get("refused_by_bound", 0) + 1
+                return ChildResult(request=request, returned=False, refused=True, error=limit)
             if parent.node.depth + 1 > self.cfg.max_depth:
                 parent.refused += 1
                 refusal = self.refusal_at_depth(parent)  # the environment's own text, or the Rubric stage's
@@ -575,6 +690,17 @@ class _Rollout:
             return await self.launch_one(parent, request)
 
         return launch
+
+    def launch_limit(self, parent: _AgentState) -> str | None:
+        """The refusal text when a launch passes ``max_launches_per_step`` or ``max_agents_per_tree``
+        (``launch_limit.txt``), else None."""
+        if parent.attempts > self.cfg.max_launches_per_step:
+            what = f"this agent already launched {self.cfg.max_launches_per_step} sub-agents in this step"
+        elif len(self.tree.nodes) >= self.cfg.max_agents_per_tree:
+            what = f"this task already has {self.cfg.max_agents_per_tree} agents"
+        else:
+            return None
+        return render(self.texts["launch_limit"], reason=what)
 
     async def launch_one(self, parent: _AgentState, request: LaunchRequest) -> ChildResult:
         node = self.new_child_node(parent, request)
@@ -702,6 +828,10 @@ class _Rollout:
             return _result(request, nodes[best])
 
 
+class DeadlineError(TimeoutError):
+    """A model call or an agent step ran past ``step_timeout_s``: it ends that agent (recorded error)."""
+
+
 def _result(request: LaunchRequest, node: Node) -> ChildResult:
     return ChildResult(
         request=request,
@@ -728,8 +858,12 @@ async def run_root(
     policy: Policy,
     config: RuntimeConfig | None = None,
     judge: Judge = programmatic_judge,
+    deadline: float | None = None,
 ) -> Tree:
-    """Run one root rollout of ``task`` and return its recorded tree (see the module docstring)."""
+    """Run one root rollout of ``task`` and return its recorded tree (see the module docstring).
+
+    ``deadline`` (a ``time.monotonic()`` instant, e.g. its task group's): the tree is cancelled at the
+    earlier of it and ``tree_timeout_s``; a cancelled tree comes back recorded, with ``meta["deadline"]``."""
     cfg = config or RuntimeConfig()
     t0 = time.perf_counter()
     ro = _Rollout(env, policy, cfg, task, judge)
@@ -747,7 +881,14 @@ async def run_root(
     st = _AgentState(node=root, session=None, world=world, temperature=cfg.temperature)  # type: ignore[arg-type]
     # the session states the budget the run enforces (the prompt must not promise 20 steps when 3 are allowed)
     st.session = env.root_session(world, {**task, "max_steps": root.max_steps}, ro.launch_hook(st))
-    await ro.run_agent(st)
+    timeout = cfg.tree_timeout_s if deadline is None else min(cfg.tree_timeout_s, deadline - time.monotonic())
+    if not await ro.run_with_deadline(ro.run_agent(st), max(timeout, 0.0)):
+        reason = "group" if deadline is not None and timeout < cfg.tree_timeout_s else "tree"
+        ro.tree.meta["deadline"] = reason
+        root.error = (
+            f"{reason} deadline: the rollout ran past {timeout:.0f} s and was cancelled "
+            f"(--{reason}-timeout-s)"
+        )
     try:
         ro.tree.success = bool(world.root_success()) and root.error is None
     except Exception as e:

@@ -82,13 +82,15 @@ def step_metrics(
     t_train: float,
     replaced: int,
     t_round: float | None = None,
+    deadline_groups: int = 0,
 ) -> dict[str, Any]:
     """The metrics line of one rollout round. ``step`` is the policy version the rollouts were sampled
     with (= optimizer steps completed before this round; the stage clock); ``round`` counts every round,
     including rounds without an update. ``t_round``: the round's wall time so far (rollouts, batch,
     training, weight sync), ``time/round_s`` (NaN when the caller does not measure it).
     ``time/scoring_s`` is the WALL time during which a rubric or score call was in flight (concurrent calls
-    count once; it lies inside ``time/rollout_s``), not the sum of their durations."""
+    count once; it lies inside ``time/rollout_s``), not the sum of their durations. ``deadline_groups``: task
+    groups dropped (and replaced) because a tree ran past its deadline (``batch/deadline_groups``)."""
     gen_tokens = sum(len(s.call.output_ids) for t in trees for n in t.nodes.values() for s in n.steps)
     return {
         "round": round,
@@ -104,8 +106,20 @@ def step_metrics(
         "mem/peak_rss_gb": peak_rss_gb(),
         "batch/datums": len(batch.datums),
         "batch/replaced_tasks": replaced,
+        "batch/deadline_groups": deadline_groups,
         **{f"batch/{k}": v for k, v in batch.counts.items()},
     }
+
+
+def log_deadline_groups(out: Path, dropped: list[list[Any]], step: int, round: int) -> None:
+    """Append the trees of task groups dropped for a deadline to ``out/deadline_trees.jsonl`` (each with
+    its ``meta["deadline"]`` reason), so a cut tree is on record, never trained and never lost."""
+    from common.agent.log import append_tree
+
+    for trees in dropped:
+        for t in trees:
+            t.meta.update(step=step, round=round)
+            append_tree(Path(out) / "deadline_trees.jsonl", t)
 
 
 def log_line(m: dict[str, Any]) -> str:

@@ -1,11 +1,21 @@
 """Live progress: what is happening INSIDE a step (agents at work, model calls, tokens/s), not only a
 step counter that sits at 0/N for a minute. :class:`CountingPolicy` wraps any policy and counts; the
-display reads the counts from rich's refresh thread, so it moves while the event loop is busy."""
+display reads the counts from rich's refresh thread, so it moves while the event loop is busy.
+
+A slow round says where it is: :class:`RunProgress` starts a heartbeat thread that prints, every 30 s of a
+round, one line with the trees in flight and the oldest model call (its kind, node and age), in a
+terminal and in a plain log alike; when a deadline fires, :meth:`CountingPolicy.report_stuck` appends
+every call in flight (and, for the vllm engine, each request's prompt length, sampling parameters and
+output so far) to ``RUN/stuck_calls.jsonl``."""
 
 from __future__ import annotations
 
+import itertools
+import json
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from common.policy.base import Completion, GenerationRequest, Policy
@@ -22,9 +32,52 @@ class LiveStats:
     in_flight: int = 0
     """Model calls running right now (one per waiting agent, rubric writer or scorer)."""
     t0: float = field(default_factory=time.perf_counter)
+    open_calls: dict[int, tuple[float, str, dict[str, Any]]] = field(default_factory=dict)
+    """The calls in flight: id -> (start, kind, the runtime's meta: node, depth, step)."""
+    trees_started: int = 0
+    """Root rollouts started since the last reset (``common.run.rollout.rollout_group`` counts them)."""
+    trees_done: int = 0
+    """... and finished (cut ones included)."""
+    stuck_path: Path | None = None
+    """Where :meth:`CountingPolicy.report_stuck` appends (the training loops: ``RUN/stuck_calls.jsonl``)."""
+    policy: Any = None
+    """The :class:`CountingPolicy` counting into these stats (the heartbeat asks it about the engine)."""
 
     def reset(self) -> None:
         self.calls, self.tokens, self.t0 = 0, 0, time.perf_counter()
+        self.trees_started = self.trees_done = 0
+
+    def oldest_call(self) -> str:
+        """``act call of node 0.2 (step 1) for 64 s``, or ``no call in flight``."""
+        calls = list(self.open_calls.values())
+        if not calls:
+            return "no call in flight"
+        start, kind, meta = min(calls, key=lambda c: c[0])
+        step = f" step {meta['step']}" if "step" in meta else ""
+        return f"oldest: {kind} call of node {meta.get('node_id', '?')}{step}, {time.perf_counter() - start:.0f} s"
+
+    def oldest_age(self) -> float:
+        """Seconds the oldest call in flight has been waiting (0 when none)."""
+        starts = [c[0] for c in list(self.open_calls.values())]
+        return time.perf_counter() - min(starts) if starts else 0.0
+
+    def heartbeat_line(self, phase: str, seconds: float) -> str:
+        """One line for a slow round: where it is and what it waits for (and, for the vllm engine, what its
+        oldest request has produced so far)."""
+        trees = ""
+        if self.trees_started:
+            trees = f"{self.trees_done}/{self.trees_started} trees done | "
+        line = f"[heartbeat] {phase} for {seconds:.0f} s: {trees}{self.in_flight} calls in flight ({self.oldest_call()})"
+        describe = getattr(getattr(self.policy, "inner", None), "describe_inflight", None)
+        if callable(describe):
+            reqs = describe()
+            if reqs:
+                r = reqs[0]
+                line += (
+                    f" | engine: {len(reqs)} requests, oldest {r['age_s']:.0f} s: {r['prompt_tokens']} prompt"
+                    f" tokens, {r.get('output_tokens', 0)}/{r['max_tokens']} output tokens"
+                )
+        return line
 
     def line(self) -> str:
         dt = max(time.perf_counter() - self.t0, 1e-9)
@@ -37,13 +90,19 @@ class CountingPolicy(Policy):
     def __init__(self, inner: Policy, stats: LiveStats):
         self.inner, self.stats = inner, stats
         self.name, self.trainable = inner.name, inner.trainable
+        self._ids = itertools.count()
+        self._last_dump: dict[bool, float] = {}
+        stats.policy = self
 
     async def generate(self, request: GenerationRequest) -> Completion:
         self.stats.in_flight += 1
+        key = next(self._ids)
+        self.stats.open_calls[key] = (time.perf_counter(), request.role, dict(request.meta or {}))
         try:
             out = await self.inner.generate(request)
         finally:
             self.stats.in_flight -= 1
+            self.stats.open_calls.pop(key, None)
         self.stats.calls += 1
         self.stats.tokens += len(out.output_ids) or len(out.text.split())
         return out
@@ -51,8 +110,34 @@ class CountingPolicy(Policy):
     async def aclose(self) -> None:
         await self.inner.aclose()
 
+    def report_stuck(self, reason: str) -> None:
+        """A deadline fired (``common.agent.runtime``): append one JSON line to ``stats.stuck_path`` with the
+        reason, every call in flight (kind, node, step, age) and, where the engine can say it
+        (``describe_inflight``: the vllm engine), each request's prompt length, sampling parameters and
+        output so far. At most one line per 10 s for deadlines (many trees of a group hit theirs together)
+        and one per 60 s for the heartbeat's slow calls."""
+        now = time.perf_counter()
+        beat = reason.startswith("heartbeat")
+        if self.stats.stuck_path is None or now - self._last_dump.get(beat, -1e9) < (60.0 if beat else 10.0):
+            return
+        self._last_dump[beat] = now
+        calls = [
+            {"kind": kind, "age_s": round(now - start, 1), **{k: v for k, v in meta.items() if _plain(v)}}
+            for start, kind, meta in sorted(self.stats.open_calls.values(), key=lambda c: c[0])
+        ]
+        describe = getattr(self.inner, "describe_inflight", None)
+        engine = describe() if callable(describe) else None
+        line = {"time": time.time(), "reason": reason, "calls": calls, "engine_requests": engine}
+        path = Path(self.stats.stuck_path)
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(line, default=str) + "\n")
+
     def __getattr__(self, name: str) -> Any:  # tokenizer, model, ... of the wrapped policy
         return getattr(self.inner, name)
+
+
+def _plain(v: Any) -> bool:
+    return isinstance(v, (str, int, float, bool)) or v is None
 
 
 def stats_column(stats: LiveStats, phase_field: str | None = None) -> Any:
@@ -72,8 +157,23 @@ def stats_column(stats: LiveStats, phase_field: str | None = None) -> Any:
 class RunProgress:
     """A step bar plus a live status line; ``log(line)`` prints above it. Plain prints when disabled."""
 
-    def __init__(self, enabled: bool, total: int, done: int, stats: LiveStats, label: str = "train"):
+    def __init__(
+        self,
+        enabled: bool,
+        total: int,
+        done: int,
+        stats: LiveStats,
+        label: str = "train",
+        heartbeat_s: float = 30.0,
+    ):
         self.stats, self.enabled, self.bar = stats, enabled, None
+        self.phase_text, self.phase_t0 = "", time.perf_counter()
+        self.heartbeat_s = heartbeat_s
+        self._stop = threading.Event()
+        self._beat = None
+        if heartbeat_s > 0:  # prints from its own thread, so it speaks while the event loop waits
+            self._beat = threading.Thread(target=self._heartbeat, name="sera-heartbeat", daemon=True)
+            self._beat.start()
         if not enabled:
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
@@ -96,9 +196,10 @@ class RunProgress:
         self.task = self.bar.add_task(label, total=total, completed=done, phase="")
 
     def phase(self, text: str) -> None:
-        """What the loop is doing now (``rollouts``, ``training``)."""
-        if text == "rollouts":
+        """What the loop is doing now (``execution rollouts``, ``training``)."""
+        if text.endswith("rollouts"):
             self.stats.reset()
+        self.phase_text, self.phase_t0 = text, time.perf_counter()
         if self.bar is not None:
             self.bar.update(self.task, phase=text)
 
@@ -106,10 +207,24 @@ class RunProgress:
         if self.bar is None:
             print(line, flush=True)
             return
-        self.bar.console.print(line, highlight=False)
+        self.bar.console.print(line, highlight=False, markup=False, soft_wrap=True)  # text as is: no [tags]
         if done is not None:
             self.bar.update(self.task, completed=done)
 
+    def _heartbeat(self) -> None:
+        """Every ``heartbeat_s`` of a rollout phase: one line saying where it is (a quick round says nothing)."""
+        while not self._stop.wait(self.heartbeat_s):
+            seconds = time.perf_counter() - self.phase_t0
+            if self.phase_text.endswith("rollouts") and seconds >= self.heartbeat_s:
+                try:
+                    self.log(self.stats.heartbeat_line(self.phase_text, seconds))
+                    policy = self.stats.policy
+                    if policy is not None and self.stats.oldest_age() >= 2 * self.heartbeat_s:
+                        policy.report_stuck(f"heartbeat: a call waits for {self.stats.oldest_age():.0f} s")
+                except Exception:  # noqa: BLE001 - a diagnostic never ends a run
+                    pass
+
     def close(self) -> None:
+        self._stop.set()
         if self.bar is not None:
             self.bar.stop()

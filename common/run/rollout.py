@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -43,8 +44,55 @@ def stage_runtime_config(
 
 async def rollout_group(task: dict[str, Any], rcfgs: list[RuntimeConfig], env, policy, judge) -> list[Any]:
     """The trees of one task group, all at once (one seeded RuntimeConfig per rollout): their agents' model
-    calls meet in the policy's batching queue."""
-    return list(await asyncio.gather(*(run_root(task, env, policy, rcfg, judge=judge) for rcfg in rcfgs)))
+    calls meet in the policy's batching queue. The group has one deadline (``group_timeout_s``, the paper's
+    3,600 s): every tree still running then is cancelled and comes back marked (``meta["deadline"]``). A tree
+    that has not wound down ``cancel_grace_s`` later (the paper's 30 s) is abandoned: a failed stand-in
+    tree, also marked, takes its place, so the group always comes back."""
+    if not rcfgs:
+        return []
+    deadline = time.monotonic() + rcfgs[0].group_timeout_s
+    stats = _live_stats(policy)
+    if stats is not None:
+        stats.trees_started += len(rcfgs)
+
+    async def one(rcfg: RuntimeConfig):
+        try:
+            return await run_root(task, env, policy, rcfg, judge=judge, deadline=deadline)
+        finally:
+            if stats is not None:
+                stats.trees_done += 1
+
+    jobs = [asyncio.ensure_future(one(rcfg)) for rcfg in rcfgs]
+    try:
+        _, late = await asyncio.wait(jobs, timeout=rcfgs[0].group_timeout_s + rcfgs[0].cancel_grace_s)
+    except asyncio.CancelledError:  # Ctrl-C, a caller's deadline: the trees go too
+        for job in jobs:
+            job.cancel()
+        raise
+    for job in late:
+        job.cancel()
+    return [_abandoned(task, env) if job in late else job.result() for job in jobs]
+
+
+def _abandoned(task: dict[str, Any], env) -> Any:
+    """The record of a tree that did not stop within the cancel grace after its group's deadline."""
+    from common.agent.tree import Node, Tree
+
+    tree = Tree(
+        task_id=str(task.get("id", task.get("task_id", ""))), env=env.name, meta={"deadline": "group"}
+    )
+    tree.nodes["0"] = Node(node_id="0", parent_id=None, depth=0, fork_step=None, goal="", max_steps=0)
+    tree.nodes[
+        "0"
+    ].error = "group deadline: the rollout did not stop within the cancel grace and was abandoned"
+    return tree
+
+
+def _live_stats(policy) -> Any:
+    """The run's :class:`LiveStats` when ``policy`` counts calls (the training loops' ``CountingPolicy``)."""
+    from common.run.progress import CountingPolicy
+
+    return policy.stats if isinstance(policy, CountingPolicy) else None
 
 
 async def rollout_in_flight(jobs: list[Job], env, policy, judge) -> list[list[Any]]:
@@ -81,6 +129,7 @@ def collect_groups(
     preset,
     roll: Callable[[list[Job]], list[list[Any]]],
     per_wave: int | None,
+    dropped: list[list[Any]] | None = None,
 ) -> tuple[list[list[Any]], int]:
     """The ``tasks_per_step`` task groups of one round, and how many groups without signal were replaced.
 
@@ -91,20 +140,34 @@ def collect_groups(
     all of them) plus the spares of :func:`spares_in_flight`, so a replacement is already rolled out when it
     is needed instead of in a wave of its own after it. Spares no group needed are discarded and their tasks
     given back to the sampler: the tasks, seeds and accepted groups are those of replacing one group at a time
-    (``--spare-groups 0``); only the compute differs."""
+    (``--spare-groups 0``); only the compute differs.
+
+    A group with a tree cut by a deadline (``meta["deadline"]``: the paper's per-rollout and per-group
+    timeouts) is dropped in every stage and environment, appended to ``dropped`` (the loops log it to
+    ``deadline_trees.jsonl``) and replaced by the next task, at most ``tasks_per_step`` times a round; past
+    that the round trains on the groups it has."""
     groups: list[list[Any]] = []
     replaced = 0
+    late = 0  # groups dropped for a deadline
+    target = cfg.tasks_per_step
     pending: list[list[Any]] = []  # rolled out, not judged yet: always the last tasks drawn
-    while len(groups) < cfg.tasks_per_step:
-        missing = cfg.tasks_per_step - len(groups)
+    while len(groups) < target:
+        missing = target - len(groups)
         wave = (missing if per_wave is None else min(per_wave, missing)) + spares_in_flight(
             cfg, stage, replaced
         )
         jobs = [draw_job(cfg, stage, rnd, sampler, preset) for _ in range(wave - len(pending))]
         if jobs:
             pending += roll(jobs)
-        while pending and len(groups) < cfg.tasks_per_step:
+        while pending and len(groups) < target:
             trees = pending.pop(0)
+            if any(getattr(t, "meta", {}).get("deadline") for t in trees):
+                late += 1
+                if dropped is not None:
+                    dropped.append(trees)
+                if late > cfg.tasks_per_step:  # no more replacements for deadlines this round
+                    target -= 1
+                continue
             if accept_group(
                 trees, cfg.env, stage, preset.execution_reward, cfg.max_task_replacements - replaced
             ):

@@ -1,0 +1,306 @@
+"""No run hangs (issue #37): deadlines on every model call, agent step, tree and task group, bounds on
+launches, the heartbeat and the stuck-call dump, on CPU with scripted policies and the real TextCraft
+environment (CodeAct workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+
+import pytest
+
+from common.agent.runtime import RuntimeConfig, run_root
+from common.envs import make_env
+from common.envs.textcraft.tasks import generate_tasks as tc_tasks
+from common.policy.base import Completion, GenerationRequest, Policy
+from common.policy.scripted import rubric_json, score_json
+from common.run.progress import CountingPolicy, LiveStats, RunProgress
+from common.run.rollout import collect_groups, rollout_group
+from common.train_config import TrainConfig
+
+FINISH = '<thought>done</thought>\n<python>\nfinish("done")\n</python>'
+
+
+def cell(code: str) -> str:
+    return f"<thought>go</thought>\n<python>\n{code}\n</python>"
+
+
+class Scripted(Policy):
+    """``act`` replies by (depth, step); rubric/score valid JSON; ``hang`` = (role, node_id) pairs whose call
+    never returns (an engine that lost the request)."""
+
+    def __init__(self, replies: dict[tuple[int, int], str], hang: set[tuple[str, str]] | None = None):
+        self.replies, self.hang, self.cancelled = replies, hang or set(), 0
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        meta = request.meta
+        if (request.role, meta.get("node_id")) in self.hang:
+            try:
+                await asyncio.Event().wait()  # never set
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        await asyncio.sleep(0)
+        if request.role == "rubric":
+            text = rubric_json("goal")
+        elif request.role == "score":
+            text = score_json(bool(meta.get("child_success")))
+        else:
+            text = self.replies.get((meta["depth"], meta["step"]), FINISH)
+        return Completion(text=text, prompt_ids=[1], output_ids=[2], logprobs=[-0.1])
+
+
+def task():
+    return tc_tasks("train", 1, seed=4, difficulty="easy")[0]
+
+
+def run(policy, **cfg):
+    env = make_env("textcraft", executor="worker-ordered")
+    base = dict(max_steps=3, temperature=0.0)
+    return asyncio.run(run_root(task(), env, policy, RuntimeConfig(**{**base, **cfg})))
+
+
+def launch_code(n: int) -> str:
+    goal = task()["goal"].split(":", 1)[1].split(",")[0].strip()  # "2x item"
+    count, item = goal.split("x ", 1)
+    return (
+        f"out = []\nfor _ in range({n}):\n"
+        f"    out.append(await launch_subagent({{{item!r}: {int(count)}}}))\nprint(out[-1])"
+    )
+
+
+def test_a_runaway_launch_loop_is_refused_past_the_per_step_bound():
+    policy = Scripted({(0, 0): cell(launch_code(30))})
+    tree = run(policy, max_launches_per_step=4, use_rubrics=False)
+    children = [n for n in tree.nodes.values() if n.depth == 1]
+    assert len(children) == 4  # 30 asked for, 4 ran
+    step = tree.nodes["0"].steps[0]
+    assert step.refused_launches == 26
+    assert "Launch refused: this agent already launched 4 sub-agents in this step" in step.observation
+    assert tree.meta["refused_by_bound"] == 26
+
+
+def test_the_agents_of_one_tree_are_bounded():
+    policy = Scripted({(0, 0): cell(launch_code(30)), (1, 0): cell(launch_code(30))})
+    tree = run(policy, max_agents_per_tree=6, max_launches_per_step=100, use_rubrics=False)
+    assert len(tree.nodes) == 6
+    assert any(
+        "this task already has 6 agents" in s.observation for n in tree.nodes.values() for s in n.steps
+    )
+
+
+def test_a_model_call_that_never_returns_ends_its_agent_not_the_tree():
+    policy = Scripted({}, hang={("act", "0")})
+    t0 = time.perf_counter()
+    tree = run(policy, step_timeout_s=1.0, use_rubrics=False)
+    assert time.perf_counter() - t0 < 30
+    root = tree.nodes["0"]
+    assert "the act call did not return within 1 s" in root.error and not tree.success
+    assert root.steps == []  # the timed-out call is no step (no datum), as the public loop records none
+    assert policy.cancelled == 1  # the call was cancelled, not left running
+    assert "deadline" not in tree.meta  # the tree itself ended in time
+
+
+def test_a_hung_rubric_call_ends_with_the_delegating_step():
+    # the rubric is written inside the parent's step, so the parent's step deadline ends both
+    policy = Scripted({(0, 0): cell(launch_code(1))}, hang={("rubric", "0.1")})
+    t0 = time.perf_counter()
+    tree = run(policy, step_timeout_s=1.0)
+    assert time.perf_counter() - t0 < 30 and policy.cancelled == 1
+    assert tree.nodes["0.1"].rubric is None and tree.nodes["0.1"].steps == []
+    assert "did not finish within 1 s" in tree.nodes["0"].error
+
+
+def test_a_cell_that_waits_on_a_child_forever_hits_the_step_deadline():
+    # the child's act call never returns; the parent's cell awaits the child: the parent's step deadline
+    # (children included, as the public loop's env.step) ends the parent and cancels the child
+    policy = Scripted({(0, 0): cell(launch_code(1))}, hang={("act", "0.1")})
+    t0 = time.perf_counter()
+    tree = run(policy, step_timeout_s=2.0, use_rubrics=False)
+    assert time.perf_counter() - t0 < 30
+    root, child = tree.nodes["0"], tree.nodes["0.1"]
+    assert "step 0: the environment step (its children included) did not finish within 2 s" in root.error
+    assert root.steps == [] and not tree.success
+    assert child.error.startswith("cancelled: a deadline above this agent") and policy.cancelled == 1
+
+
+def test_a_tree_past_its_deadline_is_cancelled_and_recorded():
+    # a root that keeps launching children whose calls take a while: the tree deadline (1.5 s) cuts it
+    class Slow(Scripted):
+        async def generate(self, request):
+            if request.meta.get("depth", 0) >= 1:
+                await asyncio.sleep(0.5)
+            return await super().generate(request)
+
+    policy = Slow({(0, 0): cell(launch_code(8))})
+    t0 = time.perf_counter()
+    tree = run(policy, tree_timeout_s=1.5, cancel_grace_s=5.0, use_rubrics=False)
+    assert time.perf_counter() - t0 < 20
+    assert tree.meta["deadline"] == "tree" and not tree.success
+    assert "tree deadline: the rollout ran past 2 s" in tree.nodes["0"].error
+
+
+def test_a_group_deadline_cuts_every_tree_still_running():
+    class Slow(Scripted):
+        async def generate(self, request):
+            await asyncio.sleep(0.4)
+            return await super().generate(request)
+
+    env = make_env("textcraft", executor="worker-ordered")
+    rcfg = RuntimeConfig(max_steps=3, temperature=0.0, use_rubrics=False, group_timeout_s=1.0)
+    policy = Slow({(0, 0): cell(launch_code(6))})
+    trees = asyncio.run(rollout_group(task(), [rcfg, rcfg], env, policy, None))
+    assert [t.meta.get("deadline") for t in trees] == ["group", "group"]
+
+
+def test_a_tree_that_ignores_its_cancellation_is_abandoned_after_the_grace():
+    class Stubborn(Scripted):
+        async def generate(self, request):
+            for _ in range(3):  # swallows the deadline's cancellation (a buggy engine client), then gives up
+                try:
+                    await asyncio.sleep(3)
+                except asyncio.CancelledError:
+                    continue
+            return await super().generate(request)
+
+    env = make_env("textcraft", executor="worker-ordered")
+    rcfg = RuntimeConfig(
+        max_steps=3, temperature=0.0, use_rubrics=False, group_timeout_s=0.5, cancel_grace_s=0.5
+    )
+    t0 = time.perf_counter()
+    trees = asyncio.run(rollout_group(task(), [rcfg], env, Stubborn({}), None))
+    assert [t.meta.get("deadline") for t in trees] == ["group"]
+    assert "did not stop within the cancel grace" in trees[0].nodes["0"].error
+    assert time.perf_counter() - t0 < 15
+
+
+def test_a_group_cut_by_a_deadline_is_dropped_and_replaced():
+    from common.agent.tree import Node, Tree
+
+    def tree(ok: bool, late: bool = False) -> Tree:
+        t = Tree(task_id="t", env="textcraft", success=ok)
+        t.nodes["0"] = Node(node_id="0", parent_id=None, depth=0, fork_step=None, goal="g", max_steps=3)
+        t.nodes["0"].success = ok
+        if late:
+            t.meta["deadline"] = "tree"
+        return t
+
+    class Sampler:
+        cursor = 0
+
+        def next(self):
+            self.cursor += 1
+            return {"id": f"t{self.cursor}", "goal": "g"}
+
+    outcomes = iter([[tree(True, late=True), tree(False)], [tree(True), tree(False)]])
+
+    class Preset:
+        generate_rubrics, execution_reward = False, "binary"
+
+    cfg = TrainConfig.make(model="tiny", env="textworld", tasks_per_step=1, rollouts_per_task=2)
+    dropped: list = []
+    groups, replaced = collect_groups(
+        cfg, "execution", 0, Sampler(), Preset, lambda jobs: [next(outcomes) for _ in jobs], 1, dropped
+    )
+    assert len(groups) == 1 and not any(t.meta.get("deadline") for t in groups[0])
+    assert len(dropped) == 1 and dropped[0][0].meta["deadline"] == "tree"  # TextWorld too (no signal rule)
+
+
+def test_bad_deadline_values_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="--step-timeout-s must be > 0"):
+        RuntimeConfig(step_timeout_s=0)
+    with pytest.raises(ValueError, match="--max-launches-per-step must be >= 1"):
+        RuntimeConfig(max_launches_per_step=0)
+    cfg = TrainConfig.make(model="tiny", tree_timeout_s=60, max_agents_per_tree=9)
+    assert (cfg.rollout.tree_timeout_s, cfg.rollout.max_agents_per_tree) == (60, 9)
+    assert RuntimeConfig().step_timeout_s == 300 and RuntimeConfig().tree_timeout_s == 3600  # the paper's
+
+
+def test_the_heartbeat_says_where_a_slow_round_is_and_a_deadline_dumps_the_calls(tmp_path, capsys):
+    stats = LiveStats()
+    stats.stuck_path = tmp_path / "stuck_calls.jsonl"
+    policy = CountingPolicy(Scripted({(0, 0): cell(launch_code(1))}, hang={("act", "0.1")}), stats)
+    bar = RunProgress(False, 1, 0, stats, heartbeat_s=0.5)
+    bar.phase("execution rollouts")
+    env = make_env("textcraft", executor="worker-ordered")
+    rcfg = RuntimeConfig(max_steps=3, temperature=0.0, use_rubrics=False, step_timeout_s=1.5)
+    asyncio.run(rollout_group(task(), [rcfg], env, policy, None))
+    bar.close()
+    out = capsys.readouterr().out
+    assert "[heartbeat] execution rollouts for" in out
+    assert "0/1 trees done | 1 calls in flight (oldest: act call of node 0.1 step 0" in out
+    lines = [json.loads(x) for x in stats.stuck_path.read_text().splitlines()]
+    assert any(x["reason"].startswith("heartbeat: a call waits for") for x in lines)  # a slow call
+    line = next(x for x in lines if "past" in x["reason"])
+    assert "step 0 of node 0 past 1.5 s" in line["reason"]
+    assert line["calls"][0]["kind"] == "act" and line["calls"][0]["node_id"] == "0.1"
+    assert line["calls"][0]["age_s"] >= 1.4
+
+
+def test_a_paper_run_keeps_the_paper_deadlines():
+    from common.train_config import paper_profile
+
+    cfg = TrainConfig.make(model="tiny", **paper_profile("textcraft"))
+    assert replace(cfg.rollout).step_timeout_s == 300 and cfg.rollout.group_timeout_s == 3600
+
+
+# ---- signals: a stuck run stops on SIGINT or SIGTERM, even when started with SIGINT ignored ----------------
+STUCK_AFTER_FIRST_CHECKPOINT = """
+import asyncio
+from common.run import checkpoint, progress
+
+_save, _generate = checkpoint.TorchCheckpointer.save, progress.CountingPolicy.generate
+STUCK = []
+
+def save(self, *a, **k):
+    _save(self, *a, **k)
+    STUCK.append(1)  # from now on every model call hangs: an engine that lost its requests
+
+async def generate(self, request):
+    if STUCK:
+        await asyncio.Event().wait()
+    return await _generate(self, request)
+
+checkpoint.TorchCheckpointer.save, progress.CountingPolicy.generate = save, generate
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stuck_run_stops_on_a_signal_with_the_resume_command_and_its_checkpoint(tmp_path, sig):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "sitecustomize.py").write_text(STUCK_AFTER_FIRST_CHECKPOINT)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{root}", "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "run"
+    args = ["train", "--model", "tiny", "--steps", "5", "--oracle-mix", "0.5", "--out", str(out),
+            "--codeact-executor", "worker-ordered"]  # fmt: skip
+    # started as `setsid nohup sera train ... &` starts it: SIGINT ignored (the H200 run that could not be stopped)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sera", *args], cwd=root, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    t0 = time.time()
+    ckpt = out / "checkpoints" / "step_000001"
+    while not ckpt.exists() and proc.poll() is None and time.time() - t0 < 300:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    time.sleep(3)  # the next round's calls are in flight and hang
+    t1 = time.time()
+    proc.send_signal(getattr(signal, sig))
+    stdout, stderr = proc.communicate(timeout=60)
+    assert time.time() - t1 < 10, f"took {time.time() - t1:.1f} s to stop"
+    assert proc.returncode == 130, stderr[-3000:]
+    said = stderr.strip().splitlines()
+    assert said[-2].startswith("interrupted: checkpoint of step 1 saved"), said[-3:]
+    assert said[-1].startswith("resume with: sera train") and said[-1].endswith("--resume"), said[-1]
+    state = torch.load(ckpt / "state.pt", weights_only=False)  # intact: it loads
+    assert state is not None

@@ -181,7 +181,7 @@ def test_a_cell_woken_by_its_own_timer_while_launches_run():
 def test_an_answer_larger_than_the_pipe_is_delivered():
     w = ordered(big=lambda n: "x" * n)
     r = run(w, "s = big(3_000_000)\nlen(s), s[-1]")
-    assert r.error is None and r.stdout == "(3000000, 'x')\n", r
+    assert r.error is None and r.stdout == "Out[1]: (3000000, 'x')\n", r
     w.close()
 
 
@@ -206,7 +206,7 @@ def test_a_worker_that_dies_while_its_launches_run_is_reported():
     code = "import os\nt = asyncio.ensure_future(launch_subagent(0.2))\nawait asyncio.sleep(0)\nos._exit(7)"
     r = run(w, code)
     assert r.restarted and "exited with status 7" in r.error, r
-    assert run(w, "1 + 1").stdout == "2\n" and w.restarts == 1
+    assert run(w, "1 + 1").stdout == "Out[1]: 2\n" and w.restarts == 1
     w.close()
 
 

@@ -114,12 +114,19 @@ def test_parse_never_raises_on_tag_soup(parts: list[str]):
 
 def test_cell_observation_layout_is_the_public_one():
     """platoon's ``user-observation`` (trim_blocks): ``[Cell i Output]``, the output as printed or ``(No
-    output)``, ``Error: ...`` right after it (no separator of its own), then the template's last line."""
+    output)``, ``Error: ...`` right after it (no separator of its own), then the template's last line.
+    The output slot is stdout (a raised exception's traceback included); the error slot is stderr."""
     last = "Write your next step."
     ok = format_cell_observation(3, CellResult(stdout="Successfully crafted 4 stick(s)\n", error=None))
     assert ok == "[Cell 3 Output]\nSuccessfully crafted 4 stick(s)\n\n" + last
-    err = format_cell_observation(4, CellResult(stdout="", error="NameError: name 'x' is not defined"))
-    assert err == "[Cell 4 Output]\n(No output)Error: NameError: name 'x' is not defined\n" + last
+    tb = (
+        "-" * 75
+        + "\nNameError   Traceback (most recent call last)\n...\nNameError: name 'x' is not defined\n"
+    )
+    raised = format_cell_observation(4, CellResult(stdout=tb, error=None, exception="NameError: ..."))
+    assert raised == "[Cell 4 Output]\n" + tb + "\n" + last
+    err = format_cell_observation(4, CellResult(stdout="", error=None, stderr="warning\n"))
+    assert err == "[Cell 4 Output]\n(No output)Error: warning\n\n" + last
     both = format_cell_observation(
         5, CellResult(stdout="partial\n", error="TimeoutError: ...", timed_out=True)
     )

@@ -61,6 +61,12 @@ def run(w: CodeActWorker, *codes: str):
     return out[0] if len(codes) == 1 else out
 
 
+def failure(r) -> str | None:
+    """Why a cell failed: the trainer's or compiler's message, else the exception it raised (whose
+    IPython-layout traceback is in its stdout), else None."""
+    return r.error if r.error is not None else r.exception
+
+
 # ---- semantics ------------------------------------------------------------------------------------
 @MODES
 def test_ordinary_python_behaves_like_python(ordered):
@@ -120,19 +126,26 @@ print(craft({'a': 1}, ('b', 1)), sep='|', end='!\\n')
 @MODES
 def test_last_expression_echo_and_persistence(ordered):
     w = worker(ordered=ordered)
+    # IPython 9.4 under platoon (measured): ``Out[1]: `` + IPython's pretty printer; the count stays 1 (no
+    # store_history) and a trailing ``;`` does not hide the value (IPython looks for it in the history)
     r = run(w, "x = 20", "x + 1", "print('a')\nx * 2", "x;", "None", "{'b': 1, 'a': [1, 2]}", "_")
     assert [c.stdout for c in r] == [
         "",
-        "21\n",
-        "a\n40\n",
+        "Out[1]: 21\n",
+        "a\nOut[1]: 40\n",
+        "Out[1]: 20\n",
         "",
-        "",
-        "{'b': 1, 'a': [1, 2]}\n",
-        "{'b': 1, 'a': [1, 2]}\n",
+        "Out[1]: {'b': 1, 'a': [1, 2]}\n",
+        "Out[1]: {'b': 1, 'a': [1, 2]}\n",
     ]
-    assert all(c.error is None for c in r)
+    assert all(c.error is None and c.exception is None for c in r)
     long = run(w, "{f'item_{i}': i for i in range(30)}").stdout
-    assert long.startswith("{'item_0': 0,\n 'item_1': 1,") and long.count("\n") == 30  # pprint layout
+    assert (
+        long.startswith("Out[1]: \n{'item_0': 0,\n 'item_1': 1,") and long.count("\n") == 31
+    )  # IPython's layout
+    # a long string with newlines is ONE repr line (pprint split it into a parenthesised concatenation)
+    error = "Error: All 1 recipe(s) failed for plank. Errors:\nRecipe 1: Target count 3 is not divisible by 4"
+    assert run(w, f"{error!r}").stdout == f"Out[1]: {error!r}\n"
     w.close()
 
 
@@ -159,24 +172,39 @@ math.comb(5, 2), str(fractions.Fraction(1, 3)), collections.Counter("aab").most_
 """
     r = run(w, code)
     assert r.error is None, r.error
-    assert r.stdout == '{"t": 9, "q": 1, "timed_out": true, "done": [1, 4]}\n' + "(10, '1/3', [('a', 2)])\n"
+    assert (
+        r.stdout
+        == '{"t": 9, "q": 1, "timed_out": true, "done": [1, 4]}\n' + "Out[1]: (10, '1/3', [('a', 2)])\n"
+    )
     w.close()
 
 
 @MODES
 def test_tracebacks_show_cell_lines_and_tool_errors_are_catchable(ordered):
     w = worker(ordered=ordered)
-    r = run(w, "a = 1\n\nprint(b)")
-    assert r.error.splitlines() == [
-        "Traceback (most recent call last):",
-        '  File "<cell-1>", line 3, in <module>',
-        "    print(b)",
-        "NameError: name 'b' is not defined",
-    ]
+    # IPython's layout, written to stdout after what the cell printed (public: output = the traceback,
+    # error = ''), as an agent's shell writes it (File <ipython-input-1-<sha1 of the cell>>:k: the count
+    # never leaves 1, the cell's own file for a function defined earlier); blank lines hidden
+    r = run(w, "a = 1\nprint('before')\n\nprint(b)")
+    assert r.error is None and r.stderr == "" and r.exception == "NameError: name 'b' is not defined"
+    assert r.stdout == (
+        "before\n" + "-" * 75 + "\nNameError" + " " * 33 + "Traceback (most recent call last)\n"
+        "File <ipython-input-1-233b93ae05ac>:4\n      1 a = 1\n      2 print('before')\n----> 4 print(b)\n\n"
+        "NameError: name 'b' is not defined\n"
+    )
+    r = run(w, "def f(n):\n    return n / 0", "x = 1\nf(x)")[1]
+    assert r.stdout.endswith(
+        "File <ipython-input-1-865df23cf628>:2\n      1 x = 1\n----> 2 f(x)\n\n"
+        "File <ipython-input-1-fc2c6ae83e7c>:2, in f(n)\n      1 def f(n):\n"
+        "----> 2     return n / 0\n\nZeroDivisionError: division by zero\n"
+    ), r.stdout
     r = run(w, "try:\n    craft(1, ('b', 1))\nexcept TypeError as e:\n    print('caught', e)")
     assert r.error is None and r.stdout == "caught ingredients must be a dict, got int\n"
     r = run(w, "craft({'a': object()}, ('b', 1))")  # not plain data: refused in the worker, never sent
-    assert "TypeError: craft(): only plain data" in r.error
+    assert "TypeError: craft(): only plain data" in r.exception and "Traceback" in r.stdout
+    # stderr is its own slot (public ``error=cap_stderr``); stdout keeps only what went to stdout
+    r = run(w, "import sys\nprint('out')\nprint('careful', file=sys.stderr)\nsys.stderr.write('!')")
+    assert (r.stdout, r.stderr, r.error, r.exception) == ("out\nOut[1]: 1\n", "careful\n!", None, None), r
     assert run(w, "print(craft({'a': 1}, ('b', 2)))").stdout == "Successfully crafted 2 b(s)\n"
     w.close()
 
@@ -187,7 +215,7 @@ def test_gather_of_two_launches_runs_both_while_the_worker_waits(ordered):
     t0 = time.perf_counter()
     r = run(w, "a, b = await asyncio.gather(launch_subagent(0.5, 'A'), launch_subagent(0.5, 'B'))\n[a, b]")
     elapsed = time.perf_counter() - t0
-    assert r.error is None and r.stdout == "['A', 'B']\n" and not r.timed_out
+    assert r.error is None and r.stdout == "Out[1]: ['A', 'B']\n" and not r.timed_out
     assert elapsed < 0.9, f"the two launches must run concurrently ({elapsed:.2f} s)"
     r = run(w, "print(await launch_subagent(0.5, 'C'))")
     assert r.stdout == "C\n" and r.error is None
@@ -313,8 +341,8 @@ def test_a_cell_that_ends_with_a_launch_in_flight_lets_the_child_on_its_world_ru
         return await asyncio.wait_for(parent.run(code), 20)  # a deadlock fails here, not by hanging the suite
 
     r = asyncio.run(go())
-    assert "ValueError: boom" in r.error and ran == ["x"]
-    assert asyncio.run(go()).error and ran == ["x", "x"]  # and the world's turn is free for the next cell
+    assert "ValueError: boom" in r.exception and ran == ["x"]
+    assert asyncio.run(go()).exception and ran == ["x", "x"]  # and the world's turn is free for the next cell
     parent.close()
     child.close()
 
@@ -475,7 +503,7 @@ def test_process_level_attacks_are_contained(code: str, expected: str, restarted
     w = worker(ordered=ordered)
     run(w, "pass")  # started (the start-up time is not the cell's)
     r = _contained(w, code, CONTAINED_S)
-    assert r.error is not None and expected in r.error, (code, r)
+    assert failure(r) is not None and expected in failure(r), (code, r)
     assert r.restarted == restarted and w.restarts == int(restarted), (code, r)
     w.close()
 
@@ -503,8 +531,11 @@ def test_huge_output_is_capped(ordered):
 def test_a_timed_out_cell_keeps_its_namespace(ordered):
     w = worker(ordered=ordered)
     r = run(w, "x = 41", "while True:\n    x += 0", "x + 1")
-    assert r[1].timed_out and not r[1].restarted and "TimeoutError" in r[1].error
-    assert r[2].stdout == "42\n"
+    assert (
+        r[1].timed_out and not r[1].restarted and r[1].exception.startswith("TimeoutError: the cell exceeded")
+    )
+    assert "TimeoutError" in r[1].stdout and "Traceback (most recent call last)" in r[1].stdout
+    assert r[2].stdout == "Out[1]: 42\n"
     w.close()
 
 

@@ -177,10 +177,13 @@ def test_malformed_reply_costs_a_step_and_is_the_empty_cell():
             == "[Cell 0 Output]\n(No output)Error: No code available to execute.\nWrite your next step."
         )
         assert r.info["parse_error"] and r.info["rejected"] == "empty"
+        # the slots of the observation (the error-step filter reads them): a check's message is the error
+        assert (r.info["cell_output"], r.info["cell_error"]) == ("", "No code available to execute.")
         r = await s.step(reply("print(1"))
         assert r.observation.startswith(
             "[Cell 1 Output]\n(No output)Error: Execution failed. Traceback:\nSyntax error"
         )
+        assert r.info["cell_output"] == "" and r.info["cell_error"].startswith("Execution failed. Traceback:")
         s.close()
 
     run(go())
@@ -189,10 +192,19 @@ def test_malformed_reply_costs_a_step_and_is_the_empty_cell():
 def test_last_expression_is_echoed_and_stdlib_imports_work():
     async def go():
         s = root()
+        # IPython prints "Out[1]: {...}"; platoon's executor then keeps "".join(out.split(":")[1:]) of an
+        # output that starts with "Out[": the prompt goes and so does every other colon (public quirk)
         r = await s.step(reply("import math, collections\ninv = view_inventory()\ninv"))
-        assert r.observation == "[Cell 0 Output]\n{'log': 3, 'coal': 2}\n\nWrite your next step."
-        r = await s.step(reply("x = math.gcd(12, 18); x;"))  # a trailing ';' suppresses the echo
-        assert r.observation == "[Cell 1 Output]\n(No output)\nWrite your next step."
+        assert r.observation == "[Cell 0 Output]\n {'log' 3, 'coal' 2}\n\nWrite your next step."
+        assert r.info["cell_output"] == " {'log' 3, 'coal' 2}\n" and r.info["cell_error"] == ""
+        r = await s.step(reply("x = math.gcd(12, 18); x;"))  # a trailing ';' does not hide it (no history)
+        assert r.observation == "[Cell 1 Output]\n 6\n\nWrite your next step."
+        # after a print the prompt stays; a long string with newlines is one repr line (not pprint's split)
+        r = await s.step(reply('print("made")\ncraft({"log": 1}, ("plank", 3))'))
+        assert r.info["cell_output"] == (
+            "made\nOut[1]: 'Error: All 1 recipe(s) failed for plank. Errors:\\n"
+            "Recipe 1: Target count 3 is not divisible by recipe result count 4'\n"
+        ), r.info["cell_output"]
         s.close()
 
     run(go())
@@ -201,10 +213,37 @@ def test_last_expression_is_echoed_and_stdlib_imports_work():
 def test_cell_errors_are_observations_not_crashes():
     async def go():
         s = root()
-        r = await s.step(reply("1/0"))
-        assert not r.done and r.error is None and "ZeroDivisionError" in r.observation
+        # public (IPython under platoon's ShellCapture): the traceback is stdout, i.e. the OUTPUT slot;
+        # "Error: " is never added to it (audit 2026-12-04 row 4)
+        r = await s.step(reply("x = 1\n1/0"))
+        assert not r.done and r.error is None
+        tb = (
+            "-" * 75 + "\nZeroDivisionError                         Traceback (most recent call last)\n"
+            "File <ipython-input-1-d9c7a350ba79>:2\n      1 x = 1\n----> 2 1/0\n\nZeroDivisionError: division by zero\n"
+        )
+        assert r.observation == "[Cell 0 Output]\n" + tb + "\nWrite your next step."
+        assert (r.info["cell_output"], r.info["cell_error"]) == (tb, "")
+        assert r.info["exception"] == "ZeroDivisionError: division by zero"
         r = await s.step(reply('print(craft("log", ("plank", 4)))'))
         assert "Error: ingredients must be a dict" in r.observation
+        # stderr is the error slot (public error=cap_stderr): "(No output)Error: ..." when nothing else printed
+        r = await s.step(reply('import sys\nprint("careful", file=sys.stderr)'))
+        assert r.observation == "[Cell 2 Output]\n(No output)Error: careful\n\nWrite your next step."
+        assert (r.info["cell_output"], r.info["cell_error"]) == ("", "careful\n")
+        r = await s.step(reply('print("a")\nprint("b", file=sys.stderr)'))
+        assert r.observation == "[Cell 3 Output]\na\nError: b\n\nWrite your next step."
+        s.close()
+
+    run(go())
+
+
+def test_finish_returns_its_message_as_the_public_action():
+    """public ``agents/actions/common.py: finish`` returns ``message``; shown when it is the last expression."""
+
+    async def go():
+        s = root()
+        r = await s.step(reply('print(finish("made 2 torches"))'))
+        assert r.done and r.info["cell_output"] == "made 2 torches\n"
 
     run(go())
 

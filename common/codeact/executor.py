@@ -83,10 +83,17 @@ class CellResult:
     """What one cell produced."""
 
     stdout: str
-    """Captured output (``print`` and the echoed last expression), capped at ``max_output_chars``."""
+    """The output slot, as the paper's IPython shell captures it: what the cell printed (capped at
+    ``max_output_chars``), the last expression's ``Out[1]: ...`` line, and the IPython-layout traceback of
+    an exception the cell raised (``exception``)."""
     error: str | None
-    """None on success; else a traceback-style message with the cell's line numbers, ending in a line
-    such as ``NameError: name 'x' is not defined`` or ``TimeoutError: cell exceeded ...``."""
+    """None when the cell ran (to its end or to an exception it raised, which is in ``stdout``); else why it
+    did not: a compile error (``syntax_error``), or the trainer's message when the worker was killed, died or
+    was busy (``WorkerError: ...``, ``TimeoutError: ... did not finish ...``)."""
+    stderr: str = ""
+    """What the cell wrote to ``sys.stderr`` (capped like ``stdout``): the paper's error slot."""
+    exception: str | None = None
+    """The last line(s) of the traceback in ``stdout`` (``NameError: name 'x' is not defined``), or None."""
     timed_out: bool = False
     """True when the cell was stopped by the time limit."""
     restarted: bool = False
@@ -379,7 +386,7 @@ class CodeActWorker:
     >>> import asyncio
     >>> w = CodeActWorker({"double": lambda x: 2 * x}, {})
     >>> asyncio.run(w.run("import math\\ny = double(21)\\nmath.sqrt(y * 42)")).stdout
-    '42.0\\n'
+    'Out[1]: 42.0\\n'
     >>> w.close()
     """
 
@@ -901,8 +908,10 @@ class CodeActWorker:
 
     @staticmethod
     def _result(msg: dict[str, Any]) -> CellResult:
-        stdout = msg.get("stdout") if isinstance(msg.get("stdout"), str) else ""
-        error = msg.get("error") if isinstance(msg.get("error"), str) else None
+        def text(key: str) -> str | None:
+            return msg.get(key) if isinstance(msg.get(key), str) else None
+
+        stdout, error = text("stdout") or "", text("error")
         notes = (
             [n for n in msg.get("notes", []) if isinstance(n, str)]
             if isinstance(msg.get("notes"), list)
@@ -917,6 +926,8 @@ class CodeActWorker:
         return CellResult(
             stdout=stdout,
             error=error,
+            stderr=text("stderr") or "",
+            exception=text("exception"),
             timed_out=bool(msg.get("timed_out")),
             unawaited_launches=unawaited if isinstance(unawaited, int) else 0,
             syntax_error=(syntax[0], syntax[1]) if syntax else None,

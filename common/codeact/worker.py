@@ -33,11 +33,15 @@ Isolation, applied in the worker before any cell runs:
    tool calls and sub-agents) and a CPU timer (``ITIMER_PROF``); both raise ``TimeoutError`` in the cell.
    The trainer also kills the worker if a cell outlives its limit by a grace period (a cell that blocks
    in C code, or swallows the timeout).
-5. **output**: ``sys.stdout``/``sys.stderr`` are capped buffers; file descriptors 0-2 are ``/dev/null``.
+5. **output**: ``sys.stdout`` and ``sys.stderr`` are separate capped buffers; file descriptors 0-2 are
+   ``/dev/null``.
 
 Cell semantics (as the paper's IPython executor): persistent globals, top-level ``await``, the real
 ``asyncio`` (imported already), any standard-library import, the value of a final expression statement
-echoed (``pprint`` layout, suppressed by a trailing ``;``), tracebacks that show only the cell's frames.
+echoed as IPython's displayhook prints it (``Out[1]: `` and IPython's pretty printer; a trailing ``;`` does not
+hide it, as under platoon), an exception's traceback in IPython's layout written to stdout after the cell's
+output (only the cell's frames), and what the cell writes to ``sys.stderr`` kept apart (``stderr``): the
+texts of the paper's shell, see :mod:`ipython_layout`.
 Tools are proxies: each call is a JSON message to the trainer, which runs the tool on the shared world
 and answers; ``launch_subagent`` returns a coroutine, so ``await`` and ``asyncio.gather`` work while the
 trainer runs the children.
@@ -57,7 +61,6 @@ import inspect
 import json
 import linecache
 import os
-import pprint
 import select
 import selectors
 import signal
@@ -69,6 +72,16 @@ try:
     import resource
 except ImportError:  # not POSIX: the trainer side refuses to start workers there
     resource = None  # type: ignore[assignment]
+
+if __package__:
+    from . import ipython_layout
+else:  # ``python -I -S worker.py``: the module beside this file (read now, before any isolation), then
+    # the directory leaves the path again, so cells cannot read it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        import ipython_layout
+    finally:
+        del sys.path[0]
 
 # --- plain-data encoding (shared with the trainer side) -------------------------------------------------
 MAX_DEPTH = 64
@@ -190,6 +203,7 @@ class Worker:
         self.created: list = []  # launch coroutines created by the current cell
         self.extra_loops: list = []  # loops other than ours that a cell ran (asyncio.run) and we read on
         self.loop = self._new_loop()
+        self.input_names: dict[str, str] = {}  # cell file name -> the file name IPython would give it
         self.pid = os.getpid()
         self.namespace: dict = {"__name__": "__main__", "__builtins__": builtins, "asyncio": asyncio}
         for name in config.get("tools", []):
@@ -346,8 +360,11 @@ class Worker:
 
     # --- cells ----------------------------------------------------------------------------------------
     def _compile(self, code: str, filename: str):
+        """The cell's code object, and whether its last statement is an expression whose value is shown
+        (IPython's ``last_expr``; a trailing ``;`` does not hide it: platoon runs cells without
+        ``store_history``, and IPython looks for the ``;`` in the stored history)."""
         tree = ast.parse(code, filename, "exec")
-        echo = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(code)
+        echo = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
         if echo:
             last = tree.body[-1]
             target = ast.Name(id="_codeact_echo_", ctx=ast.Store())
@@ -357,13 +374,19 @@ class Worker:
         return compile(tree, filename, "exec", flags=flags, dont_inherit=True), echo
 
     def run_cell(self, req: dict) -> dict:
+        """Run one cell. The answer carries what IPython under platoon's ``ShellCapture`` would have
+        captured: ``stdout`` (prints, the last expression's ``Out[1]: ...`` line, and the traceback of an
+        exception the cell raised) and ``stderr``; ``exception`` names that exception (``NameError: ...``);
+        ``error``/``syntax`` describe a cell that did not compile."""
         cell = int(req.get("cell", 0))
-        filename = f"{CELL_PREFIX}{cell}>"
         code = req["code"]
+        filename = f"{CELL_PREFIX}{cell}>"
+        self.input_names[filename] = ipython_layout.input_name(code)
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        out = _Capped(int(req.get("max_output_chars", 8000)))
-        sys.stdout = sys.stderr = out
-        error, timed_out, notes, syntax = None, False, [], None
+        cap = int(req.get("max_output_chars", 8000))
+        out, err = _Capped(cap), _Capped(cap)
+        sys.stdout, sys.stderr = out, err
+        error, exception, traceback_text, timed_out, notes, syntax = None, None, "", False, [], None
         tasks_before = asyncio.all_tasks(self.loop)
         wall, cpu = float(req.get("wall_time_s", 10.0)), float(req.get("cpu_time_s", 10.0))
         self.created = []
@@ -386,18 +409,17 @@ class Worker:
                     value = self.namespace.pop("_codeact_echo_", None)
                     if value is not None:
                         self.namespace["_"] = value
-                        out.write(pprint.pformat(value, width=79, sort_dicts=False) + "\n")
+                        out.write(ipython_layout.display_text(value))
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.setitimer(signal.ITIMER_PROF, 0)
                 self.in_cell = False
-        except CellTimeout as e:
-            error, timed_out = self._format_error(e), True
         except SyntaxError as e:
             error = "".join(traceback.format_exception_only(type(e), e)).rstrip()
             syntax = [(e.text or "").rstrip(), str(e.msg)]
         except BaseException as e:  # noqa: BLE001 -- everything the cell raises is reported, not fatal
-            error = self._format_error(e)
+            timed_out = isinstance(e, CellTimeout)
+            exception, traceback_text = self._format_error(e)
         finally:
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         if timed_out:  # the timer may have fired inside the event loop's own code: start a clean loop
@@ -428,8 +450,10 @@ class Worker:
                 unawaited += 1
         self.created = []
         self.futures.clear()
-        return {"type": "done", "cell": cell, "stdout": out.text(), "error": error, "timed_out": timed_out,
-                "notes": notes, "unawaited": unawaited, "syntax": syntax}  # fmt: skip
+        # IPython prints the traceback to stdout after what the cell printed (beyond the output cap)
+        return {"type": "done", "cell": cell, "stdout": out.text() + traceback_text, "stderr": err.text(),
+                "exception": exception, "error": error, "timed_out": timed_out, "notes": notes,
+                "unawaited": unawaited, "syntax": syntax}  # fmt: skip
 
     def _replace_loop(self) -> None:
         old = self.loop
@@ -439,43 +463,26 @@ class Worker:
         except BaseException:  # noqa: BLE001
             pass
 
-    def _format_error(self, exc: BaseException) -> str:
-        if isinstance(exc, CellTimeout):
-            head = exc.args[0] if exc.args else "TimeoutError: the cell exceeded its time limit"
-        else:
-            head = None
-        head_tb, tail_tb, skipped = [], [], 0  # the cell's frames only: first 3 and last 5
-        tb = exc.__traceback__
-        while tb is not None:
-            if tb.tb_frame.f_code.co_filename.startswith(CELL_PREFIX):
-                if len(head_tb) < 3:
-                    head_tb.append(tb)
-                else:
-                    tail_tb.append(tb)
-                    if len(tail_tb) > 5:
-                        tail_tb.pop(0)
-                        skipped += 1
-            tb = tb.tb_next
-        lines = []
-        if head_tb:
-            lines.append("Traceback (most recent call last):\n")
-            for i, t in enumerate(head_tb + tail_tb):
-                if i == 3 and skipped:
-                    lines.append(f"  [... {skipped} more frames ...]\n")
-                code = t.tb_frame.f_code
-                lines.append(f'  File "{code.co_filename}", line {t.tb_lineno}, in {code.co_name}\n')
-                src = linecache.getline(code.co_filename, t.tb_lineno).strip()
-                if src:
-                    lines.append(f"    {src}\n")
-        if head is not None:
-            lines.append(head)
-        else:
-            try:
-                lines.extend(traceback.format_exception_only(type(exc), exc))
-            except BaseException:  # noqa: BLE001 -- a hostile __str__
-                lines.append(type(exc).__name__)
-        text = "".join(lines).rstrip()
-        return text if len(text) <= 4000 else text[:2000] + "\n[...]\n" + text[-1800:]
+    def _format_error(self, exc: BaseException) -> tuple[str, str]:
+        """``(summary, traceback)`` of an exception the cell raised: the summary is the traceback's last
+        line(s) (``NameError: name 'x' is not defined``); the traceback is IPython's layout over the cell's
+        frames (:mod:`ipython_layout`) as an agent's shell other than the process's first writes it
+        (``File <ipython-input-1-...>:k``), at most 4,000 characters. The timer's exception reads as
+        ``TimeoutError``."""
+        name = "TimeoutError" if isinstance(exc, CellTimeout) else None
+        try:
+            text = ipython_layout.format_traceback(
+                exc,
+                lambda f: f.startswith(CELL_PREFIX),
+                name=name,
+                label=lambda f, n: ipython_layout.cell_label(self.input_names.get(f, f), n),
+            )
+        except BaseException:  # noqa: BLE001 -- a hostile exception (its __str__, its frames)
+            text = f"{name or type(exc).__name__}\n"
+        if len(text) > 4000:
+            text = text[:2000] + "\n[...]\n" + text[-1800:]
+        summary = text.rstrip("\n").rsplit("\n\n", 1)[-1]
+        return summary, text
 
     def serve(self) -> None:
         self.send({"type": "ready", "isolation": self.config.get("isolation", "none"), "pid": self.pid})
@@ -511,14 +518,6 @@ class _TurnSelector(selectors.DefaultSelector):
             return super().select(timeout)
         finally:
             w.after_block()
-
-
-def _ends_with_semicolon(code: str) -> bool:
-    for line in reversed(code.splitlines()):
-        text = line.split("#", 1)[0].rstrip()
-        if text:
-            return text.endswith(";")
-    return False
 
 
 # --- isolation -------------------------------------------------------------------------------------------
@@ -683,7 +682,7 @@ def _install_audit_hook() -> None:
 
 def _timer(signum, frame):
     kind = "wall-clock" if signum == signal.SIGALRM else "CPU"
-    raise CellTimeout(f"TimeoutError: the cell exceeded its {kind} time limit")
+    raise CellTimeout(f"the cell exceeded its {kind} time limit")
 
 
 def _detach() -> None:

@@ -13,7 +13,8 @@ Only the first ``<python>`` block is run; a bare Markdown fence without the tags
 error says so), so the reply format stays the one the system prompt teaches.
 :func:`format_cell_observation` turns a :class:`~common.codeact.CellResult` into the next observation
 with the template ``templates/textcraft_observation.txt`` (platoon's layout: ``[Cell i Output]``, the output or
-``(No output)``, ``Error: ...`` right after it, then the next line).
+``(No output)``, ``Error: ...`` right after it, then the next line); :func:`cell_slots` says what fills the
+output and error slots (stdout with a raised exception's traceback; stderr).
 
 Run the tests with ``python -m pytest tests/test_codeact_parse.py -q``.
 """
@@ -119,14 +120,36 @@ def parse_codeact_reply(text: str) -> ParsedReply:
     return ParsedReply(thought, code, None, (start, end), thought_raw)
 
 
+def shown_output(stdout: str) -> str:
+    """The cell's stdout as platoon's ``IPythonCodeExecutor.run`` hands it to the observation: when the
+    capture starts with ``Out[`` (the last expression's value was the first thing written), it keeps
+    ``"".join(stdout.split(":")[1:])``, i.e. drops the ``Out[1]`` prompt AND every other colon of the
+    whole output. A public quirk, reproduced because the paper's models read (and were trained on) it.
+
+    >>> shown_output("Out[1]: {'plank': 4}\\n"), shown_output("hi\\nOut[1]: {'plank': 4}\\n")
+    (" {'plank' 4}\\n", "hi\\nOut[1]: {'plank': 4}\\n")
+    """
+    return "".join(stdout.split(":")[1:]) if stdout.startswith("Out[") else stdout
+
+
+def cell_slots(result: CellResult) -> tuple[str, str]:
+    """``(output, error)``: the observation's two slots for a cell that ran (platoon's ``CodeActStep``
+    ``output=stdout, error=stderr``): the output as shown (:func:`shown_output`; a raised exception's
+    traceback is in it), and what the cell wrote to stderr, or the trainer's message when the worker did
+    not finish the cell."""
+    return shown_output(result.stdout), result.stderr + (result.error or "")
+
+
 def format_cell_observation(index: int, result: CellResult, prompts: TextCraftPrompts | None = None) -> str:
     """The observation after a cell (``textcraft_observation.txt``): ``[Cell index Output]``, the output (or
-    ``(No output)``), the error as ``Error: ...`` right after it, then the next line. ``index`` is the step's
-    index from 0.
+    ``(No output)``), the error slot as ``Error: ...`` right after it, then the next line. ``index`` is the
+    step's index from 0.
 
-    >>> print(format_cell_observation(2, CellResult(stdout="", error="NameError: name 'x' is not defined")))
+    >>> print(format_cell_observation(2, CellResult(stdout="", error=None, stderr="careful\\n")))
     [Cell 2 Output]
-    (No output)Error: NameError: name 'x' is not defined
+    (No output)Error: careful
+    <BLANKLINE>
     Write your next step.
     """
-    return (prompts or load_prompts()).observation(index, result.stdout, result.error)
+    output, error = cell_slots(result)
+    return (prompts or load_prompts()).observation(index, output, error)

@@ -21,7 +21,10 @@ Past replies appear in the agent's later prompts rebuilt from their parsed parts
 ``<thought>...</thought><python>...</python>``; check the cell before it runs (syntax, empty,
 ``asyncio.all_tasks``/``current_task``, a ``launch_subagent(...)`` that is not awaited: the cell is
 rejected with an error and has no effect); run it; the observation is ``[Cell i Output]`` + output +
-``Error: ...`` (templates in ``templates/``). A malformed reply is the empty cell. The agent halts when
+``Error: ...`` (templates in ``templates/``), the slots filled as the paper's IPython executor fills them:
+the output is the cell's stdout (its ``Out[1]: ...`` value line, and the traceback of an exception it
+raised), the error is what it wrote to stderr or a check's message; ``StepResult.info`` carries both
+(``cell_output``, ``cell_error``). A malformed reply is the empty cell. The agent halts when
 it calls finish or runs out of steps. The **loop detector** (the paper's agent): when the last cells
 repeat a pattern of period <= 3 four times, the agent is finished with "Stuck in a loop, terminating
 early." on its next step (which the session takes at once, without a model call).
@@ -57,7 +60,7 @@ from ..base import (
     StepResult,
     World,
 )
-from .codeact import parse_codeact_reply
+from .codeact import cell_slots, parse_codeact_reply
 from .prompts import TextCraftPrompts, load_prompts
 from .tasks import DEFAULT_MAX_STEPS, book_for_task, goal_text, parse_goal_targets
 from .world import TextCraftWorld
@@ -246,7 +249,10 @@ class TextCraftSession(AgentSession):
         return self.max_steps - self.steps_used
 
     async def _run_cell(self, index: int, code: str, info: dict[str, Any]) -> str:
-        """Check, run and describe one cell (the observation text)."""
+        """Check, run and describe one cell (the observation text). ``info`` gets the two slots of the
+        observation: ``cell_output`` (the output as the model reads it, a raised exception's traceback
+        included) and ``cell_error`` (the error slot: a check's or the compiler's message, or what the
+        cell wrote to stderr), as platoon's ``CodeActStep.output`` / ``.error``."""
         check = check_cell(code, parse=False)
         if check.kind is not None:
             info["rejected"] = check.kind
@@ -256,20 +262,24 @@ class TextCraftSession(AgentSession):
                 "introspection": lambda: self.prompts.introspection(check.names),
                 "unawaited": lambda: self.prompts.unawaited(check.names),
             }[check.kind]()
-            return self.prompts.observation(index, "", error)
+            return self._observation(index, "", error, info)
         self.cell_index += 1
         info["cell_index"] = self.cell_index
         result = await self.executor.run(code)
         info["timed_out"] = result.timed_out
-        info["cell_error"] = result.error
+        info["exception"] = result.exception
         info["worker_restarted"] = result.restarted
         if result.syntax_error is not None:  # rejected by the worker's compiler: the paper's message
             info["rejected"] = "syntax"
-            return self.prompts.observation(index, "", self.prompts.syntax_error(*result.syntax_error))
-        stdout = result.stdout
+            return self._observation(index, "", self.prompts.syntax_error(*result.syntax_error), info)
+        output, error = cell_slots(result)
         if result.unawaited_launches:
-            stdout += self.prompts.unawaited_runtime(result.unawaited_launches) + "\n"
-        return self.prompts.observation(index, stdout, result.error)
+            output += self.prompts.unawaited_runtime(result.unawaited_launches) + "\n"
+        return self._observation(index, output, error, info)
+
+    def _observation(self, index: int, output: str, error: str, info: dict[str, Any]) -> str:
+        info["cell_output"], info["cell_error"] = output, error
+        return self.prompts.observation(index, output, error)
 
     async def step(self, reply: str) -> StepResult:
         if self.halted or self.finished or self.steps_used >= self.max_steps:

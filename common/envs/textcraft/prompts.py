@@ -15,9 +15,11 @@ budget tracker); the instructions are in this project's words. The conversation 
   (``textcraft_child_goal.txt``: ``Context provided from parent agent: ...``);
 * **each observation** (``textcraft_observation.txt``, placeholders ``$index``, ``$output``, ``$error``,
   ``$next_action``): ``[Cell i Output]`` (``i`` counts steps from 0), then ``$output`` = the cell's output
-  exactly as printed, or ``textcraft_no_output.txt`` (``(No output)``) when it printed nothing, then
-  ``$error`` = ``textcraft_error.txt`` (``Error: ...``) when the cell failed, else empty; the error follows the
-  output with no separator of its own, as platoon's ``user-observation`` renders it;
+  as the paper's IPython shell captures it (prints, the ``Out[1]: ...`` value line, the traceback of an
+  exception the cell raised; ``codeact.cell_slots``), or ``textcraft_no_output.txt`` (``(No output)``) when
+  there is none, then ``$error`` = ``textcraft_error.txt`` (``Error: ...``) when the error slot is not empty
+  (what the cell wrote to stderr, or the message of a cell that never ran), else empty; the error follows
+  the output with no separator of its own, as platoon's ``user-observation`` renders it;
 * **past assistant turns** are rebuilt from the parsed reply (``textcraft_history_thought.txt`` and
   ``textcraft_history_code.txt``, joined by a newline; a part the reply lacks is left out), as platoon's
   ``_format_action_for_history``; the runtime asks the session for them (``assistant_turn``);
@@ -120,8 +122,8 @@ class TextCraftPrompts:
         )
 
     def observation(self, index: int, output: str, error: str | None) -> str:
-        """``[Cell index Output]``, the output as printed (or ``(No output)``), ``Error: ...`` right after it
-        when the cell failed, then the next line of the template (platoon's ``user-observation``)."""
+        """``[Cell index Output]``, the output slot (or ``(No output)``), ``Error: ...`` right after it when
+        the error slot is not empty, then the next line of the template (platoon's ``user-observation``)."""
         return self._fill(
             "observation",
             index=index,
@@ -171,6 +173,8 @@ class TextCraftPrompts:
         return self._fill("child_not_finished", reason=reason or self.texts["child_no_reason"])
 
     def finish_recorded(self, message: str) -> str:
+        """What ``finish(message)`` returns to the cell (``textcraft_finish_recorded.txt``; public
+        ``agents/actions/common.py: finish`` returns the message itself)."""
         return self._fill("finish_recorded", message=message)
 
     @property
@@ -201,9 +205,9 @@ def load_prompts(prompts_dir: str | Path | None = None) -> TextCraftPrompts:
     5
     <BLANKLINE>
     Write your next step.
-    >>> print(p.observation(1, "", "NameError: name 'x' is not defined"))
+    >>> print(p.observation(1, "", "No code available to execute."))
     [Cell 1 Output]
-    (No output)Error: NameError: name 'x' is not defined
+    (No output)Error: No code available to execute.
     Write your next step.
     """
     return _load(str(prompts_dir) if prompts_dir is not None else None)

@@ -5,8 +5,10 @@ The directory is written here with the STRUCTURE and fixed formats of the public
 depth-aware ``launch_subagent`` report and refusal, the TextWorld evaluation and training builders); the long
 instructions are stand-ins (``<<...>>``), since only their placement matters. Full rollouts run through the
 runtime, and every message is compared with the string the public builder would produce from the same parts:
-the first message, an observation turn with output, one with no output, one with an error, the rebuilt past
-replies, a launch report and a depth refusal; for TextWorld, both template sets.
+the first message (the action space ends in a newline, as the public one: 3 newlines before the next-action
+line), an observation turn with output, one with no output, one whose cell raised (IPython's traceback in the
+output slot, no ``Error:``), one with stderr in the error slot and an echoed value after platoon's ``Out[``
+strip, the rebuilt past replies, a launch report and a depth refusal; for TextWorld, both template sets.
 
 Run: ``pytest tests/test_public_prompt_rendering.py -q``.
 """
@@ -14,6 +16,7 @@ Run: ``pytest tests/test_public_prompt_rendering.py -q``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -28,7 +31,7 @@ from common.policy.scripted import ReplayPolicy
 from common.run.rollout import make_env_with_prompts
 
 SYSTEM = "<<the recursive TextCraft system prompt>>"
-ACTION_SPACE = "<<the depth-aware action space>>"
+ACTION_SPACE = "<<the depth-aware action space>>\n"  # the public text ends in a newline (audit row 14)
 NEXT_ACTION = "<<user-next-action-str>>"
 GUIDANCE = "<<the tracker's guidance>>"
 
@@ -61,6 +64,17 @@ def write(directory: Path, files: dict[str, str]) -> Path:
     return directory
 
 
+def public_traceback(code: str, line: int, exc: str) -> str:
+    """What IPython 9.4 prints to stdout (the OUTPUT slot) for a one-line cell that raises, in an agent's
+    shell (every platoon shell but a process's first: ``File <ipython-input-1-<sha1[:12]>>:k``)."""
+    digest = hashlib.sha1((code + "\n").encode()).hexdigest()[:12]
+    name = exc.split(":", 1)[0]
+    return (
+        "-" * 75 + "\n" + name + "Traceback (most recent call last)".rjust(75 - len(name)) + "\n"
+        f"File <ipython-input-1-{digest}>:{line}\n----> {line} {code}\n\n{exc}\n"
+    )
+
+
 def public_observation(index: int, output: str, error: str) -> str:
     """platoon's ``user-observation.jinja`` rendered with trim_blocks: the newline after each ``{% endif %}``
     is eaten, so the error follows the output directly."""
@@ -85,6 +99,7 @@ def test_textcraft_turns_from_a_public_prompts_directory_are_byte_exact(tmp_path
         "Let me look first.\n<thought>look around</thought>\n<python>\nprint('hello')\n</python>",
         "<thought>quiet</thought>\n<python>x = 1</python>",
         "<python>print(undefined_name)</python>",
+        "<python>import sys\nprint('careful', file=sys.stderr)\n{'a': 1}</python>",
         '<thought>delegate the sticks</thought>\n<python>print(await launch_subagent({"stick": 4}))',
     ]
     child_replies = [
@@ -96,14 +111,12 @@ def test_textcraft_turns_from_a_public_prompts_directory_are_byte_exact(tmp_path
     cfg = RuntimeConfig(max_depth=1, use_rubrics=False, prompts_dir=str(d))
     tree = asyncio.run(run_root(TASK, env, policy, cfg))
     root, child = tree.root, tree.nodes["0.1"]
-    sent = root.steps[4].call.messages
-    error = (
-        root.steps[2]
-        .observation.split("(No output)Error: ", 1)[1]
-        .rsplit("\nProvide your next action.", 1)[0]
+    sent = root.steps[5].call.messages
+    # a raising cell: IPython's traceback is the output slot, no "Error: " (audit row 4)
+    traceback = public_traceback(
+        "print(undefined_name)", 1, "NameError: name 'undefined_name' is not defined"
     )
-    assert "NameError" in error and "undefined_name" in error
-    report = "done\n\nBudget used by subagent: 2/20 steps. Total remaining budget for the current task is 17 steps.\n"
+    report = "done\n\nBudget used by subagent: 2/20 steps. Total remaining budget for the current task is 16 steps.\n"
     expected = [
         {"role": "system", "content": SYSTEM},
         {
@@ -116,12 +129,19 @@ def test_textcraft_turns_from_a_public_prompts_directory_are_byte_exact(tmp_path
         {"role": "assistant", "content": public_history("quiet", "x = 1")},
         {"role": "user", "content": public_observation(1, "", "")},  # no output
         {"role": "assistant", "content": public_history("", "print(undefined_name)")},
-        {"role": "user", "content": public_observation(2, "", error)},  # an error
+        {"role": "user", "content": public_observation(2, traceback, "")},  # a raised exception
+        {
+            "role": "assistant",
+            "content": public_history("", "import sys\nprint('careful', file=sys.stderr)\n{'a': 1}"),
+        },
+        # stderr is the error slot; the value echo "Out[1]: {'a': 1}" loses the prompt and every colon
+        # (platoon strips an output that starts with "Out[": "".join(out.split(":")[1:]))
+        {"role": "user", "content": public_observation(3, " {'a' 1}\n", "careful\n")},
         {
             "role": "assistant",
             "content": public_history("delegate the sticks", 'print(await launch_subagent({"stick": 4}))'),
         },
-        {"role": "user", "content": public_observation(3, report + "\n", "")},  # the launch report, printed
+        {"role": "user", "content": public_observation(4, report + "\n", "")},  # the launch report, printed
     ]
     assert sent == expected
     refusal = (

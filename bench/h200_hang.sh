@@ -14,7 +14,9 @@
 # The tree under test is $SNAP (a copy of the project carried to the device; see bench/RESULTS.md).
 #
 # Usage on the device, after the bundle's transfer calls (../shared/gpu/device-vllm-steps.md):
-#   bash bench/h200_hang.sh start        # data, then the three runs in the background (setsid)
+#   bash bench/h200_hang.sh start        # data, then the runs in the background (setsid); RUNS="A C" picks
+#                                          runs, A_EXTRA adds options to A, C_TREE_S / C_STEPS set C's deadline
+#   bash bench/h200_hang.sh report       # A's trees per round: largest, slowest, refused launches, cut
 #   bash bench/h200_hang.sh watch S      # print a summary every 60 s for S seconds, then pack into $OUT
 #   bash bench/h200_hang.sh stop         # SIGTERM every run (each prints its resume command), pack
 set -u
@@ -22,7 +24,7 @@ SNAP=${SNAP:-/tmp/keep/snap}
 export PYTHONPATH=/tmp/site:$SNAP VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
   SERA_CACHE=/tmp/keep/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 K=/tmp/keep/H; mkdir -p $K
-RUNS="A B C"
+RUNS=${RUNS:-A B C}
 common="--level 1 --model smollm2 --engine vllm --tasks-per-step 8 --rollouts-per-task 8 --lr 1e-5 --steps 200 \
  --max-idle-rounds 8 --save-every 5 --max-batch-size 256 --gpu-memory-utilization 0.22 --kv-cache-gib 8 \
  --method rao --difficulty easy --n-tasks 256 --engine-log-stats"
@@ -60,8 +62,8 @@ EOF
 
 pack() {
   [ -n "${OUT:-}" ] || return
-  (cd $K && find . \( -name checkpoints -o -name 'vc?' \) -prune -o -type f -size -6M \
-     \( -name '*.jsonl' -o -name '*.log' -o -name '*.json' \) ! -name 'trees.jsonl' -print \
+  (cd $K && find . \( -name checkpoints -o -name 'vc?' -o -name evals \) -prune -o -type f -size -6M \
+     \( -name 'metrics.jsonl' -o -name 'stuck_calls.jsonl' -o -name '*.log' -o -name 'config.json' \) -print \
      | tar -czf $OUT/H.tgz -T -) && ls -l $OUT
 }
 
@@ -70,14 +72,35 @@ start)
   nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
   cd $SNAP
   python3 -m sera data textcraft --split val --n 64 --seed 0 --difficulty easy --out $K/val64.jsonl > $K/data.log 2>&1
-  VLLM_CACHE_ROOT=$K/vc1 setsid nohup python3 -m sera train $common $held_out --step-timeout-s 120 \
+  VLLM_CACHE_ROOT=$K/vc1 setsid nohup python3 -m sera train $common $held_out ${A_EXTRA:-} \
      --out $K/A > $K/A.log 2>&1 < /dev/null &
   sleep 40  # the first run converts the GGUF and merges the adapter into the cache; the others reuse them
-  VLLM_CACHE_ROOT=$K/vc2 setsid nohup python3 -m sera train $common $held_out --step-timeout-s 120 \
-     --no-async-scheduling --out $K/B > $K/B.log 2>&1 < /dev/null &
-  VLLM_CACHE_ROOT=$K/vc3 setsid nohup python3 -m sera train $common --tree-timeout-s 5 --steps 8 \
-     --out $K/C > $K/C.log 2>&1 < /dev/null &
+  for r in $RUNS; do
+    case $r in
+      B) VLLM_CACHE_ROOT=$K/vc2 setsid nohup python3 -m sera train $common $held_out --step-timeout-s 120 \
+           --no-async-scheduling --out $K/B > $K/B.log 2>&1 < /dev/null & ;;
+      C) VLLM_CACHE_ROOT=$K/vc3 setsid nohup python3 -m sera train $common --tree-timeout-s ${C_TREE_S:-5} \
+           --steps ${C_STEPS:-8} --out $K/C > $K/C.log 2>&1 < /dev/null & ;;
+    esac
+  done
   cd - > /dev/null
+  ;;
+report)  # per round of A: the largest tree, launches refused by the bounds, the slowest tree, deadlines
+  python3 - $K/A/trees.jsonl <<'EOF'
+import collections, json, sys
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    t = json.loads(line); m = t.get("meta", {}); n = t["nodes"]
+    launches = sum(len(s.get("launched", [])) for x in n.values() for s in x["steps"])
+    rows[m.get("round")].append((len(n), round(t["seconds"], 1), launches, m.get("refused_by_bound", 0),
+                                 m.get("deadline"), t["task_id"]))
+for r in sorted(rows):
+    v = rows[r]
+    print(f"round {r}: {len(v)} trees, max nodes {max(v)[0]}, slowest {max(x[1] for x in v)} s, launches "
+          f"{sum(x[2] for x in v)}, refused by bound {sum(x[3] for x in v)}, cut {sum(bool(x[4]) for x in v)}; "
+          f"largest {max(v)}")
+EOF
+  grep -h "heartbeat" $K/A.log | head -6 | cut -c1-400
   ;;
 watch)
   S=${2:-500}; T0=$(date +%s)

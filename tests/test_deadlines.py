@@ -77,9 +77,27 @@ def test_a_runaway_launch_loop_is_refused_past_the_per_step_bound():
     children = [n for n in tree.nodes.values() if n.depth == 1]
     assert len(children) == 4  # 30 asked for, 4 ran
     step = tree.nodes["0"].steps[0]
-    assert step.refused_launches == 26
+    # launches 5..8 are refused with the text; the 9th (past twice the bound) raises in the cell: loop over
+    assert step.refused_launches == 5 and tree.meta["refused_by_bound"] == 5
     assert "Launch refused: this agent already launched 4 sub-agents in this step" in step.observation
-    assert tree.meta["refused_by_bound"] == 26
+    assert "Traceback" in step.cell_output or "RuntimeError" in step.cell_output
+
+
+def test_an_endless_launch_loop_is_stopped_in_its_cell():
+    """The H200 run's round 3 (bench/RESULTS.md): a cell looping on launch_subagent. Without a bound every
+    iteration ran a child (one model call at a time, for ever); with only refusals the loop spun until the
+    cell's CPU limit (67,452 refusals, 40 s). Far past the bound the launch raises in the cell instead."""
+    goal = task()["goal"].split(":", 1)[1].strip()
+    count, item = goal.split("x ", 1)
+    code = f"while True:\n    await launch_subagent({{{item!r}: {int(count)}}})"
+    t0 = time.perf_counter()
+    tree = run(Scripted({(0, 0): cell(code)}), max_launches_per_step=3, use_rubrics=False)
+    assert time.perf_counter() - t0 < 30
+    step = tree.nodes["0"].steps[0]
+    assert len([n for n in tree.nodes.values() if n.depth == 1]) == 3
+    assert step.refused_launches == 4  # launches 4..7 refused; the 7th raised in the cell
+    assert "RuntimeError" in step.cell_output and "Launch refused" in step.cell_output
+    assert tree.nodes["0"].error is None  # the agent goes on to its next step
 
 
 def test_the_agents_of_one_tree_are_bounded():

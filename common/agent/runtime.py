@@ -72,7 +72,14 @@ from common.agent.rubric import (
     trajectory_payload,
 )
 from common.agent.tree import CallRecord, Node, Step, Tree
-from common.envs.base import AgentSession, ChildResult, Environment, LaunchRequest, World
+from common.envs.base import (
+    AgentSession,
+    ChildResult,
+    Environment,
+    LaunchBoundError,
+    LaunchRequest,
+    World,
+)
 from common.policy.base import Completion, GenerationRequest, Policy, SamplingParams
 from common.policy.context import (
     PAPER_CAPS,
@@ -657,6 +664,8 @@ class _Rollout:
             if limit is not None:
                 parent.refused += 1
                 self.tree.meta["refused_by_bound"] = self.tree.meta.get("refused_by_bound", 0) + 1
+                if parent.attempts > 2 * self.cfg.max_launches_per_step:  # a loop: stop it where it runs
+                    raise LaunchBoundError(limit)
                 return ChildResult(request=request, returned=False, refused=True, error=limit)
             if parent.node.depth + 1 > self.cfg.max_depth:
                 parent.refused += 1

@@ -57,6 +57,13 @@ class ChildResult:
     report (a Rubric-stage counterfactual launch: the public collector's ``Selected branch: 0; ...``)."""
 
 
+class LaunchBoundError(RuntimeError):
+    """A launch far past the runtime's launch bounds (``max_launches_per_step``): raised INTO the caller
+    instead of returning one more refusal, so a CodeAct cell looping on ``launch_subagent`` stops at once
+    (an uncaught exception ends the cell) instead of spinning on refusals until its CPU limit. Sessions
+    pass it through to the agent's code; it is never a runtime failure."""
+
+
 LaunchHook = Callable[[LaunchRequest], Awaitable[ChildResult]]
 """``async def launch(request) -> ChildResult`` supplied by the runtime."""
 

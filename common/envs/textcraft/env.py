@@ -55,6 +55,7 @@ from ..base import (
     AgentSession,
     ChildResult,
     Environment,
+    LaunchBoundError,
     LaunchHook,
     LaunchRequest,
     StepResult,
@@ -208,6 +209,8 @@ class TextCraftSession(AgentSession):
         self.launches.append(record)
         try:
             result = await self.launch(request)
+        except LaunchBoundError:  # a loop far past the launch bound: the cell gets the exception
+            raise
         except Exception as e:  # a runtime bug, not the model's: surfaces as this step's error
             self._hook_error = f"launch hook failed: {type(e).__name__}: {e}"
             return "Error: the sub-agent could not be started (internal error)."

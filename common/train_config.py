@@ -245,7 +245,9 @@ def paper_profile(env: str) -> dict[str, Any]:
     8 rollouts, K=8, 20 steps per agent, the environment's training prompt and output caps, 1,024-token
     rubric/score calls (TextWorld scores its counterfactual branches with 512: public
     ``Scripts/Main/textworld/sera.sh``), bf16,
-    the paper's training task mix, no optimizer step below 8 trainable datums."""
+    the paper's training task mix, no optimizer step below 8 trainable datums, and 50 rounds in a row without
+    an optimizer step before the run gives up (the public trainer resamples a skipped stage without a limit;
+    3, the laptop value, would end a paper run after three thin Rubric-stage rounds)."""
     from common.envs import env_spec
 
     spec = env_spec(env)
@@ -264,4 +266,5 @@ def paper_profile(env: str) -> dict[str, Any]:
         "n_tasks": 852 if env == "textcraft" else 1500,
         "dtype": "bfloat16",
         "min_trainable_datums": 8,  # the public trainer's 8 data-parallel ranks (decide_sync_action)
+        "max_idle_rounds": 50,  # a skipped stage is resampled, as public; a run without signal still stops
     }

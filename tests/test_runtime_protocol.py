@@ -430,12 +430,13 @@ def test_execution_stage_final_state_needs_a_finish_message_where_the_environmen
     from common.envs.textcraft.env import TextCraftSession
 
     cfg = RuntimeConfig(max_steps=2, temperature=0.0)
-    tree, policy = _tc_run(lambda r: reply, cfg)  # without the flag: the child's view, always
-    assert set(_score_payload(policy, "0.1")["final_environment_state"]) == {"inventory"}
-    monkeypatch.setattr(TextCraftSession, "score_state_needs_finish", True, raising=False)
+    assert TextCraftSession.score_state_needs_finish is True  # TextCraft opts in, as the public adapter
     tree, policy = _tc_run(lambda r: reply, cfg)
     final = _score_payload(policy, "0.1")["final_environment_state"]
     assert (set(final) == {"inventory"}) if state == "inventory" else final == {}
+    monkeypatch.setattr(TextCraftSession, "score_state_needs_finish", False)
+    tree, policy = _tc_run(lambda r: reply, cfg)  # without the flag: the child's view, always
+    assert set(_score_payload(policy, "0.1")["final_environment_state"]) == {"inventory"}
 
 
 def test_the_parents_context_reaches_the_scorer_and_the_childs_own_rubric_writer():

@@ -493,6 +493,45 @@ def test_training_inventory_lookup_and_depth_limit_texts():
     )
 
 
+def test_rubric_stage_depth_limit_is_the_public_collectors_text():
+    """Public ``textworld_two_stage_rollout.py``: in a Rubric-stage rollout a launch past the maximum depth
+    returns ``Cannot launch subagent beyond max_subagent_depth={m}.`` (the runtime marks such sessions)."""
+    w = TRAIN.make_world(make_task(TWO))
+    deep = SyncSession(
+        w, agent_id="0.1.1.1", depth=3, goal="g", max_steps=5, launch=_no_launch, prompts=TRAIN.prompts
+    )
+    deep.counterfactual_rollout = True
+    goals = {"delegations": [{"goal": "a"}, {"goal": "b"}]}
+    r = asyncio.run(deep.step(f"<delegate>{json.dumps(goals)}</delegate>"))
+    assert r.info["rejected"] and w.steps_used == 0
+    line = "Cannot launch subagent beyond max_subagent_depth=3."
+    assert r.observation.split("\n\nValid Actions: ")[0] == (
+        f"[Step 0 Observation]\n[SubAgent Results]\n- SubAgent 0: {line}\n- SubAgent 1: {line}"
+    )
+    assert deep.counterfactual_depth_refusal(None, 3, 3) == line
+
+
+def test_the_runtime_marks_every_session_of_a_rubric_stage_rollout():
+    from common.agent.runtime import RuntimeConfig, run_root
+    from common.envs.textworld_sync.oracle import oracle_reply
+    from common.policy.scripted import OraclePolicy
+
+    task = make_task(TWO)
+    seen = []
+
+    class Spy(OraclePolicy):
+        async def generate(self, request):
+            if request.session is not None:
+                seen.append(request.session.counterfactual_rollout)
+            return await super().generate(request)
+
+    for k in (1, 2):
+        seen.clear()
+        cfg = RuntimeConfig(max_steps=4, temperature=0.0, counterfactual_k=k)
+        asyncio.run(run_root(task, TRAIN, Spy(lambda s: oracle_reply(s, delegate=True)), cfg))
+        assert seen and set(seen) == {k > 1}
+
+
 def test_training_world_has_100_shared_steps_and_children_start_in_the_kitchen():
     """create_textworld_env: 100 whatever the row says; fork_shared: the phantom "root" stands in the
     kitchen; fork_counterfactual: a branch starts where its parent stands. Evaluation: the row's budget and

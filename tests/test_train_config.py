@@ -59,6 +59,7 @@ def test_paper_fills_defaults_before_the_users_flags():
     assert plain["steps"] == 2 and plain["rollout"]["max_steps"] == 3 and plain["level"] == 0
     # the skip rule: the paper's 8 (public decide_sync_action, 8 data-parallel ranks); the laptop's 1
     assert cfg["min_trainable_datums"] == 8 and plain["min_trainable_datums"] == 1
+    assert cfg["max_idle_rounds"] == 50 and plain["max_idle_rounds"] == 3  # a skipped stage is resampled
     assert resolved("--paper", "--min-trainable-datums", "3")["min_trainable_datums"] == 3
 
 

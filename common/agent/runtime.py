@@ -496,6 +496,7 @@ class _Rollout:
         st.session = self.env.child_session(
             world, parent.session, request, node.node_id, self.launch_hook(st)
         )
+        st.session.counterfactual_rollout = self.cfg.counterfactual_k > 1
         return st
 
     # ---- rubrics and scores --------------------------------------------------------------------
@@ -890,6 +891,7 @@ async def run_root(
     st = _AgentState(node=root, session=None, world=world, temperature=cfg.temperature)  # type: ignore[arg-type]
     # the session states the budget the run enforces (the prompt must not promise 20 steps when 3 are allowed)
     st.session = env.root_session(world, {**task, "max_steps": root.max_steps}, ro.launch_hook(st))
+    st.session.counterfactual_rollout = cfg.counterfactual_k > 1  # the public collector's texts apply
     timeout = cfg.tree_timeout_s if deadline is None else min(cfg.tree_timeout_s, deadline - time.monotonic())
     if not await ro.run_with_deadline(ro.run_agent(st), max(timeout, 0.0)):
         reason = "group" if deadline is not None and timeout < cfg.tree_timeout_s else "tree"

@@ -114,6 +114,9 @@ class AgentSession(ABC):
     steps_used: int
     finished: bool
     finish_message: str | None
+    counterfactual_rollout: bool = False
+    """Set by the runtime on every session of a Rubric-stage rollout (``counterfactual_k > 1``): there every
+    launch goes through the public ``CounterfactualCollector``, whose texts (e.g. its depth refusal) apply."""
 
     @abstractmethod
     def system_prompt(self) -> str:

@@ -88,6 +88,11 @@ async def echo_launch_hook(request: LaunchRequest) -> ChildResult:
 class TextCraftSession(AgentSession):
     """One CodeAct agent over a :class:`TextCraftWorld`."""
 
+    score_state_needs_finish = True
+    """The Execution-stage scorer sees the child's final inventory only when the child called ``finish`` with
+    a message, else ``{}`` (public ``adapters/textcraft.py: final_state_from_trajectory``; read by
+    ``common/agent/runtime.py: _Rollout.final_state``)."""
+
     def __init__(
         self,
         world: TextCraftWorld,

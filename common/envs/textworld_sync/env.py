@@ -278,6 +278,12 @@ class SyncSession(AgentSession):
         return self.finished
 
     # ---- delegation ------------------------------------------------------------------------------
+    def counterfactual_depth_refusal(self, request: LaunchRequest | None, depth: int, max_depth: int) -> str:
+        """A launch past ``max_depth`` in a Rubric-stage rollout (public ``textworld_two_stage_rollout.py``:
+        ``Cannot launch subagent beyond max_subagent_depth={m}.``; ``train_branch_depth_refusal.txt``); the
+        runtime asks for it too (``_Rollout.refusal_at_depth``)."""
+        return self.prompts.train_branch_depth_refusal(max_depth)
+
     def register_child(self, request: LaunchRequest, child: SyncSession) -> None:
         """Called by ``child_session``: lets the results block show the child's final observation."""
         self._children.setdefault(id(request), []).append(child)
@@ -286,9 +292,15 @@ class SyncSession(AgentSession):
         if self.training and self.allow_subagents and self.depth >= self.max_depth:
             info["rejected"] = True  # public training: each launch returns the tracker's depth message
             self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
-            return self.prompts.train_delegation_results(
-                [self.prompts.train_depth_refusal(d.goal, self.depth, self.max_depth) for d in delegations]
-            )
+            if self.counterfactual_rollout:  # Rubric stage: the public collector's own refusal
+                refusals = [self.counterfactual_depth_refusal(None, self.depth, self.max_depth)] * len(
+                    delegations
+                )
+            else:
+                refusals = [
+                    self.prompts.train_depth_refusal(d.goal, self.depth, self.max_depth) for d in delegations
+                ]
+            return self.prompts.train_delegation_results(refusals)
         if not self.allow_subagents or self.depth >= self.max_depth:
             info["rejected"] = True
             self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)

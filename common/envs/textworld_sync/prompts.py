@@ -98,6 +98,7 @@ FIELDS: dict[str, frozenset[str]] = {
     "train_no_return": frozenset(),
     "train_budget_exhausted": frozenset(),
     "train_depth_refusal": frozenset({"goal", "depth", "max_depth"}),
+    "train_branch_depth_refusal": frozenset({"max_depth"}),
 }
 """Template name -> the placeholders it may use (all optional)."""
 PROMPT_SETS = ("evaluation", "training")
@@ -237,6 +238,11 @@ class PromptSet:
         """What a launch past the depth limit returns in public training (``Not enough budget to launch
         subagent for goal ...`` + ``DepthAwareStepBudgetTracker``'s message and guidance)."""
         return self.render("train_depth_refusal", goal=goal, depth=depth, max_depth=max_depth)
+
+    def train_branch_depth_refusal(self, max_depth: int) -> str:
+        """What a launch past the depth limit returns in a Rubric-stage rollout (public
+        ``textworld_two_stage_rollout.py``)."""
+        return self.render("train_branch_depth_refusal", max_depth=max_depth)
 
     @property
     def train_budget_exhausted(self) -> str:

@@ -38,7 +38,7 @@ import typer.core
 from rich.console import Console
 from rich.markup import escape
 
-from common.config import Given, dataclass_command, field_docs, option_type
+from common.config import Given, check_ranges, dataclass_command, field_docs, option_type
 from common.run.entry import ENTRY_ENV
 
 # Help layout: rich panels on a wide terminal; on a narrow one (< 100 columns) rich's option table cuts long
@@ -330,6 +330,7 @@ def data_textcraft(
     from common.data import write_jsonl
 
     check_choice("--split", split, ("train", "val"))
+    check_ranges([("n", n, 1), ("seed", seed, 0)])
     out = need_out(out)
     if paper:
         from common.envs.textcraft.paper import base_order_for_hash_seed, paper_tasks
@@ -357,6 +358,8 @@ def data_textworld(
     from common.data import write_jsonl
 
     check_choice("--split", split, ("train", "dev", "test"))
+    check_ranges([("n", n, 1), ("seed", seed, 0)])
+    check_choice("--tier", tier, ("easy", "medium", "hard", "extreme"))
     out = need_out(out)
     require("textworld", "sera data textworld (the foods of textworld's cooking splits)")
     from common.envs.textworld_sync.tasks import generate_tasks
@@ -378,6 +381,7 @@ def data_textworld_cooking(
     from common.data import write_jsonl
 
     check_choice("--tier", tier, ("easy", "medium", "hard", "extreme"))
+    check_ranges([("n", n, 1), ("seed", seed, 0)])
     out = need_out(out)
     require("textworld", "sera data textworld-cooking")
     from common.envs.textworld_cooking import generate_tasks
@@ -447,6 +451,7 @@ def view(
     from common.agent.log import read_trees
     from common.agent.viewer import render_tree_terminal, write_html
 
+    check_ranges([("last", last, 1)])
     if not log.exists():
         raise FileNotFoundError(f"{log} does not exist")
     if html is not None:

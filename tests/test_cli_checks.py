@@ -253,3 +253,57 @@ def test_resume_of_a_run_with_a_damaged_checkpoint_continues(tmp_path):
     import torch
 
     assert torch.load(damaged, weights_only=False)["run"]["step"] == 2  # written again, whole
+
+
+# ---- 3. an unwritable --out, a broken (not missing) ray: one line before anything loads --------------------
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--model", "tiny"],
+        ["sft", "--model", "tiny"],
+        ["eval", "--tasks", "T", "--policy", "oracle"],
+    ],
+    ids=["train", "sft", "eval"],
+)
+def test_an_unwritable_out_is_one_line_before_anything_loads(argv, tmp_path, monkeypatch, no_model):
+    """A read-only mount or an immutable directory (``chattr +i``; root ignores chmod, so os.access stands
+    in for both here): exit 2, one line naming --out, nothing loaded or written."""
+    (tmp_path / "t.jsonl").write_text("")
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: Path(p) != readonly and real(p, mode, **k))
+    argv = [str(tmp_path / "t.jsonl") if a == "T" else a for a in argv]
+    for out in (readonly, readonly / "run"):
+        line = one_line_error(cli(*argv, "--out", str(out)), f"--out {out} is not writable", "read-only")
+        assert (str(readonly) in line.split("writable", 1)[1]) == (out != readonly)
+    assert list(readonly.iterdir()) == []
+
+
+def test_a_broken_ray_is_one_line_for_level_2(tmp_path):
+    """``ray`` present but raising on import (a missing shared library): exit 2, one line naming it."""
+    fake = tmp_path / "site" / "ray"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("libray.so: cannot open shared object file")\n')
+    r = sera("train", "--level", "2", "--model", "tiny", "--out", str(tmp_path / "run"),
+             env={"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{ROOT}"})  # fmt: skip
+    one_line_error(r, "--level 2", "ray", "fails to import", "libray.so", "[distributed]")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_immutable_out_is_one_line(tmp_path, no_model):
+    """The same with a real ``chattr +i`` directory, where the file system allows it (root, ext4/xfs/...)."""
+    import shutil
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    if not shutil.which("chattr") or subprocess.run(["chattr", "+i", str(locked)]).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+    try:
+        one_line_error(cli("train", "--model", "tiny", "--out", str(locked)), "is not writable")
+        one_line_error(
+            cli("data", "textcraft", "--n", "2", "--out", str(locked / "t.jsonl")), "is not writable"
+        )
+    finally:
+        subprocess.run(["chattr", "-i", str(locked)], check=True)
+    assert list(locked.iterdir()) == []

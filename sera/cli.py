@@ -177,7 +177,8 @@ def friendly(fn):
             PermissionError,
             ValueError,
         ) as e:
-            err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line
+            for line in str(e).splitlines() or [""]:  # one line (one per problem where there are several)
+                err.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except (ImportError, RuntimeError) as e:  # an optional package missing where no check caught it
             missing = _missing_optional(e)
@@ -713,8 +714,30 @@ def _check_run_dir(cfg, overwrite: bool) -> None:
     if rank() != 0:  # torchrun: rank 0 decides (the tier's prepare_out), the others follow it
         return
     check_run_dir(out, cfg.resume, overwrite)  # its note ("nothing to resume") is printed by the run
+    if cfg.resume:
+        _check_resumed_config(cfg, out)
     if overwrite and out.exists():
         clear_run_dir(out)
+
+
+def _check_resumed_config(cfg, out: Path) -> None:
+    """--resume with options that differ from the run's (its config.json): one line per option, exit 2,
+    before anything loads (the tier checks the checkpoint's own copy again when it loads it)."""
+    from dataclasses import asdict
+
+    from common.run.checkpoint import config_differences, has_checkpoint
+
+    path = out / "config.json"
+    if not has_checkpoint(out) or not path.exists():
+        return
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return  # unreadable: the checkpoint's copy decides
+    now = asdict(cfg)
+    differences = config_differences({k: v for k, v in saved.items() if k in now}, now)
+    if differences:
+        raise ValueError("\n".join(f"{d} (--resume of {out} keeps the run's settings)" for d in differences))
 
 
 def _interrupted_run(out: Path, command: str, curves: bool = True) -> None:

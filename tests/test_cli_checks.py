@@ -10,6 +10,7 @@ Run: ``python -m pytest tests/test_cli_checks.py -q``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -307,3 +308,55 @@ def test_an_immutable_out_is_one_line(tmp_path, no_model):
     finally:
         subprocess.run(["chattr", "-i", str(locked)], check=True)
     assert list(locked.iterdir()) == []
+
+
+# ---- 4. --resume with changed options; a second writer ----------------------------------------------------
+def a_checkpointed_run(run: Path, **settings) -> Path:
+    """A run directory as a tier leaves it: config.json and a checkpoint directory."""
+    from dataclasses import asdict
+
+    from common.train_config import TrainConfig
+
+    (run / "checkpoints" / "step_000001").mkdir(parents=True)
+    cfg = TrainConfig.make(model="tiny", out=str(run), **settings)
+    (run / "config.json").write_text(json.dumps({**asdict(cfg), "init_weights": {"adapter": None}}, indent=2))
+    (run / "metrics.jsonl").write_text('{"round": 0, "step": 1}\n')
+    return run
+
+
+def test_resume_with_changed_options_is_one_line_per_option_before_anything_loads(tmp_path, no_model):
+    run = a_checkpointed_run(tmp_path / "run", lr=1e-5)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    r = cli(
+        "train", "--model", "tiny", "--out", str(run), "--resume", "--lr", "0.001", "--temperature", "0.5"
+    )
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 2 and all(line.startswith("error: ") for line in lines), lines
+    assert lines[0].startswith("error: --lr: 1e-05 in the run, 0.001 now") and str(run) in lines[0]
+    assert lines[1].startswith("error: --temperature: 1.0 in the run, 0.5 now")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    # the same options pass the check (a longer --steps too: the step target may change)
+    from common.train_config import TrainConfig
+    from sera.cli import _check_resumed_config
+
+    _check_resumed_config(TrainConfig.make(model="tiny", out=str(run), lr=1e-5, steps=9, resume=True), run)
+
+
+def test_a_second_run_on_a_directory_being_written_is_refused(tmp_path, no_model):
+    run = a_checkpointed_run(tmp_path / "run")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from common.run.checkpoint import "
+         "lock_out; lock_out(Path(sys.argv[1])); print('locked', flush=True); time.sleep(120)", str(run)],
+        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        for extra in (["--resume"], ["--overwrite"], []):
+            one_line_error(
+                cli("train", "--model", "tiny", "--out", str(run), *extra), "another running process"
+            )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (run / "config.json").exists()  # --overwrite deleted nothing

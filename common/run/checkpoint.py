@@ -68,6 +68,21 @@ def lock_out(out: Path) -> None:
     _LOCKS[key] = f
 
 
+def is_locked(out: Path) -> bool:
+    """Whether another process holds ``out``'s lock (:func:`lock_out`) now; never takes it."""
+    import fcntl
+
+    if str(out.resolve()) in _LOCKS or not (out / ".lock").is_file():
+        return False
+    with open(out / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
 LOGS = ("metrics.jsonl", "trees.jsonl")
 """The per-round logs of a run (what --resume truncates to its checkpoint and a fresh run would replace)."""
 
@@ -116,6 +131,8 @@ def check_run_dir(out: Path, resume: bool, overwrite: bool = False) -> str | Non
     run always redoes), else None. ``--overwrite`` is the caller's to carry out (:func:`clear_run_dir`)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory")
+    if is_locked(out):
+        raise ValueError(f"{out} is being written by another running process; stop it or choose another --out")
     if resume and overwrite:
         raise ValueError(
             f"--resume and --overwrite contradict each other: --resume continues the run in {out}, "

@@ -842,23 +842,43 @@ def _train(
         if level == 0:
             from level0_single_process.train import train
 
-            train(cfg)
+            history = train(cfg)
         elif level == 1:
             import torch.distributed as dist
 
             from level1_batched.train import train as train_level1
 
             try:
-                train_level1(cfg, l1)
+                history = train_level1(cfg, l1)
             finally:  # torchrun's ranks leave the process group they joined
                 if dist.is_available() and dist.is_initialized():
                     dist.destroy_process_group()
         else:
             from level2_distributed.train import train as train_level2
 
-            train_level2(cfg, l2)
+            history = train_level2(cfg, l2)
     except KeyboardInterrupt:
         _interrupted_run(Path(cfg.out), command)
+    stopped_early(getattr(history, "stopped", None), cfg, command)
+
+
+STOPPED_EARLY = 3
+"""Exit code of a run that ended before --steps for a reason of its own (``--max-idle-rounds``): not a crash
+(1), not bad input (2); its logs and checkpoints are whole."""
+
+
+def stopped_early(reason: str | None, cfg, command: str) -> None:
+    """A run that stopped before ``--steps``: one line saying why and what continues it, exit 3."""
+    if reason is None:
+        return
+    if rank() == 0:
+        argv = [a for a in shlex.split(command) if a not in ("--resume", "--overwrite")]
+        err.print(
+            f"stopped before --steps {cfg.steps}: {reason}; outputs in {cfg.out} "
+            f"(continue with: {shlex.join([*argv, '--resume'])})",
+            highlight=False, soft_wrap=True, markup=False,
+        )  # fmt: skip
+    raise typer.Exit(STOPPED_EARLY)
 
 
 def _overwrite_param() -> inspect.Parameter:

@@ -360,3 +360,24 @@ def test_a_second_run_on_a_directory_being_written_is_refused(tmp_path, no_model
         holder.kill()
         holder.wait()
     assert (run / "config.json").exists()  # --overwrite deleted nothing
+
+
+# ---- 5. a run that stops before --steps exits 3, saying why ------------------------------------------------
+def test_a_run_that_stops_before_its_steps_exits_3_with_the_reason(tmp_path):
+    """No round of the oracle-written replies has signal (every rollout succeeds: no LOO advantage), so the
+    run stops after --max-idle-rounds rounds: exit 3, the reason and the command that continues it."""
+    run = tmp_path / "run"
+    r = sera("train", "--model", "tiny", "--out", str(run), "--steps", "2", "--max-steps", "2",
+             "--max-new-tokens", "12", "--rubric-max-new-tokens", "16", "--oracle-mix", "1",
+             "--max-idle-rounds", "1")  # fmt: skip
+    assert r.returncode == 3, (r.returncode, r.stderr[-3000:])
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("stopped before --steps 2: 1 rounds in a row without an optimizer step"), last
+    assert "--max-idle-rounds" in last and last.endswith("--resume)") and "Traceback" not in r.stderr
+    assert (run / "metrics.jsonl").exists()  # its outputs are kept
+
+
+def test_the_learning_driver_counts_exit_3_as_stopped_early_not_failed():
+    for script in ("bench/learning.sh", "bench/h200_warmstart_call.sh"):
+        text = (ROOT / script).read_text()
+        assert "[ $rc -eq 3 ]" in text and "stopped before --steps" in text, script

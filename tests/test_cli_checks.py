@@ -234,6 +234,7 @@ def test_a_crash_while_writing_a_checkpoint_leaves_the_ones_before_it_whole(tmp_
     assert state.step == 1 and torch.equal(model.weight, weights[1])
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_with_a_damaged_checkpoint_continues(tmp_path):
     """End to end (level 0, the test model): a 2-step run, its step-2 checkpoint truncated; --resume names
     the file, resumes from step 1 and writes step 2 again."""

@@ -80,7 +80,9 @@ SFT_AGENT=${SIZES[0]:-}; EVAL_AGENT=${SIZES[1]:-}; QS_TEMP=${SIZES[2]:-}
 echo "$SFT_AGENT" > "$RUN/agent_sizes.txt"
 EVAL_TASKS="$RUN/val_easy.jsonl"
 
-# phase NAME CMD...: run unless done, never past BUDGET_S; rc 0 marks it done; the command is recorded.
+# phase NAME CMD...: run unless done, never past BUDGET_S; rc 0 marks it done, and so does rc 3 (`sera train`
+# stopped before --steps: --max-idle-rounds rounds without an optimizer step, its log says why); the command
+# is recorded.
 phase() {
   local name=$1; shift
   [ -e "$RUN/$name.done" ] && { log "$name: done earlier"; return 0; }
@@ -90,6 +92,7 @@ phase() {
   printf '%s\t%s\n' "$name" "$*" >> "$RUN/commands.tsv"
   local t=$(date +%s)
   timeout --foreground "$left" "$@" >> "$RUN/$name.log" 2>&1; local rc=$?
+  [ $rc -eq 3 ] && { log "$name: stopped before --steps (see $RUN/$name.log)"; rc=0; }
   [ $rc -eq 0 ] && { touch "$RUN/$name.done"; echo $(( $(date +%s) - t )) > "$RUN/$name.seconds"; }
   log "$name: rc=$rc$([ $rc -eq 124 ] && echo ' (budget: the next call resumes it)')"
   return $rc

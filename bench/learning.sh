@@ -45,7 +45,9 @@ RL="$SERA train --level 1 --model $O/sft/model --tasks-per-step 4 --rollouts-per
  --max-batch-size $BATCH --engine $ENGINE --difficulty easy --n-tasks 256 --max-idle-rounds ${RL_IDLE:-6} \
  --eval-tasks $EVAL_TASKS --eval-every $EVAL_EVERY --eval-limit $N_EVAL ${RL_EXTRA:-}"  # --steps: per turn
 
-# phase NAME CMD...: run unless done or not in PHASES, never past BUDGET_S; rc 0 marks it done.
+# phase NAME CMD...: run unless done or not in PHASES, never past BUDGET_S; rc 0 marks it done, and so does
+# rc 3 (`sera train` stopped before --steps: --max-idle-rounds rounds without an optimizer step; the log says
+# why; its checkpoints are whole and the next phase goes on from them, as after a finished one).
 phase() {
   local name=$1; shift
   [[ " $PHASES " == *" ${name%_[0-9]*} "* ]] || return 0  # rl_sera_10 is a turn of phase rl_sera
@@ -56,8 +58,8 @@ phase() {
   # --foreground: the phase stays in this script's process group, so a Ctrl-C or a kill of the group
   # reaches it (plain timeout would move it to a group of its own, where it outlives the script)
   timeout --foreground "$left" "$@" >> "$O/$name.log" 2>&1; local rc=$?
-  [ $rc -eq 0 ] && touch "$O/$name.done"
-  log "$name: rc=$rc$([ $rc -eq 124 ] && echo ' (budget: the next call resumes it)')"
+  { [ $rc -eq 0 ] || [ $rc -eq 3 ]; } && touch "$O/$name.done"
+  log "$name: rc=$rc$([ $rc -eq 124 ] && echo ' (budget: the next call resumes it)')$([ $rc -eq 3 ] && echo ' (stopped before --steps: see its log)')"
 }
 
 phase data $SERA data textcraft --split val --n "$N_EVAL" --seed 0 --difficulty easy --out "$EVAL_TASKS"

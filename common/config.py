@@ -134,29 +134,89 @@ def build_config(cls: type, base: Any = None, **flat: Any) -> Any:
         else:
             nested.setdefault(path[0], {})[path[1]] = value
     defaults = {f.name: f for f in dataclasses.fields(cls)}
+    problems = []  # every group's out-of-range values in one message, not only the first group's
     for group, values in nested.items():
         inner = getattr(base, group) if base is not None else _default(defaults[group])
-        top[group] = dataclasses.replace(inner, **values)
-    return dataclasses.replace(base, **top) if base is not None else cls(**top)
+        try:
+            top[group] = dataclasses.replace(inner, **values)
+        except ValueError as e:
+            problems.append(str(e))
+            top[group] = inner  # so the outer config's own checks still run
+    try:
+        built = dataclasses.replace(base, **top) if base is not None else cls(**top)
+    except ValueError as e:
+        problems.append(str(e))
+    if problems:
+        raise ValueError("; ".join(problems))
+    return built
 
 
 def check_ranges(
-    minimums: Iterable[tuple[str, float, float]], units: Iterable[tuple[str, float]] = ()
+    minimums: Iterable[tuple[str, float, float]] = (),
+    units: Iterable[tuple[str, float]] = (),
+    positives: Iterable[tuple[str, float]] = (),
+    fractions: Iterable[tuple[str, float]] = (),
 ) -> None:
-    """Raise one ``ValueError`` naming every option out of range, as the CLI spells it.
+    """Raise one ``ValueError`` naming every option out of range, as the CLI spells it (NaN is never in range).
 
-    ``minimums`` = ``(field, value, lowest allowed)``; ``units`` = ``(field, value)`` that must lie in [0, 1].
+    ``minimums`` = ``(field, value, lowest allowed)``; ``units`` = ``(field, value)`` that must lie in [0, 1];
+    ``positives``: must be > 0; ``fractions``: must lie in [0, 1) (AdamW's betas).
 
     >>> check_ranges([("steps", 0, 1), ("warmup", 0, 0)], [("oracle_mix", 1.5)])
     Traceback (most recent call last):
     ValueError: --steps must be >= 1 (got 0); --oracle-mix must be in [0, 1] (got 1.5)
+    >>> check_ranges(positives=[("lr", 0.0)], fractions=[("beta1", 1.0)])
+    Traceback (most recent call last):
+    ValueError: --lr must be > 0 (got 0.0); --beta1 must be in [0, 1) (got 1.0)
     """
-    problems = [f"--{k.replace('_', '-')} must be >= {lo} (got {v})" for k, v, lo in minimums if v < lo]
-    problems += [
-        f"--{k.replace('_', '-')} must be in [0, 1] (got {v})" for k, v in units if not 0.0 <= v <= 1.0
-    ]
+
+    def opt(k: str) -> str:
+        return "--" + k.replace("_", "-")
+
+    problems = [f"{opt(k)} must be >= {lo} (got {v})" for k, v, lo in minimums if not v >= lo]
+    problems += [f"{opt(k)} must be in [0, 1] (got {v})" for k, v in units if not 0.0 <= v <= 1.0]
+    problems += [f"{opt(k)} must be > 0 (got {v})" for k, v in positives if not v > 0]
+    problems += [f"{opt(k)} must be in [0, 1) (got {v})" for k, v in fractions if not 0.0 <= v < 1.0]
     if problems:
         raise ValueError("; ".join(problems))
+
+
+def literal_choices(tp: Any) -> tuple[Any, ...] | None:
+    """The allowed values of a ``Literal[...]`` type (``Literal[...] | None`` too), else None."""
+    if typing.get_origin(tp) is typing.Literal:
+        return typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            if typing.get_origin(arg) is typing.Literal:
+                return typing.get_args(arg)
+    return None
+
+
+def check_choices(cfg: Any) -> None:
+    """Raise one ``ValueError`` naming every enumerated (``Literal``) field of dataclass ``cfg`` whose value is
+    not one of its choices (None passes where the type allows it).
+
+    >>> from common.train_config import OptimConfig
+    >>> OptimConfig(dtype="fp8")
+    Traceback (most recent call last):
+    ValueError: --dtype must be one of auto, float32, bfloat16 (got 'fp8')
+    """
+    hints = typing.get_type_hints(type(cfg))
+    problems = []
+    for f in dataclasses.fields(cfg):
+        choices = literal_choices(hints[f.name])
+        value = getattr(cfg, f.name)
+        if choices is None or value in choices or (value is None and _allows_none(hints[f.name])):
+            continue
+        problems.append(
+            f"--{f.name.replace('_', '-')} must be one of {', '.join(map(str, choices))} (got {value!r})"
+        )
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def _allows_none(tp: Any) -> bool:
+    return type(None) in typing.get_args(tp)
 
 
 def flatten(cfg: Any) -> dict[str, Any]:
@@ -193,12 +253,14 @@ def dataclass_command(
         if name in exclude:
             continue
         panel = (panels or {}).get(name)
+        choices = literal_choices(tp)  # typed as str: the config checks it (one line, exit 2)
+        metavar = None if choices is None else "[" + "|".join(map(str, choices)) + "]"
         params.append(
             inspect.Parameter(
                 name,
                 inspect.Parameter.KEYWORD_ONLY,
-                annotation=_cli_type(tp),
-                default=typer.Option(default, help=doc, rich_help_panel=panel),
+                annotation=str if choices is not None else _cli_type(tp),
+                default=typer.Option(default, help=doc, rich_help_panel=panel, metavar=metavar),
             )
         )
         names.append(name)

@@ -99,17 +99,26 @@ class EvalConfig:
             problems.append("--tasks is required (or --paper with --env textcraft)")
         if not self.out:
             problems.append("--out is required")
-        for name, v, lo in (
-            ("concurrency", self.concurrency, 1),
-            ("best_of_n", self.best_of_n, 1),
-            ("max_steps", self.max_steps, 1),
-            ("max_depth", self.max_depth, 0),
-            ("batch_size", self.batch_size, 1),
-            ("limit", 1 if self.limit is None else self.limit, 1),
-            ("max_new_tokens", 1 if self.max_new_tokens is None else self.max_new_tokens, 1),
-        ):
-            if v < lo:
-                problems.append(f"--{name.replace('_', '-')} must be >= {lo} (got {v})")
+        from common.config import check_choices, check_ranges
+
+        try:
+            check_choices(self)
+            check_ranges(
+                [
+                    ("concurrency", self.concurrency, 1),
+                    ("best_of_n", self.best_of_n, 1),
+                    ("max_steps", self.max_steps, 1),
+                    ("max_depth", self.max_depth, 0),
+                    ("batch_size", self.batch_size, 1),
+                    ("limit", 1 if self.limit is None else self.limit, 1),
+                    ("max_new_tokens", 1 if self.max_new_tokens is None else self.max_new_tokens, 1),
+                    ("temperature", self.temperature, 0),
+                    ("max_forks_per_task", self.max_forks_per_task, 1),
+                    ("seed", self.seed, 0),
+                ]
+            )
+        except ValueError as e:
+            problems.append(str(e))
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from common.agent.runtime import RuntimeConfig
 from common.codeact import check_executor
-from common.config import build_config, check_ranges
+from common.config import build_config, check_choices, check_ranges
 
 Method = Literal["rao", "rao_d", "sera_wo_d_rt", "sera_wo_d", "sera"]
 EnvName = Literal["textcraft", "textworld"]
@@ -67,6 +67,14 @@ class OptimConfig:
     paper trains; a CPU with AVX512-BF16 or AMX, where a SmolLM2 training step is ~2x faster than in
     float32), float32 elsewhere and always for the random-init test models (exact CPU tests); resolved
     when the TrainConfig is built (:func:`resolve_dtype`)."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        check_ranges(
+            [("weight_decay", self.weight_decay, 0)],
+            positives=[("lr", self.lr), ("grad_clip", self.grad_clip)],
+            fractions=[("beta1", self.beta1), ("beta2", self.beta2)],
+        )
 
 
 def resolve_dtype(dtype: str, model: str) -> str:
@@ -209,6 +217,7 @@ class TrainConfig:
     """Which fields of the nested configs are options (all of OptimConfig's; ROLLOUT_OPTIONS of RuntimeConfig)."""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         check_ranges(
             [
                 ("steps", self.steps, 1),
@@ -223,12 +232,10 @@ class TrainConfig:
                 ("spare_groups", self.spare_groups, 0),
                 ("eval_every", self.eval_every, 0),
                 ("eval_limit", 1 if self.eval_limit is None else self.eval_limit, 1),
-                ("max_steps", self.rollout.max_steps, 1),
-                ("max_new_tokens", self.rollout.max_new_tokens, 1),
-                ("counterfactual_k", self.rollout.counterfactual_k, 1),
+                ("seed", self.seed, 0),
             ],
-            [("oracle_mix", self.oracle_mix)],
-        )
+            [("oracle_mix", self.oracle_mix), ("score_noise", self.score_noise)],
+        )  # the rollout's and the optimizer's own fields: RuntimeConfig's and OptimConfig's __post_init__
         check_executor(self.codeact_executor, "--codeact-executor")  # one line naming the choices
         self.optim.dtype = resolve_dtype(self.optim.dtype, self.model)
         if bool(self.eval_tasks) != (self.eval_every > 0):

@@ -55,6 +55,7 @@ from common.run.evaluation import InRunEval
 from common.run.metrics import (
     NO_UPDATE,
     MetricsWriter,
+    RunHistory,
     closing_line,
     log_deadline_groups,
     log_line,
@@ -148,7 +149,7 @@ def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float
 # ----------------------------------------------------------------------------------------------------
 # The loop.
 # ----------------------------------------------------------------------------------------------------
-def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
+def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     from common.policy.models import load_model
     from common.policy.warmstart import resolve_init
 
@@ -185,6 +186,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
     bar = RunProgress(progress, cfg.steps, state.step, stats)  # + a heartbeat line every 30 s of a slow round
     held_out = InRunEval(cfg)  # --eval-tasks: held-out success of the current policy at step 0 and every N
     history, idle = [], 0
+    stopped: str | None = None  # why the run ends before --steps, if it does (sera train exits 3)
     while state.step < cfg.steps:
         held_out.log_if_due(policy, state.round, state.step, writer, lambda line: bar.log(line, state.step))
         stage = schedule.stage_at(state.step)  # the clock is the policy version
@@ -232,7 +234,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
         if not updated:
             bar.log(idle_hint(cfg, stage, batch, groups))
         if idle >= cfg.max_idle_rounds:
-            bar.log(f"stopping: {idle} rounds in a row without an optimizer step (--max-idle-rounds)")
+            stopped = f"{idle} rounds in a row without an optimizer step (--max-idle-rounds)"
+            bar.log(f"stopping: {stopped}")
             break
     held_out.log_if_due(policy, state.round, state.step, writer, lambda line: bar.log(line, state.step))
     bar.close()
@@ -240,7 +243,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> list[dict[str, Any]]:
     if history:
         plot_curves(out / "metrics.jsonl", out / "curves.png")
     print(closing_line(out, state.step, state.round))
-    return history
+    return RunHistory(history, stopped=stopped)
 
 
 if __name__ == "__main__":  # `sera train --level 0`, run as a program (common/run/entry.py)

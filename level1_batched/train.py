@@ -71,6 +71,7 @@ from common.run.evaluation import InRunEval
 from common.run.metrics import (
     NO_UPDATE,
     MetricsWriter,
+    RunHistory,
     closing_line,
     log_deadline_groups,
     log_line,
@@ -206,7 +207,7 @@ def train_on_shard(
 # ----------------------------------------------------------------------------------------------------
 # The loop: level 0's, with the three functions above.
 # ----------------------------------------------------------------------------------------------------
-def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = True) -> list[dict[str, Any]]:
+def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = True) -> RunHistory:
     """Run until ``cfg.steps`` optimizer steps; every rank returns the same metrics history."""
     from common.policy.models import load_model
     from common.policy.warmstart import resolve_init
@@ -293,6 +294,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
 
     history: list[dict[str, Any]] = []
     idle = 0
+    stopped: str | None = None  # why the run ends before --steps, if it does (sera train exits 3)
     while state.step < cfg.steps:
         evaluate_now()
         stage = schedule.stage_at(state.step)  # the clock is the policy version
@@ -360,7 +362,8 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             if not updated:
                 bar.log(idle_hint(cfg, stage, batch, groups))
         if idle >= cfg.max_idle_rounds:
-            bar.log(f"stopping: {idle} rounds in a row without an optimizer step (--max-idle-rounds)")
+            stopped = f"{idle} rounds in a row without an optimizer step (--max-idle-rounds)"
+            bar.log(f"stopping: {stopped}")
             break
     evaluate_now()  # the last step's policy
     bar.close()
@@ -371,7 +374,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         print(closing_line(out, state.step, state.round))
     if distributed():
         dist.barrier()  # rank 0's checkpoint and plot are on disk before anyone returns
-    return history
+    return RunHistory(history, stopped=stopped)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from common.run.checkpoint import RunState, _comparable
+from common.run.checkpoint import RunState, config_differences
 
 
 def _barrier() -> None:
@@ -87,15 +87,11 @@ class DCPCheckpointer:
         if path is None:
             return None
         meta = json.loads((path / "run.json").read_text())
-        saved = _comparable(meta["config"])
-        now = _comparable(json.loads(json.dumps(config)))  # as stored: tuples read back as lists
-        if saved != now:
-            diff = {
-                k: (saved.get(k), now.get(k))
-                for k in sorted(set(saved) | set(now))
-                if saved.get(k) != now.get(k)
-            }
-            raise SystemExit(f"--resume: the config differs from the checkpoint's ({path}): {diff}")
+        differences = config_differences(meta["config"], config)  # one line per differing option
+        if differences:
+            raise SystemExit(
+                f"--resume: the config differs from the checkpoint's ({path}):\n" + "\n".join(differences)
+            )
         model_sd, optim_sd = get_state_dict(model, optimizer)  # the layout of THIS world size
         sd = {"model": model_sd, "optim": optim_sd}
         dcp.load(sd, checkpoint_id=str(path))  # each rank reads the slices it owns now (resharding)

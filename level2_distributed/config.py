@@ -96,8 +96,20 @@ class Level2Config:
             )
         if (self.trainer_compile_layers or self.trainer_checkpoint_fraction != 1.0) and not self.trainer_fast:
             raise ValueError("--trainer-compile-layers and --trainer-checkpoint-fraction need --trainer-fast")
-        if self.max_staleness < 0 or self.single_node < 0:
-            raise ValueError("--max-staleness and --single-node must be >= 0")
+        from common.config import check_ranges
+
+        check_ranges(
+            [("max_staleness", self.max_staleness, 0), ("single_node", self.single_node, 0)],
+            positives=[("collective_timeout_s", self.collective_timeout_s)],
+        )
+        for name in ("trainer_gpus", "server_gpus"):
+            if getattr(self, name) != -1 and not getattr(self, name) >= 0:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be -1 (auto) or >= 0 (got {getattr(self, name)})")
+        if not 0.0 < self.server_gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"--server-gpu-memory-utilization must be in (0, 1] (got {self.server_gpu_memory_utilization})"
+            )
 
     def resolved(self) -> Level2Config:
         """The presets applied (they set sizes; an explicit preset wins over --trainers/--servers)."""

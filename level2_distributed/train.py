@@ -47,6 +47,7 @@ from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.metrics import (
     NO_UPDATE,
     MetricsWriter,
+    RunHistory,
     closing_line,
     log_deadline_groups,
     log_line,
@@ -329,7 +330,7 @@ def rollout_policy(cfg: TrainConfig, router: Any) -> Any:
 # ----------------------------------------------------------------------------------------------------
 # The loop: level 1's, with servers, a sync and FSDP ranks.
 # ----------------------------------------------------------------------------------------------------
-def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = True) -> list[dict[str, Any]]:
+def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = True) -> RunHistory:
     """Run until ``cfg.steps`` optimizer steps; returns the metrics of every round kept."""
     import ray
 
@@ -369,6 +370,7 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
     stats.stuck_path = out / "stuck_calls.jsonl"  # what was in flight when a deadline fired
     bar = RunProgress(progress, cfg.steps, state.step, stats)  # + a heartbeat line every 30 s of a slow round
     history: list[dict[str, Any]] = []
+    stopped: str | None = None  # why the run ends before --steps, if it does (sera train exits 3)
     served, idle = -(10**9), 0  # the version the servers hold (none yet: sync before the first rollout)
     while state.step < cfg.steps:
         stage = schedule.stage_at(state.step)  # the clock is the policy version
@@ -446,7 +448,8 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
         if not updated:
             bar.log(idle_hint(cfg, stage, batch, groups))
         if idle >= cfg.max_idle_rounds:
-            bar.log(f"stopping: {idle} rounds in a row without an optimizer step (--max-idle-rounds)")
+            stopped = f"{idle} rounds in a row without an optimizer step (--max-idle-rounds)"
+            bar.log(f"stopping: {stopped}")
             break
     bar.close()
     writer.close()
@@ -457,7 +460,7 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
     if history:
         plot_curves(out / "metrics.jsonl", out / "curves.png")
     print(closing_line(out, state.step, state.round))
-    return history
+    return RunHistory(history, stopped=stopped)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ import typer.core
 from rich.console import Console
 from rich.markup import escape
 
-from common.config import Given, dataclass_command, field_docs, option_type
+from common.config import Given, check_ranges, dataclass_command, field_docs, option_type
 from common.run.entry import ENTRY_ENV
 
 # Help layout: rich panels on a wide terminal; on a narrow one (< 100 columns) rich's option table cuts long
@@ -126,10 +126,23 @@ def installed(package: str) -> bool:
         return False
 
 
-def require(package: str, what: str) -> None:
-    """Fail in one line, naming how to install ``package``, when ``what`` needs it and it is missing."""
+def require(package: str, what: str, load: bool = False) -> None:
+    """Fail in one line, naming how to install ``package``, when ``what`` needs it and it is missing.
+
+    ``load``: import it too, so a package that is present but broken (a missing shared library, a version
+    clash) is one line as well, not a traceback from deep inside the run (for ``ray``: level 2 imports it
+    at once anyway)."""
     if not installed(package):
         raise MissingExtra(f"{what} needs the {package} package, which is not installed: {OPTIONAL[package]}")
+    if load:
+        try:
+            importlib.import_module(package)
+        except Exception as e:  # noqa: BLE001 - any failure to import is the same news to the user
+            reason = (str(e).strip().splitlines() or [""])[0][:200]
+            raise MissingExtra(
+                f"{what} needs the {package} package, which is installed but fails to import "
+                f"({type(e).__name__}: {reason}); reinstall it: {OPTIONAL[package]}"
+            ) from None
 
 
 def _missing_optional(e: BaseException) -> MissingExtra | None:
@@ -156,8 +169,16 @@ def friendly(fn):
 
         try:
             return fn(*args, **kwargs)
-        except (TaskFileError, FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError) as e:
-            err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line
+        except (
+            TaskFileError,
+            FileNotFoundError,
+            NotADirectoryError,
+            IsADirectoryError,
+            PermissionError,
+            ValueError,
+        ) as e:
+            for line in str(e).splitlines() or [""]:  # one line (one per problem where there are several)
+                err.print(f"[red]error:[/red] {escape(line)}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except (ImportError, RuntimeError) as e:  # an optional package missing where no check caught it
             missing = _missing_optional(e)
@@ -258,19 +279,32 @@ def _check_parents(path: Path, flag: str) -> None:
             return
 
 
+def _check_writable(path: Path, flag: str) -> None:
+    """``path``, or the nearest existing directory it would be created in, must be writable (a read-only
+    mount, an immutable directory, no permission: one line now instead of a traceback at the first write)."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None or os.access(existing, os.W_OK | (os.X_OK if existing.is_dir() else 0)):
+        return
+    where = "" if existing == path else f": {existing} is where it would be created"
+    raise PermissionError(f"{flag} {path} is not writable{where} (read-only, immutable or no permission)")
+
+
 def check_out_file(path: Path, flag: str = "--out") -> Path:
-    """An output file path must not be a directory, and no ancestor of it may be a file."""
+    """An output file path must not be a directory, no ancestor of it may be a file, and it must be
+    writable."""
     if path.is_dir():
         raise IsADirectoryError(f"{flag} {path} is a directory; give a file name")
     _check_parents(path, flag)
+    _check_writable(path, flag)
     return path
 
 
 def check_out_dir(path: Path, flag: str = "--out") -> Path:
-    """An output directory must not be a file, and no ancestor of it may be a file."""
+    """An output directory must not be a file, no ancestor of it may be a file, and it must be writable."""
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"{flag} {path} is a file; give a directory")
     _check_parents(path, flag)
+    _check_writable(path, flag)
     return path
 
 
@@ -330,6 +364,7 @@ def data_textcraft(
     from common.data import write_jsonl
 
     check_choice("--split", split, ("train", "val"))
+    check_ranges([("n", n, 1), ("seed", seed, 0)])
     out = need_out(out)
     if paper:
         from common.envs.textcraft.paper import base_order_for_hash_seed, paper_tasks
@@ -357,6 +392,8 @@ def data_textworld(
     from common.data import write_jsonl
 
     check_choice("--split", split, ("train", "dev", "test"))
+    check_ranges([("n", n, 1), ("seed", seed, 0)])
+    check_choice("--tier", tier, ("easy", "medium", "hard", "extreme"))
     out = need_out(out)
     require("textworld", "sera data textworld (the foods of textworld's cooking splits)")
     from common.envs.textworld_sync.tasks import generate_tasks
@@ -378,6 +415,7 @@ def data_textworld_cooking(
     from common.data import write_jsonl
 
     check_choice("--tier", tier, ("easy", "medium", "hard", "extreme"))
+    check_ranges([("n", n, 1), ("seed", seed, 0)])
     out = need_out(out)
     require("textworld", "sera data textworld-cooking")
     from common.envs.textworld_cooking import generate_tasks
@@ -447,6 +485,7 @@ def view(
     from common.agent.log import read_trees
     from common.agent.viewer import render_tree_terminal, write_html
 
+    check_ranges([("last", last, 1)])
     if not log.exists():
         raise FileNotFoundError(f"{log} does not exist")
     if html is not None:
@@ -675,8 +714,30 @@ def _check_run_dir(cfg, overwrite: bool) -> None:
     if rank() != 0:  # torchrun: rank 0 decides (the tier's prepare_out), the others follow it
         return
     check_run_dir(out, cfg.resume, overwrite)  # its note ("nothing to resume") is printed by the run
+    if cfg.resume:
+        _check_resumed_config(cfg, out)
     if overwrite and out.exists():
         clear_run_dir(out)
+
+
+def _check_resumed_config(cfg, out: Path) -> None:
+    """--resume with options that differ from the run's (its config.json): one line per option, exit 2,
+    before anything loads (the tier checks the checkpoint's own copy again when it loads it)."""
+    from dataclasses import asdict
+
+    from common.run.checkpoint import config_differences, has_checkpoint
+
+    path = out / "config.json"
+    if not has_checkpoint(out) or not path.exists():
+        return
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return  # unreadable: the checkpoint's copy decides
+    now = asdict(cfg)
+    differences = config_differences({k: v for k, v in saved.items() if k in now}, now)
+    if differences:
+        raise ValueError("\n".join(f"{d} (--resume of {out} keeps the run's settings)" for d in differences))
 
 
 def _interrupted_run(out: Path, command: str, curves: bool = True) -> None:
@@ -765,7 +826,7 @@ def _train(
         raise FileNotFoundError(f"--tasks {cfg.tasks} does not exist")
     # optional packages, before anything loads
     if level == 2:
-        require("ray", "--level 2 (Ray)")
+        require("ray", "--level 2 (Ray)", load=True)  # present but broken: one line too
         if l2.server_engine in ("sglang", "vllm") and not getattr(l2, "server_python", ""):
             require(l2.server_engine, f"--server-engine {l2.server_engine}")  # in this interpreter
     check_extras(env=cfg.env, generated=not cfg.tasks, engine=l1.engine if level == 1 else "")
@@ -781,23 +842,43 @@ def _train(
         if level == 0:
             from level0_single_process.train import train
 
-            train(cfg)
+            history = train(cfg)
         elif level == 1:
             import torch.distributed as dist
 
             from level1_batched.train import train as train_level1
 
             try:
-                train_level1(cfg, l1)
+                history = train_level1(cfg, l1)
             finally:  # torchrun's ranks leave the process group they joined
                 if dist.is_available() and dist.is_initialized():
                     dist.destroy_process_group()
         else:
             from level2_distributed.train import train as train_level2
 
-            train_level2(cfg, l2)
+            history = train_level2(cfg, l2)
     except KeyboardInterrupt:
         _interrupted_run(Path(cfg.out), command)
+    stopped_early(getattr(history, "stopped", None), cfg, command)
+
+
+STOPPED_EARLY = 3
+"""Exit code of a run that ended before --steps for a reason of its own (``--max-idle-rounds``): not a crash
+(1), not bad input (2); its logs and checkpoints are whole."""
+
+
+def stopped_early(reason: str | None, cfg, command: str) -> None:
+    """A run that stopped before ``--steps``: one line saying why and what continues it, exit 3."""
+    if reason is None:
+        return
+    if rank() == 0:
+        argv = [a for a in shlex.split(command) if a not in ("--resume", "--overwrite")]
+        err.print(
+            f"stopped before --steps {cfg.steps}: {reason}; outputs in {cfg.out} "
+            f"(continue with: {shlex.join([*argv, '--resume'])})",
+            highlight=False, soft_wrap=True, markup=False,
+        )  # fmt: skip
+    raise typer.Exit(STOPPED_EARLY)
 
 
 def _overwrite_param() -> inspect.Parameter:

@@ -219,7 +219,7 @@ def test_select_candidate_rules():
     assert select_candidate("oracle", [], [None, False], rng) == 0
     picks = {select_candidate("random", [0, 0], [], random.Random(s)) for s in range(20)}
     assert picks == {0, 1}
-    with pytest.raises(ValueError, match="selection_mode"):
+    with pytest.raises(ValueError, match="--selection-mode must be one of first, random, oracle, rubric"):
         RuntimeConfig(selection_mode="best")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_forks_per_task"):
         RuntimeConfig(best_of_n=4, max_forks_per_task=2)

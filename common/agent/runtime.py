@@ -187,27 +187,44 @@ class RuntimeConfig:
     of every agent (3 launches per step at depth 3 made 820 agents)."""
 
     def __post_init__(self) -> None:
-        if self.selection_mode not in SELECTION_MODES:
-            raise ValueError(
-                f"selection_mode must be one of {', '.join(SELECTION_MODES)}, got {self.selection_mode!r}"
-            )
-        if self.best_of_n < 1:
-            raise ValueError(f"best_of_n must be >= 1, got {self.best_of_n}")
+        from common.config import check_choices, check_ranges
+
+        check_choices(self)
+        check_ranges(
+            [
+                ("max_steps", self.max_steps, 1),
+                ("max_depth", self.max_depth, 0),
+                ("max_prompt_tokens", self.max_prompt_tokens, 1),
+                ("max_new_tokens", self.max_new_tokens, 1),
+                ("temperature", self.temperature, 0),
+                ("rubric_max_new_tokens", self.rubric_max_new_tokens, 1),
+                ("rubric_temperature", self.rubric_temperature, 0),
+                ("score_max_new_tokens", self.score_max_new_tokens, 1),
+                (
+                    "branch_score_max_new_tokens",
+                    1 if self.branch_score_max_new_tokens is None else self.branch_score_max_new_tokens,
+                    1,
+                ),
+                ("counterfactual_k", self.counterfactual_k, 1),
+                ("max_envs_per_rollout", self.max_envs_per_rollout, 1),
+                ("best_of_n", self.best_of_n, 1),
+                ("max_forks_per_task", self.max_forks_per_task, 1),
+                ("candidate_temperature", self.candidate_temperature, 0),
+                ("selection_rubric_temperature", self.selection_rubric_temperature, 0),
+                ("selection_score_max_new_tokens", self.selection_score_max_new_tokens, 1),
+                ("cancel_grace_s", self.cancel_grace_s, 0),
+                ("max_launches_per_step", self.max_launches_per_step, 1),
+                ("max_agents_per_tree", self.max_agents_per_tree, 1),
+            ],
+            positives=[
+                (n, getattr(self, n)) for n in ("step_timeout_s", "tree_timeout_s", "group_timeout_s")
+            ],
+        )
         if self.best_of_n > 1 and self.max_forks_per_task < self.best_of_n:
             raise ValueError(
                 f"max_forks_per_task={self.max_forks_per_task} is below best_of_n={self.best_of_n}: "
                 "not even one delegation could be selected"
             )
-        if self.max_prompt_tokens < 1:
-            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
-        for name in ("step_timeout_s", "tree_timeout_s", "group_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
-        if self.cancel_grace_s < 0:
-            raise ValueError(f"--cancel-grace-s must be >= 0 seconds, got {self.cancel_grace_s}")
-        for name in ("max_launches_per_step", "max_agents_per_tree"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.prompts_dir:  # a bad template fails here, with its file:line, not inside every rollout
             load_templates({**RUBRIC_TEMPLATES, **SCORE_TEMPLATES, **RUNTIME_TEMPLATES}, self.prompts_dir)
 

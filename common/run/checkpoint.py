@@ -68,6 +68,21 @@ def lock_out(out: Path) -> None:
     _LOCKS[key] = f
 
 
+def is_locked(out: Path) -> bool:
+    """Whether another process holds ``out``'s lock (:func:`lock_out`) now; never takes it."""
+    import fcntl
+
+    if str(out.resolve()) in _LOCKS or not (out / ".lock").is_file():
+        return False
+    with open(out / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
 LOGS = ("metrics.jsonl", "trees.jsonl")
 """The per-round logs of a run (what --resume truncates to its checkpoint and a fresh run would replace)."""
 
@@ -116,6 +131,8 @@ def check_run_dir(out: Path, resume: bool, overwrite: bool = False) -> str | Non
     run always redoes), else None. ``--overwrite`` is the caller's to carry out (:func:`clear_run_dir`)."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory")
+    if is_locked(out):
+        raise ValueError(f"{out} is being written by another running process; stop it or choose another --out")
     if resume and overwrite:
         raise ValueError(
             f"--resume and --overwrite contradict each other: --resume continues the run in {out}, "
@@ -204,8 +221,47 @@ def _comparable(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _fsync(path: Path) -> None:
+    """Flush a file's (or a directory's entries') data to the disk, so a rename after it is never of a
+    half-written file after a power loss."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def config_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """One line per setting that differs between a run's saved config and this one (the settings
+    :func:`_comparable` keeps), named as the CLI spells it: ``--lr: 1e-05 in the run, 0.001 now``.
+    Nested groups (``rollout``, ``optim``) are flattened to their fields' names."""
+
+    def flat(config: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in _comparable(config).items():
+            if isinstance(v, dict):
+                out.update(v)
+            else:
+                out[k] = v
+        return out
+
+    def show(v: Any) -> str:
+        return repr(v) if isinstance(v, str) else str(v)
+
+    a, b = flat(json.loads(json.dumps(saved))), flat(json.loads(json.dumps(now)))  # tuples read back as lists
+    return [
+        f"--{k.replace('_', '-')}: {show(a.get(k))} in the run, {show(b.get(k))} now"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
+
+
 class TorchCheckpointer:
-    """``out/checkpoints/step_NNNNNN/state.pt`` via torch.save; keeps the last ``keep``."""
+    """``out/checkpoints/step_NNNNNN/state.pt`` via torch.save; keeps the last ``keep``.
+
+    Written to ``.tmp_step_NNNNNN/`` (flushed to the disk) and renamed, so a crash while writing leaves the
+    checkpoints before it whole; on --resume a damaged newest checkpoint (a truncated file, a disk error) is
+    named and the newest intact one before it is used."""
 
     def __init__(self, out: Path, keep: int = 2):
         self.dir, self.keep = out / "checkpoints", keep
@@ -228,9 +284,11 @@ class TorchCheckpointer:
             },
             tmp / "state.pt",
         )
+        _fsync(tmp / "state.pt")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        _fsync(self.dir)
         for old in sorted(self.dir.glob("step_*"))[: -self.keep]:
             shutil.rmtree(old)
 
@@ -238,21 +296,37 @@ class TorchCheckpointer:
         ckpts = sorted(self.dir.glob("step_*"))
         if not ckpts:
             return None
-        state = torch.load(ckpts[-1] / "state.pt", weights_only=False)
-        saved, now = _comparable(state["config"]), _comparable(config)
-        if saved != now:
-            diff = {
-                k: (saved.get(k), now.get(k))
-                for k in sorted(set(saved) | set(now))
-                if saved.get(k) != now.get(k)
-            }
-            raise SystemExit(f"--resume: the config differs from the checkpoint's: {diff}")
+        damaged = []
+        for path in reversed(ckpts):
+            try:
+                state = torch.load(path / "state.pt", weights_only=False)
+                run = RunState(**state["run"])
+            except Exception as e:  # noqa: BLE001 - a truncated zip, an unpickling error, a missing file
+                reason = (str(e).strip().splitlines() or [""])[0][:160]
+                print(f"--resume: {path / 'state.pt'} is damaged ({type(e).__name__}: {reason})", flush=True)
+                damaged.append(path.name)
+                continue
+            if damaged:
+                print(
+                    f"--resume: resuming from {path} (step {run.step}), the newest intact checkpoint; "
+                    f"the rounds after it are redone",
+                    flush=True,
+                )
+            break
+        else:
+            raise SystemExit(
+                f"--resume: every checkpoint in {self.dir} is damaged ({', '.join(damaged)}); "
+                "start again with --overwrite, or choose another --out"
+            )
+        differences = config_differences(state["config"], config)
+        if differences:
+            raise SystemExit("--resume: the config differs from the checkpoint's:\n" + "\n".join(differences))
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
-        return RunState(**state["run"])
+        return run
 
 
 def truncate_logs(out: Path, round: int) -> None:

@@ -132,6 +132,22 @@ def log_line(m: dict[str, Any]) -> str:
     return f"step={m['step']} stage={m['stage']} {vals}{skipped}"
 
 
+class RunHistory(list):
+    """What a tier's ``train`` returns: the metrics of every round (a list, as before), plus ``stopped``,
+    why the run ended before ``--steps`` (None when it reached them). ``sera train`` exits 3 then, so a
+    script can tell a run that stopped early from one that finished (0) or failed (1, 2).
+
+    >>> h = RunHistory([{"step": 0}], stopped="3 rounds in a row without an optimizer step")
+    >>> len(h), h.stopped, RunHistory().stopped
+    (1, '3 rounds in a row without an optimizer step', None)
+    """
+
+    def __init__(self, rounds: Any = (), stopped: str | None = None):
+        super().__init__(rounds)
+        self.stopped = stopped
+        """Why the run stopped before --steps (None: it reached them)."""
+
+
 def closing_line(out: Path, steps: int, rounds: int) -> str:
     """The last line of a run: what it did and where its outputs are (only those that exist).
 

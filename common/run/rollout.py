@@ -226,11 +226,19 @@ class RolloutConfig:
     templates and the rubric/score templates (e.g. the paper's original texts)."""
 
     def __post_init__(self) -> None:
-        for name, v in (("max_steps", self.max_steps), ("best_of_n", self.best_of_n)):
-            if v < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (got {v})")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1 (got {self.max_new_tokens})")
+        from common.config import check_choices, check_ranges
+
+        check_choices(self)
+        check_ranges(
+            [
+                ("max_steps", self.max_steps, 1),
+                ("best_of_n", self.best_of_n, 1),
+                ("max_depth", self.max_depth, 0),
+                ("max_new_tokens", 1 if self.max_new_tokens is None else self.max_new_tokens, 1),
+                ("temperature", self.temperature, 0),
+                ("seed", self.seed, 0),
+            ]
+        )
 
     def runtime(self) -> RuntimeConfig:
         over: dict[str, Any] = {"max_new_tokens": self.max_new_tokens} if self.max_new_tokens else {}

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from common.agent.runtime import RuntimeConfig
-from common.config import build_config, check_ranges
+from common.config import build_config, check_choices, check_ranges
 from common.train_config import ROLLOUT_OPTIONS, EnvName, Tier, laptop_rollout
 
 
@@ -86,6 +86,7 @@ class SFTConfig:
     """Which RuntimeConfig fields are options (the same as `sera train`'s)."""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         check_ranges(
             [
                 ("steps", self.steps, 1),
@@ -97,8 +98,11 @@ class SFTConfig:
                 ("max_example_tokens", self.max_example_tokens, 2),
                 ("lora_rank", self.lora_rank, 0),
                 ("lora_alpha", self.lora_alpha, 0),
+                ("weight_decay", self.weight_decay, 0),
+                ("seed", self.seed, 0),
             ],
             [("child_noise", self.child_noise)],
+            positives=[("lr", self.lr), ("grad_clip", self.grad_clip)],
         )
         bad = [r for r in self.role_list() if r not in ("act", "rubric", "score")]
         if bad or not self.role_list():

@@ -511,6 +511,24 @@ def test_rubric_stage_depth_limit_is_the_public_collectors_text():
     assert deep.counterfactual_depth_refusal(None, 3, 3) == line
 
 
+def test_rubric_stage_refusal_by_the_runtime_is_the_public_text_too():
+    """The other path: a launch the session lets through (its own limit is 3) that the runtime's
+    ``--max-depth`` refuses. In a Rubric-stage rollout the parent's ``- SubAgent i:`` line is the public
+    collector's text with the runtime's limit; elsewhere it is not."""
+    from common.agent.runtime import RuntimeConfig, run_root
+    from common.policy.scripted import OraclePolicy
+
+    line = "- SubAgent 0: Cannot launch subagent beyond max_subagent_depth=0."
+    for k in (2, 1):
+        cfg = RuntimeConfig(max_steps=6, max_depth=0, temperature=0.0, counterfactual_k=k)
+        tree = asyncio.run(
+            run_root(make_task(TWO), TRAIN, OraclePolicy(lambda s: oracle_reply(s, delegate=True)), cfg)
+        )
+        results = [s.observation for s in tree.root.steps if "[SubAgent Results]" in s.observation]
+        assert results and sum(s.refused_launches for s in tree.root.steps) >= 1
+        assert all((line in r) == (k > 1) for r in results)
+
+
 def test_the_runtime_marks_every_session_of_a_rubric_stage_rollout():
     from common.agent.runtime import RuntimeConfig, run_root
     from common.envs.textworld_sync.oracle import oracle_reply

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from common.agent.runtime import RuntimeConfig
 from common.codeact import check_executor
 from common.config import build_config, check_choices, check_ranges
+from common.rl.schedule import STAGES
 
 Method = Literal["rao", "rao_d", "sera_wo_d_rt", "sera_wo_d", "sera"]
 EnvName = Literal["textcraft", "textworld"]
@@ -61,6 +62,12 @@ class OptimConfig:
     """AdamW beta2."""
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
+    stage_grad_clip: str = ""
+    """Per-stage global-norm clip replacing --grad-clip in the stages it names, e.g.
+    `delegation:0.05,rubric:0.05` (empty: --grad-clip in every stage, the paper). A stability knob, not the
+    paper's: SERA's Delegation and Rubric steps train few tokens, so under the token mean their gradient norm
+    runs 10-100x the Execution stage's and AdamW (beta2 0.95) carries the spike for ~70 steps
+    (docs/FIDELITY.md "Stability knobs"); recorded as a departure when set."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Compute dtype of the model. bfloat16 keeps fp32 master weights in the optimizer, so small updates
     (lr 3e-6) are not rounded away. auto: bfloat16 where the hardware computes it natively (CUDA, as the
@@ -75,6 +82,34 @@ class OptimConfig:
             positives=[("lr", self.lr), ("grad_clip", self.grad_clip)],
             fractions=[("beta1", self.beta1), ("beta2", self.beta2)],
         )
+        self.stage_clips()  # a malformed --stage-grad-clip fails here, in one line
+
+    def stage_clips(self) -> dict[str, float]:
+        """``--stage-grad-clip`` as ``{stage: clip}``.
+
+        >>> OptimConfig(stage_grad_clip="delegation:0.05, rubric:0.1").stage_clips()
+        {'delegation': 0.05, 'rubric': 0.1}
+        >>> OptimConfig(stage_grad_clip="planning:1").stage_clips()
+        Traceback (most recent call last):
+        ValueError: --stage-grad-clip: 'planning:1' is not STAGE:CLIP with STAGE in execution, delegation, rubric and CLIP > 0
+        """
+        clips: dict[str, float] = {}
+        for part in filter(None, (p.strip() for p in self.stage_grad_clip.split(","))):
+            stage, _, value = part.partition(":")
+            try:
+                clip = float(value)
+            except ValueError:
+                clip = float("nan")
+            if stage.strip() not in STAGES or not clip > 0:
+                raise ValueError(
+                    f"--stage-grad-clip: {part!r} is not STAGE:CLIP with STAGE in {', '.join(STAGES)} and CLIP > 0"
+                )
+            clips[stage.strip()] = clip
+        return clips
+
+    def clip_for(self, stage: str) -> float:
+        """The global-norm clip of an optimizer step of ``stage``."""
+        return self.stage_clips().get(stage, self.grad_clip)
 
 
 def resolve_dtype(dtype: str, model: str) -> str:
@@ -208,6 +243,21 @@ class TrainConfig:
     """With --eval-tasks: evaluate every N optimizer steps (0 = no evaluation during training)."""
     eval_limit: int | None = None
     """With --eval-tasks: evaluate only the first N tasks of the file."""
+    eval_samples: int = 0
+    """With --eval-tasks: also K sampled trajectories per task at the rollout temperature (--temperature,
+    1.0: the policy RL trains) beside the greedy one, logged as eval/sampled_success with its 95 % interval
+    (0 = greedy only, `sera eval`'s protocol)."""
+    lora_rank: int = 0
+    """0: train every weight (the paper). R > 0: LoRA RL, a rank-R adapter on every attention and MLP
+    projection over the (warm-started) model, served unmerged by the vllm engine; checkpoints hold the
+    adapter and its optimizer state (~30 MB at rank 8 for SmolLM2). Levels 0 and 1. Use ~10x full
+    fine-tuning's --lr ("LoRA Without Regret"); recorded as a departure."""
+    lora_alpha: float = 32.0
+    """With --lora-rank: LoRA's scale numerator (the update is alpha / rank x B A)."""
+    depth_weight_cap: float = 0.0
+    """0: the paper's depth weights w_d = Z / T_d as they are. C >= 1: no datum weighs more than C (the
+    weights are capped and rescaled to mean 1 until none exceeds C): a lone deep agent otherwise carries
+    up to ~50x a root datum's weight at this scale. A stability knob, recorded as a departure when set."""
     rollout: RuntimeConfig = field(default_factory=laptop_rollout)
     """How each rollout runs (its fields are options of their own: --max-steps, --max-new-tokens, ...)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -232,11 +282,16 @@ class TrainConfig:
                 ("spare_groups", self.spare_groups, 0),
                 ("eval_every", self.eval_every, 0),
                 ("eval_limit", 1 if self.eval_limit is None else self.eval_limit, 1),
+                ("eval_samples", self.eval_samples, 0),
+                ("lora_rank", self.lora_rank, 0),
                 ("seed", self.seed, 0),
             ],
             [("oracle_mix", self.oracle_mix), ("score_noise", self.score_noise)],
+            positives=[("lora_alpha", self.lora_alpha)],
         )  # the rollout's and the optimizer's own fields: RuntimeConfig's and OptimConfig's __post_init__
         check_executor(self.codeact_executor, "--codeact-executor")  # one line naming the choices
+        if self.depth_weight_cap != 0 and not self.depth_weight_cap >= 1:
+            raise ValueError(f"--depth-weight-cap must be 0 (off) or >= 1 (got {self.depth_weight_cap})")
         self.optim.dtype = resolve_dtype(self.optim.dtype, self.model)
         if bool(self.eval_tasks) != (self.eval_every > 0):
             raise ValueError("--eval-tasks and --eval-every go together (a held-out file and how often)")

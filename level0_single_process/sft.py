@@ -38,6 +38,8 @@ from typing import Any
 import torch
 
 from common.agent.log import append_tree
+from common.policy import lora
+from common.policy.lora import TrainedWeights  # noqa: F401 - re-exported (sft checkpoints)
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import seed_everything, task_pool
 from common.run.metrics import MetricsWriter, pyplot_or_note
@@ -156,37 +158,9 @@ def save_model_dir(model, tokenizer, path: Path) -> None:
 
 def add_lora(model, cfg: SFTConfig):
     """``--lora-rank R``: a peft LoRA adapter of rank R on every attention and MLP projection; only the
-    adapter trains (its A matrices random, its B matrices zero: the wrapped model starts equal to the base)."""
-    from peft import LoraConfig, get_peft_model
-
-    from common.policy.warmstart import LORA_TARGETS
-
-    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                      target_modules=list(LORA_TARGETS), bias="none", task_type="CAUSAL_LM")  # fmt: skip
-    with torch.random.fork_rng(devices=[]):  # the A init is seeded, and the run's RNG stream is untouched
-        torch.manual_seed(cfg.seed)
-        return get_peft_model(model, lora)
-
-
-class TrainedWeights:
-    """What a LoRA run's checkpoints hold: the adapter's weights only (the base weights never change, and
-    the model loads them again on --resume). The ``state_dict`` interface of a module."""
-
-    def __init__(self, model) -> None:
-        self.model = model
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        from peft import get_peft_model_state_dict
-
-        return get_peft_model_state_dict(self.model)
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        from peft import set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(self.model, state)
-        missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
-        if missing:
-            raise SystemExit(f"--resume: the checkpoint lacks adapter weights {missing[:3]}")
+    adapter trains (its A matrices random, its B matrices zero: the wrapped model starts equal to the base).
+    The same helper as LoRA RL's (common/policy/lora.py)."""
+    return lora.add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed)
 
 
 def save_adapter(model, cfg: SFTConfig, step: int, path: Path) -> None:

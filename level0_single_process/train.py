@@ -47,8 +47,9 @@ import torch
 from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.envs import env_spec
+from common.policy.lora import add_lora, checkpointed
 from common.rl.batch import build_stage_batch
-from common.rl.loss import cispo_loss, token_logprobs
+from common.rl.loss import RatioStats, cispo_loss, token_logprobs
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.evaluation import InRunEval
@@ -66,7 +67,7 @@ from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import collect_groups as collect_task_groups
 from common.run.rollout import make_env_with_prompts, rollout_in_flight
-from common.run.setup import idle_hint, method_and_schedule, train_policy
+from common.run.setup import departures_line, idle_hint, method_and_schedule, paper_departures, train_policy
 from common.train_config import TrainConfig
 
 
@@ -114,7 +115,7 @@ def accumulate_gradients(
     the model computes in bf16 (as the public trainer reduces); without it, grads add up in ``.grad``.
     """
     n_tokens = sum(d.num_trained_tokens for d in datums) if num_tokens is None else num_tokens
-    total, clipped = 0.0, 0.0
+    total, clipped, ratios = 0.0, 0.0, RatioStats()  # ratios: behaviour vs trainer log-probs (on-policy ~1)
     for d, w in zip(datums, weights, strict=True):
         logp = datum_logprobs(model, d)  # [1, T]
         loss, m = cispo_loss(
@@ -130,7 +131,13 @@ def accumulate_gradients(
             optimizer.accumulate_model_grads()  # ... in fp32, on the masters (no-op for an fp32 model)
         total += loss.item()
         clipped += m["loss/clip_frac"] * sum(d.loss_mask)
-    return {"loss/cispo": total, "loss/tokens": float(n_tokens), "loss/clip_frac": clipped / max(1, n_tokens)}
+        ratios.add(m)
+    return {
+        "loss/cispo": total,
+        "loss/tokens": float(n_tokens),
+        "loss/clip_frac": clipped / max(1, n_tokens),
+        **ratios.metrics(),
+    }
 
 
 def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float]:
@@ -141,7 +148,7 @@ def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float
     optimizer.zero_grad()
     datums, weights = batch.with_gradient()
     metrics = accumulate_gradients(model, datums, weights, optimizer, num_tokens=batch.num_trained_tokens)
-    grad_norm = optimizer.clip_and_step(cfg.optim.grad_clip)
+    grad_norm = optimizer.clip_and_step(cfg.optim.clip_for(batch.stage))  # --grad-clip (--stage-grad-clip)
     model.eval()
     return {**metrics, "grad_norm": grad_norm, "train/skipped": 0.0}
 
@@ -163,13 +170,16 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     model, tokenizer = load_model(
         cfg.model, dtype=cfg.optim.dtype, device=device, seed=cfg.seed, adapter=init.adapter
     )  # --init-adapter: the warm start merged into the weights
+    if cfg.lora_rank:  # --lora-rank: only a LoRA adapter over those weights trains (the paper: every weight)
+        model = add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed)
     stats = LiveStats()
     policy = CountingPolicy(
         train_policy(cfg, model, tokenizer, max_batch_size=cfg.max_batch_size), stats
     )  # the calls in flight together (siblings, the group's rollouts) run as one batch
     optimizer = make_optimizer(model, cfg.optim)
     ckpt = TorchCheckpointer(out)
-    state = (ckpt.load_latest(model, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
+    trained = checkpointed(model)  # what a checkpoint holds: the model, or a LoRA run's adapter only
+    state = (ckpt.load_latest(trained, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
     truncate_logs(out, state.round)
     env, sampler = (
         make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir, cfg.codeact_executor),
@@ -177,8 +187,12 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     )
     judge = make_judge(cfg.judge, policy)
     writer = MetricsWriter(out, cfg.tensorboard)
-    (out / "config.json").write_text(json.dumps({**asdict(cfg), "init_weights": init.record()}, indent=2))
+    departures = paper_departures(cfg)  # the stability knobs and sizes this run takes from outside the paper
+    (out / "config.json").write_text(
+        json.dumps({**asdict(cfg), "init_weights": init.record(), "departures": departures}, indent=2)
+    )
     print(init.line())
+    print(departures_line(departures, out))
     print(
         f"[level0] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | steps {state.step}->{cfg.steps}"
     )
@@ -206,6 +220,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
             preset.execution_reward,
             zero_variance=env_spec(cfg.env).zero_variance,
             tokenizer=tokenizer,
+            depth_weight_cap=cfg.depth_weight_cap,
         )
         # 3. CISPO loss and one AdamW step, only with --min-trainable-datums datums that have a trained token.
         bar.phase("training")
@@ -228,7 +243,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
         state.round, state.cursor = state.round + 1, sampler.cursor
         state.step += int(updated)
         if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps):
-            ckpt.save(state, model, optimizer, asdict(cfg))
+            ckpt.save(state, trained, optimizer, asdict(cfg))
         bar.log(log_line(metrics), state.step)
         idle = 0 if updated else idle + 1
         if not updated:

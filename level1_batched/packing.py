@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from common.rl.datums import Datum
-from common.rl.loss import cispo_loss, token_logprobs
+from common.rl.loss import RatioStats, cispo_loss, token_logprobs
 
 
 def pack_microbatches(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -121,13 +121,15 @@ def accumulate_gradients_packed(
     ``num_tokens`` is |M|, the trained-token count of the whole optimizer step (all ranks); default: this
     call's count. Every micro-batch divides by it, so the micro-batch (and rank) losses sum to the
     step's token-mean. ``loss/cispo`` and ``loss/clip_frac`` are this call's shares (they add up over
-    ranks); ``train/microbatches`` and ``train/packed_tokens`` count what ran here.
+    ranks); ``train/microbatches`` and ``train/packed_tokens`` count what ran here. The ratio metrics
+    (``loss/ratio_mean``, ``loss/ratio_max``, ``loss/abs_log_ratio``) are this call's; the sums behind them
+    (``loss/scored_tokens``, ``loss/ratio_sum``, ``loss/abs_log_ratio_sum``) add up over ranks.
     """
     local = sum(d.num_trained_tokens for d in datums)
     n_tokens = float(local if num_tokens is None else num_tokens)
     lengths = [len(d.prompt_ids) + len(d.output_ids) for d in datums]
     micro = pack_microbatches(lengths, max_tokens_per_microbatch)
-    total, clipped = 0.0, 0.0
+    total, clipped, ratios = 0.0, 0.0, RatioStats()
     for idx in micro:
         ds = [datums[i] for i in idx]
         logp = packed_logprobs(model, ds)  # [D, T_max]
@@ -145,10 +147,16 @@ def accumulate_gradients_packed(
             optimizer.accumulate_model_grads()  # ... in fp32, on the masters (no-op for an fp32 model)
         total += loss.item()
         clipped += m["loss/clip_frac"] * m["loss/tokens"]
+        ratios.add(m)
+    tokens, ratio_sum, abs_log_sum = ratios.totals()
     return {
         "loss/cispo": total,
         "loss/tokens": n_tokens,
         "loss/clip_frac": clipped / max(1.0, n_tokens),
         "train/microbatches": float(len(micro)),
         "train/packed_tokens": float(sum(lengths)),
+        **ratios.metrics(),  # this call's; a data-parallel step combines the sums below over ranks
+        "loss/scored_tokens": tokens,
+        "loss/ratio_sum": ratio_sum,
+        "loss/abs_log_ratio_sum": abs_log_sum,
     }

@@ -64,7 +64,9 @@ import torch.distributed as dist
 from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.envs import env_spec
+from common.policy.lora import add_lora, checkpointed
 from common.rl.batch import build_stage_batch
+from common.rl.loss import RatioStats
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.evaluation import InRunEval
@@ -81,7 +83,7 @@ from common.run.metrics import (
 from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import make_env_with_prompts
-from common.run.setup import idle_hint, method_and_schedule, train_policy
+from common.run.setup import departures_line, idle_hint, method_and_schedule, paper_departures, train_policy
 from common.train_config import TrainConfig
 from level1_batched.config import Level1Config
 from level1_batched.packing import (  # noqa: F401 - re-exported: tests and level-1 users import them from here
@@ -124,6 +126,15 @@ def all_reduce_sum(values: list[float], device: torch.device | str = "cpu") -> l
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def all_reduce_max(value: float, device: torch.device | str = "cpu") -> float:
+    """The largest ``value`` over ranks (identity at world size 1)."""
+    if not distributed():
+        return float(value)
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
 
 
 def broadcast_parameters(model) -> None:
@@ -186,7 +197,7 @@ def balanced_shards(sizes: list[int], world: int) -> list[list[int]]:
 
 
 def train_on_shard(
-    model, optimizer, datums, weights, n_tokens: float, cfg: TrainConfig, l1: Level1Config
+    model, optimizer, datums, weights, n_tokens: float, cfg: TrainConfig, l1: Level1Config, stage: str = "execution"
 ) -> dict[str, float]:
     """One optimizer step over all ranks: this rank's datums, the global token count, summed gradients,
     global-norm clip, AdamW (identical on every rank, so the replicas stay equal). The micro-batch and rank
@@ -197,11 +208,13 @@ def train_on_shard(
         model, datums, weights, l1.max_tokens_per_microbatch, num_tokens=n_tokens, optimizer=optimizer
     )
     allreduce_gradients(model, optimizer=optimizer)  # the one data-parallel line (fp32 master grads)
-    grad_norm = optimizer.clip_and_step(cfg.optim.grad_clip)
+    grad_norm = optimizer.clip_and_step(cfg.optim.clip_for(stage))  # --grad-clip (--stage-grad-clip)
     model.eval()
     keys = ("loss/cispo", "loss/clip_frac", "train/microbatches", "train/packed_tokens")
-    summed = dict(zip(keys, all_reduce_sum([m[k] for k in keys], model.device), strict=True))
-    return {**m, **summed, "grad_norm": grad_norm, "train/skipped": 0.0}
+    sums = ("loss/scored_tokens", "loss/ratio_sum", "loss/abs_log_ratio_sum")
+    summed = all_reduce_sum([m.pop(k) for k in keys + sums], model.device)
+    ratios = RatioStats.from_totals(summed[len(keys) :], all_reduce_max(m["loss/ratio_max"], model.device))
+    return {**m, **dict(zip(keys, summed, strict=False)), **ratios, "grad_norm": grad_norm, "train/skipped": 0.0}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -245,7 +258,11 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             engine_process=l1.engine_process,
             log_stats=l1.engine_log_stats,
             async_scheduling=l1.async_scheduling,
-        )
+            lora_rank=cfg.lora_rank,
+        )  # from the base weights; with --lora-rank it serves the adapter unmerged (sync_weights)
+    if cfg.lora_rank:  # --lora-rank: only a LoRA adapter over those weights trains (the paper: every weight)
+        model = add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed)
+    if engine is not None:
         if l1.fast_trainer:
             from level1_batched.efficiency import apply_efficiency
 
@@ -258,18 +275,22 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     )
     optimizer = make_optimizer(model, cfg.optim)
     ckpt = TorchCheckpointer(out)
-    state = (ckpt.load_latest(model, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
+    trained = checkpointed(model)  # what a checkpoint holds: the model, or a LoRA run's adapter only
+    state = (ckpt.load_latest(trained, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
     if engine is not None:
         sync_weights(engine, model, state.step)  # the engine started before a resumed checkpoint loaded
     if rank == 0:
         truncate_logs(out, state.round)
+        departures = paper_departures(cfg)  # the settings this run takes from outside the paper
         (out / "config.json").write_text(
             json.dumps(
-                {**asdict(cfg), "level1": asdict(l1), "world_size": world, "init_weights": init.record()},
+                {**asdict(cfg), "level1": asdict(l1), "world_size": world, "init_weights": init.record(),
+                 "departures": departures},
                 indent=2,
             )
-        )
+        )  # fmt: skip
         print(init.line())
+        print(departures_line(departures, out))
         print(
             f"[level1] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | world {world} "
             f"| {l1} | steps {state.step}->{cfg.steps}"
@@ -312,6 +333,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             preset.execution_reward,
             zero_variance=env_spec(cfg.env).zero_variance,
             tokenizer=tokenizer,
+            depth_weight_cap=cfg.depth_weight_cap,
         )
         datums, weights = batch.with_gradient()  # a zero advantage has a zero gradient: not computed
         mine = balanced_shards([len(d.prompt_ids) + len(d.output_ids) for d in datums], world)[rank]
@@ -328,6 +350,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
                 n_tokens,
                 cfg,
                 l1,
+                stage,
             )
             if updated
             else dict(NO_UPDATE)
@@ -357,7 +380,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             log_deadline_groups(out, dropped, metrics["step"], metrics["round"])
             writer.write(metrics)  # logs first, checkpoint second (as level 0)
             if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps):
-                ckpt.save(state, model, optimizer, asdict(cfg))
+                ckpt.save(state, trained, optimizer, asdict(cfg))
             bar.log(f"{log_line(metrics)} train_tokens_per_s={metrics['train/tokens_per_s']:.4g}", state.step)
             if not updated:
                 bar.log(idle_hint(cfg, stage, batch, groups))

@@ -40,8 +40,15 @@ step) and ``sera eval --engine vllm``. Measured on one H200 (bench/RESULTS.md): 
 The level-1 loop keeps the engine resident during the optimizer step (a 135M-4B model and its KV cache fit
 beside the trainer on one H200: ``gpu_memory_utilization=0.3``); ``sleep``/``wake`` are measured, not wired.
 
+* LoRA RL (``sera train --lora-rank R``): the engine starts with ``enable_lora`` and serves the trainer's
+  adapter UNMERGED: after every optimizer step :func:`sync_weights` writes the adapter (fp32, peft format) to
+  a new directory and :meth:`VLLMEngine.use_adapter` points every later request at it under a new
+  ``LoRARequest`` id, so vLLM loads each version once. Merging it into bf16 weights instead would round the
+  small early-RL updates away (an update of 1e-5 is far below bf16's step of ~1e-4 at |w| = 0.02) and the
+  engine would keep sampling the old policy.
+
 Simplifications: one engine per process (data parallel = one per rank, as level 1's ranks), no tensor
-parallelism, no LoRA, no speculative decoding; the stepper thread holds the engine lock for each step, so
+parallelism, no speculative decoding; the stepper thread holds the engine lock for each step, so
 weight updates wait for the step in progress (the trainer updates between rounds, when nothing is in
 flight).
 
@@ -181,6 +188,7 @@ class VLLMEngine(Engine):
         self.max_context_tokens = int(max_model_len)
         self.eos_ids = reply_end_ids(self.tokenizer, _generation_eos(self.path))  # the hf engine's set
         self._lock = threading.Lock()  # one engine call at a time (queue worker + sync callers)
+        self.lora: Any = None  # the LoRARequest every new request carries (use_adapter), None = the base
         self.stepper = _Stepper(self) if continuous else None
 
     # ------------------------------------------------------------------ generation
@@ -250,6 +258,7 @@ class VLLMEngine(Engine):
                     [TokensPrompt(prompt_token_ids=ids) for _, ids, _ in todo],
                     [self._params(requests[i].sampling) for i, _, _ in todo],
                     use_tqdm=False,
+                    lora_request=self.lora,
                 )
             self.stats["batches"] += 1
             self.stats["requests"] += len(todo)
@@ -280,6 +289,17 @@ class VLLMEngine(Engine):
         return self.stepper.describe() if self.stepper is not None else []
 
     # ------------------------------------------------------------------ weights and memory
+    def use_adapter(self, path: str | Path, version: int) -> None:
+        """Serve the LoRA adapter in ``path`` (peft format) unmerged from the next request on, as policy
+        ``version`` (the engine must have started with ``enable_lora``). Requests already in flight finish
+        with the adapter they started with; the prefix cache is reset, as after a weight update."""
+        from vllm.lora.request import LoRARequest
+
+        with self._lock:
+            self.lora = LoRARequest(f"policy-v{version}", int(version) + 1, str(path))
+            self.llm.reset_prefix_cache()
+        self.version = int(version)
+
     def _load_weights(self, pairs: list[tuple[str, Any]]) -> None:
         # In-process: the trainer's tensors by reference. Engine process: CPU copies, pickled with the call.
         pairs = [(n, t.detach().cpu() if self.engine_process else t.detach()) for n, t in pairs]
@@ -324,7 +344,7 @@ class VLLMEngine(Engine):
         else:
             with self._lock:
                 out = self.llm.generate(
-                    [TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False
+                    [TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False, lora_request=self.lora
                 )[0]
         return [float(d[t].logprob) for d, t in zip(out.prompt_logprobs[1:], token_ids[1:], strict=True)]
 
@@ -448,7 +468,9 @@ class _Stepper:
                     try:
                         if self.engine.asleep:
                             raise RuntimeError("the vllm engine is asleep: call wake() before generating")
-                        llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params)
+                        llm.llm_engine.add_request(
+                            rid, TokensPrompt(prompt_token_ids=ids), params, lora_request=self.engine.lora
+                        )
                     except Exception as exc:  # noqa: BLE001
                         _deliver(fut, exc=exc)
                         continue
@@ -499,12 +521,14 @@ def make_rollout_engine(
     kv_cache_gib: float | None = None,
     log_stats: bool = False,
     async_scheduling: bool | None = None,
+    lora_rank: int = 0,
 ) -> Engine:
     """Level 1's rollout engine for a trainer holding ``model``: ``hf`` = ``HFPolicy`` on that very model
     (shared weights, strictly on-policy); ``vllm`` = a ``VLLMEngine`` started from the trainer's current
     weights (written to a temp directory once) in the trainer's dtype, kept in sync by :func:`sync_weights`.
     ``log_stats``: vLLM's periodic stats line; ``async_scheduling``: vLLM's asynchronous scheduling (None:
-    vLLM's own default, on for CUDA in 0.24)."""
+    vLLM's own default, on for CUDA in 0.24). ``lora_rank`` > 0: the engine serves LoRA adapters of up to
+    that rank unmerged (``--lora-rank``; :func:`sync_weights` hands it each new version)."""
     import torch
 
     from common.policy.hf import HFPolicy
@@ -528,14 +552,46 @@ def make_rollout_engine(
         engine_process=engine_process,
         log_stats=log_stats,
         **({} if async_scheduling is None else {"async_scheduling": bool(async_scheduling)}),
+        **(lora_options(lora_rank) if lora_rank else {}),
     )
 
 
-def sync_weights(engine: Engine, model: Any, version: int) -> float:
-    """After optimizer step ``version``: an engine that shares ``model`` only records the version; any
-    other gets the trainer's tensors. Returns the seconds the copy took."""
-    shared = getattr(engine, "model", None) is model
-    return engine.update_weights(None if shared else model.named_parameters(), version=version)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for ``max_lora_rank`` (an adapter of rank R needs the next one up)."""
+
+
+def lora_options(rank: int) -> dict[str, Any]:
+    """``vllm.LLM`` keywords that serve one LoRA adapter of rank ``rank`` at a time.
+
+    >>> lora_options(4)
+    {'enable_lora': True, 'max_lora_rank': 8, 'max_loras': 1}
+    """
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(f"--lora-rank {rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1}
+
+
+def sync_weights(engine: Engine, model: Any, version: int, keep: int = 2) -> float:
+    """After optimizer step ``version``: an engine that shares ``model`` only records the version; a LoRA
+    model's adapter goes to the engine unmerged (written to ``ENGINE_DIR/adapters/v<version>``, the newest
+    ``keep`` versions kept); any other engine gets the trainer's tensors. Returns the seconds it took."""
+    from common.policy.lora import is_lora, save_lora_adapter
+
+    shared = getattr(engine, "model", None) is model or (
+        is_lora(model) and getattr(engine, "model", None) is model.get_base_model()
+    )
+    if shared or not is_lora(model):
+        return engine.update_weights(None if shared else model.named_parameters(), version=version)
+    t = time.perf_counter()
+    root = Path(getattr(engine, "path", ".")) / "adapters"
+    path = save_lora_adapter(model, root / f"v{version:06d}")
+    engine.use_adapter(path, version)  # type: ignore[attr-defined]
+    import shutil
+
+    for old in sorted(root.glob("v[0-9]*"))[:-keep]:  # requests of older versions have all finished
+        shutil.rmtree(old, ignore_errors=True)
+    return time.perf_counter() - t
 
 
 def make_vllm_policy(model: str, **kw: Any) -> VLLMEngine:

@@ -801,6 +801,10 @@ def _train(
     if stray:
         names = ", ".join("--" + k.replace("_", "-") for k in stray)
         raise ValueError(f"{names} only apply to --level 1 (you asked for --level {level})")
+    level01 = sorted(k for k in ("lora_rank", "stage_grad_clip", "depth_weight_cap") if k in given and level == 2)
+    if level01:  # the stability knobs and LoRA RL of issue #39 are built at levels 0 and 1
+        names = ", ".join("--" + k.replace("_", "-") for k in level01)
+        raise ValueError(f"{names}: levels 0 and 1 only for now (level 2 trains every weight, the paper's way)")
     if paper:  # the profile first, the user's own flags on top
         typed = {k: v for k, v in flatten(cfg).items() if k in given}
         cfg = build_config(TrainConfig, TrainConfig.make(**paper_profile(cfg.env)), **typed)

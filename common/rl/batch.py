@@ -51,7 +51,7 @@ from common.rl.rewards import (
     rubric_advantages,
 )
 from common.rl.spans import reply_launch_spans
-from common.rl.weights import depth_weights
+from common.rl.weights import cap_weights, depth_weights
 
 METRIC_NAMES = (
     "reward/root_success",
@@ -310,6 +310,7 @@ def build_stage_batch(
     tokenizer: Any = None,
     judge_labels: bool = False,
     filter_errors: bool | None = None,
+    depth_weight_cap: float = 0.0,
 ) -> StageBatch:
     """The datums of ``stage`` for one optimizer step, with depth weights over the whole batch.
 
@@ -321,7 +322,8 @@ def build_stage_batch(
     ``filter_errors``: the Execution stage leaves out the failed cells of successful agents
     (:mod:`common.rl.filters`, counted in ``counts["error_steps_dropped"]``) before the zero-variance test;
     None (every tier) = each tree's environment decides (:attr:`common.envs.EnvSpec.filter_error_steps`:
-    TextCraft only), True / False force it.
+    TextCraft only), True / False force it. ``depth_weight_cap``: ``--depth-weight-cap`` (0: the paper's
+    weights as they are; :func:`common.rl.weights.cap_weights`).
     """
     if stage == "execution":
         batch = execution_batch(groups, execution_reward, zero_variance, judge_labels, filter_errors)
@@ -332,6 +334,7 @@ def build_stage_batch(
     else:
         raise ValueError(f"unknown stage {stage!r}; expected execution, delegation or rubric")
     batch.weights = depth_weights([d.depth for d in batch.datums], [d.trajectory_id for d in batch.datums])
+    batch.weights = cap_weights(batch.weights, depth_weight_cap)  # 0: unchanged (the paper)
     batch.counts["zero_gradient_datums"] = len(batch.datums) - len(batch.with_gradient()[0])  # not computed
     return batch
 

@@ -56,7 +56,9 @@ def cispo_loss(
             count of the whole optimizer step when the step is split into several calls.
 
     Returns ``(loss, metrics)`` with metrics ``loss/cispo``, ``loss/clip_frac`` (fraction of trained
-    tokens with rho > clip_max), ``loss/ratio_mean`` (mean rho over trained tokens), ``loss/tokens``.
+    tokens with rho > clip_max), ``loss/ratio_mean`` / ``loss/ratio_max`` (mean / largest rho over trained
+    tokens), ``loss/abs_log_ratio`` (mean |log rho|: ~0 when the sampler and the trainer agree, the first
+    alarm of an off-policy gap), ``loss/tokens``.
 
     >>> logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     >>> loss, m = cispo_loss(logp, torch.tensor([[-1.0, -2.0]]), torch.tensor([0.5]), torch.ones(1, 2))
@@ -72,7 +74,8 @@ def cispo_loss(
     advantages = advantages.to(logp.dtype).expand_as(logp)  # [B, T]
     if weights is not None:
         advantages = advantages * weights.to(logp.dtype)[:, None]  # [B, T]  w_d * A
-    ratio = torch.exp(logp.detach() - behaviour_logp.to(logp.dtype))  # [B, T]  rho_t (no grad)
+    log_ratio = logp.detach() - behaviour_logp.to(logp.dtype)  # [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]  rho_t (no grad)
     clipped = ratio.clamp(0.0, clip_max)  # [B, T]  sg(clip(rho_t, 0, clip_max))
     # torch.where, not "* mask": padding may hold -inf / NaN log-probs, and inf * 0 = NaN.
     per_token = torch.where(on, -clipped * advantages * logp, 0.0)  # [B, T]
@@ -85,6 +88,48 @@ def cispo_loss(
             "loss/cispo": float(loss.detach()),
             "loss/clip_frac": float((on & (ratio > clip_max)).sum() / n),
             "loss/ratio_mean": float(torch.where(on, ratio, 0.0).sum() / n),
+            "loss/ratio_max": float(torch.where(on, ratio, 0.0).max()) if on.any() else 0.0,
+            "loss/abs_log_ratio": float(torch.where(on, log_ratio.abs(), 0.0).sum() / n),
             "loss/tokens": float(n_mask),
         }
     return loss, metrics
+
+
+class RatioStats:
+    """The behaviour/trainer ratio metrics of a whole optimizer step, from the per-call metrics of
+    :func:`cispo_loss` (one call per datum at level 0, per micro-batch at level 1): token-weighted means of
+    rho and |log rho|, the largest rho. ``totals()`` are the sums a data-parallel step adds over ranks
+    (``from_totals`` turns them back into the metrics, with the max taken over ranks separately).
+
+    >>> s = RatioStats()
+    >>> s.add({"loss/tokens": 2.0, "loss/ratio_mean": 1.0, "loss/abs_log_ratio": 0.0, "loss/ratio_max": 1.0})
+    >>> s.add({"loss/tokens": 6.0, "loss/ratio_mean": 2.0, "loss/abs_log_ratio": 0.5, "loss/ratio_max": 3.0})
+    >>> s.metrics()
+    {'loss/ratio_mean': 1.75, 'loss/abs_log_ratio': 0.375, 'loss/ratio_max': 3.0}
+    """
+
+    def __init__(self) -> None:
+        self.tokens = 0.0
+        self.ratio = 0.0
+        self.abs_log = 0.0
+        self.max = 0.0
+
+    def add(self, m: dict[str, float]) -> None:
+        n = m["loss/tokens"]
+        self.tokens += n
+        self.ratio += m["loss/ratio_mean"] * n
+        self.abs_log += m["loss/abs_log_ratio"] * n
+        self.max = max(self.max, m["loss/ratio_max"])
+
+    def totals(self) -> list[float]:
+        """``[tokens, sum rho, sum |log rho|]`` of the tokens scored here."""
+        return [self.tokens, self.ratio, self.abs_log]
+
+    @staticmethod
+    def from_totals(totals: list[float], ratio_max: float) -> dict[str, float]:
+        tokens, ratio, abs_log = totals
+        n = max(tokens, 1.0)
+        return {"loss/ratio_mean": ratio / n, "loss/abs_log_ratio": abs_log / n, "loss/ratio_max": ratio_max}
+
+    def metrics(self) -> dict[str, float]:
+        return self.from_totals(self.totals(), self.max)

@@ -35,3 +35,33 @@ def depth_weights(depths: Sequence[int], trajectory_ids: Sequence[Hashable]) -> 
     inv = [1.0 / len(trajectories[d]) for d in depths]  # 1 / T_{d_k}
     z = len(depths) / sum(inv)
     return [z * x for x in inv]
+
+
+def cap_weights(weights: Sequence[float], cap: float) -> list[float]:
+    """``--depth-weight-cap C`` (a stability knob, not the paper's): no weight above ``cap``, mean still 1.
+    Weights above the cap are set to it and the others rescaled so the mean stays 1, repeated until none
+    exceeds it (a few passes). ``cap`` 0 returns the weights unchanged; it must be >= 1 otherwise (a mean of
+    1 cannot fit under a smaller cap).
+
+    >>> cap_weights([0.5, 0.5, 2.0], 1.5)   # the 2.0 is capped, the rest share the 0.5 it gave up
+    [0.75, 0.75, 1.5]
+    >>> cap_weights([0.8, 0.8, 0.8, 1.6], 0)
+    [0.8, 0.8, 0.8, 1.6]
+    """
+    w = list(weights)
+    if not cap or not w:
+        return w
+    if cap < 1:
+        raise ValueError(f"a depth-weight cap must be >= 1 (got {cap})")
+    n = len(w)
+    for _ in range(n):
+        capped = [x >= cap for x in w]
+        free = sum(x for x, c in zip(w, capped, strict=True) if not c)
+        if not any(x > cap * (1 + 1e-12) for x in w) and abs(sum(w) - n) < 1e-9 * n:
+            break
+        budget = n - cap * sum(capped)  # what the uncapped weights must add up to
+        if free <= 0 or budget <= 0:
+            w = [1.0] * n  # everything at or above the cap: equal weights
+            break
+        w = [cap if c else x * budget / free for x, c in zip(w, capped, strict=True)]
+    return w

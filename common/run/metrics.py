@@ -90,14 +90,25 @@ def step_metrics(
     training, weight sync), ``time/round_s`` (NaN when the caller does not measure it).
     ``time/scoring_s`` is the WALL time during which a rubric or score call was in flight (concurrent calls
     count once; it lies inside ``time/rollout_s``), not the sum of their durations. ``deadline_groups``: task
-    groups dropped (and replaced) because a tree ran past its deadline (``batch/deadline_groups``)."""
+    groups dropped (and replaced) because a tree ran past its deadline (``batch/deadline_groups``).
+    What learning does, per step: ``grad_norm/<stage>`` (the step's pre-clip norm under its stage's name, so
+    the stages' scales can be compared), ``weights/max`` (the largest depth weight of the batch) and
+    ``batch/zero_adv_frac`` (the share of trainable datums whose advantage is 0); the trainers add the
+    behaviour/trainer ratio (``loss/ratio_mean``, ``loss/ratio_max``, ``loss/abs_log_ratio``)."""
     gen_tokens = sum(len(s.call.output_ids) for t in trees for n in t.nodes.values() for s in n.steps)
+    trainable = [d for d in batch.datums if d.num_trained_tokens]
+    stepped = not train.get("train/skipped") and "grad_norm" in train
     return {
         "round": round,
         "step": step,
         "stage": stage,
         **tree_metrics(trees, execution_reward),
         **train,
+        **({f"grad_norm/{stage}": train["grad_norm"]} if stepped else {}),  # one curve per stage
+        "weights/max": max(batch.weights, default=0.0),  # the largest depth weight (a lone deep agent)
+        "batch/zero_adv_frac": (
+            sum(1 for d in trainable if d.advantage == 0) / len(trainable) if trainable else float("nan")
+        ),  # share of the trainable datums whose advantage is 0 (no gradient, still in |M|)
         "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
         "time/rollout_s": t_rollout,
         "time/scoring_s": scoring_seconds(trees),  # wall time with a rubric/score call in flight

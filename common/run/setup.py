@@ -144,3 +144,75 @@ def idle_hint(
             f"clock did not move. {WARM_START})"
         )
     return f"  (no trained token this {stage} round: {why}; the clock did not move)"
+
+
+PAPER_MODEL = {"textcraft": "Qwen/Qwen3-4B-Instruct-2507", "textworld": "Qwen/Qwen3-4B-Instruct-2507"}
+"""The policy model the paper trains (SPEC.md §5)."""
+
+
+def _flat_value(cfg: TrainConfig, key: str) -> Any:
+    """A setting by its flat (CLI) name, wherever it lives (the run, ``.rollout`` or ``.optim``)."""
+    for holder in (cfg, cfg.rollout, cfg.optim):
+        if hasattr(holder, key):
+            return getattr(holder, key)
+    raise KeyError(key)
+
+
+def paper_departures(cfg: TrainConfig) -> list[str]:
+    """Every setting of this run that differs from the paper's, one ``--option: VALUE (paper: P)`` each: the
+    stability knobs (``--stage-grad-clip``, ``--depth-weight-cap``, ``--lora-rank``), the optimizer's
+    values, the model and warm start, the stage schedule and the paper's sizes (:func:`paper_profile`).
+    Written to ``config.json`` ("departures") and printed when a run starts, so a result is always read
+    beside what it departs from.
+
+    >>> from common.train_config import paper_profile
+    >>> paper = dict(paper_profile("textcraft"), model="Qwen/Qwen3-4B-Instruct-2507", init_adapter="none")
+    >>> paper_departures(TrainConfig.make(**paper))
+    []
+    >>> paper_departures(TrainConfig.make(**paper, lr=1e-5, lora_rank=8, steps=60))
+    ['--lr: 1e-05 (paper: 3e-06)', '--lora-rank: 8 (paper: 0, every weight trains)', '--steps: 60 (paper: 250)']
+    """
+    from common.train_config import OptimConfig, paper_profile
+
+    out: list[str] = []
+
+    def differ(key: str, paper: Any, note: str = "") -> None:
+        value = _flat_value(cfg, key)
+        if value != paper:
+            out.append(
+                f"--{key.replace('_', '-')}: {value} (paper: {paper if paper != '' else 'none'}{note})"
+            )
+
+    paper_optim = OptimConfig()  # its defaults are the paper's (SPEC.md §4)
+    for key in ("lr", "weight_decay", "beta1", "beta2", "grad_clip"):
+        differ(key, getattr(paper_optim, key))
+    differ("stage_grad_clip", "", ", --grad-clip in every stage")
+    differ("lora_rank", 0, ", every weight trains")
+    differ("depth_weight_cap", 0.0, ", w_d = Z / T_d uncapped")
+    differ("model", PAPER_MODEL.get(cfg.env, PAPER_MODEL["textcraft"]))
+    differ("init_adapter", "none", ", RL from the instruct model")
+    preset = get_preset(cfg.method)
+    if cfg.schedule and Schedule.parse(cfg.schedule) != Schedule.parse(preset.schedule):
+        out.append(f"--schedule: {cfg.schedule} (paper: {preset.schedule})")
+    for key, paper in paper_profile(cfg.env).items():
+        if key == "dtype":
+            continue  # resolved per machine: bf16 where the hardware computes it
+        differ(key, paper)
+    return out
+
+
+KNOBS = ("--lr", "--weight-decay", "--beta1", "--beta2", "--grad-clip", "--stage-grad-clip", "--lora-rank",
+         "--depth-weight-cap")  # fmt: skip
+"""The optimizer and stability settings :func:`departures_line` names one by one."""
+
+
+def departures_line(departures: list[str], out: Any) -> str:
+    """The run's one start-up line about :func:`paper_departures`: how many settings differ from the paper
+    (all of them listed in ``OUT/config.json``), naming the optimizer and stability knobs among them.
+
+    >>> departures_line(["--lr: 1e-05 (paper: 3e-06)", "--steps: 2 (paper: 250)"], "runs/x")
+    '[departures] 2 settings differ from the paper (all in runs/x/config.json); optimizer: --lr: 1e-05 (paper: 3e-06)'
+    """
+    knobs = [d for d in departures if d.split(":")[0] in KNOBS]
+    line = f"[departures] {len(departures)} settings differ from the paper (all in {out}/config.json)"
+    return line + (f"; optimizer: {', '.join(knobs)}" if knobs else "")

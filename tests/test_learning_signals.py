@@ -1,0 +1,258 @@
+"""Issue #39, items 1-3 on CPU: what learning does is visible, LoRA RL is exact, the stability knobs work.
+
+1. The behaviour/trainer ratio metrics (``loss/ratio_mean``, ``loss/ratio_max``, ``loss/abs_log_ratio``) from
+   ``cispo_loss``, combined over calls (level 0: one per datum; level 1: one per micro-batch) to the same
+   numbers; ``grad_norm/<stage>``, ``weights/max`` and ``batch/zero_adv_frac`` in every round's metrics; the
+   sampled held-out pass (``--eval-samples``) and the 95 % intervals of the evaluation rows.
+2. LoRA RL: on the level-0 fixture, a LoRA model (random A and B) gives the same CISPO loss as the full model
+   holding the merged weights ``W + (alpha/r) B A``, and its adapter gradients are exactly the chain rule of
+   the full model's weight gradient ``G``: ``dL/dB = s G A^T``, ``dL/dA = s B^T G``. A LoRA run checkpoints the
+   adapter only (a few KB for tiny) and resumes to the same numbers as a run that was never stopped.
+3. ``--depth-weight-cap`` (capped weights keep mean 1), ``--stage-grad-clip`` (the step's clip is the stage's),
+   and every knob a run sets is listed in its ``config.json`` "departures".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.rl.datums import Datum
+from common.rl.loss import RatioStats, cispo_loss
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "rl_fixture.json"
+STAGES = ("execution", "delegation", "rubric")
+
+
+def load_stage(stage: str) -> tuple[list[Datum], list[float]]:
+    st = json.loads(FIXTURE.read_text())["stages"][stage]
+    return [Datum(**d) for d in st["datums"]], st["weights"]
+
+
+def tiny():
+    from common.policy.models import load_model
+
+    model, _ = load_model("tiny", dtype="float32", seed=0)
+    return model.train()
+
+
+# ---------------------------------------------------------------------------------------------- item 1
+def test_cispo_ratio_metrics_by_hand():
+    logp = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    behaviour = torch.tensor([[-1.0, -2.5, -9.0]])  # rho = 1, e^0.5, (padding)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    _, m = cispo_loss(logp, behaviour, torch.tensor([1.0]), mask)
+    assert m["loss/ratio_mean"] == pytest.approx((1 + math.exp(0.5)) / 2)
+    assert m["loss/ratio_max"] == pytest.approx(math.exp(0.5))  # the padded token (e^6) is not counted
+    assert m["loss/abs_log_ratio"] == pytest.approx(0.25)
+
+
+def test_ratio_stats_match_over_datums_and_microbatches(level0_on_the_fixture):
+    """Level 0 (a call per datum) and level 1 (one packed call) report the same ratio metrics; on the fixture
+    the behaviour log-probs are not the tiny model's, so the ratios are far from 1 and the test is not void."""
+    from level1_batched.packing import accumulate_gradients_packed
+
+    for stage in STAGES:
+        datums, weights = load_stage(stage)
+        l0 = level0_on_the_fixture[stage]["metrics"]
+        l1 = accumulate_gradients_packed(tiny(), datums, weights, max_tokens_per_microbatch=10**9)
+        for k in ("loss/ratio_mean", "loss/ratio_max", "loss/abs_log_ratio"):
+            assert l1[k] == pytest.approx(l0[k], rel=1e-4), (stage, k)
+        assert l0["loss/abs_log_ratio"] > 0.1
+        combined = RatioStats.from_totals(
+            [l1["loss/scored_tokens"], l1["loss/ratio_sum"], l1["loss/abs_log_ratio_sum"]], l1["loss/ratio_max"]
+        )
+        assert combined["loss/ratio_mean"] == pytest.approx(l1["loss/ratio_mean"])
+
+
+def test_step_metrics_name_the_stage_norm_the_largest_weight_and_the_zero_advantage_share():
+    from common.rl.batch import StageBatch
+    from common.run.metrics import NO_UPDATE, step_metrics
+
+    datums, _ = load_stage("execution")
+    datums = datums[:4]
+    datums[0] = Datum(**{**datums[0].__dict__, "advantage": 0.0})
+    batch = StageBatch("delegation", datums, [0.5, 0.5, 0.5, 2.5])
+    kw = dict(round=0, step=3, stage="delegation", trees=[], batch=batch, execution_reward="rubric",
+              t_rollout=1.0, t_train=1.0, replaced=0)  # fmt: skip
+    m = step_metrics(train={"grad_norm": 0.7, "train/skipped": 0.0}, **kw)
+    assert m["grad_norm/delegation"] == 0.7 and "grad_norm/execution" not in m
+    assert m["weights/max"] == 2.5
+    trainable = [d for d in datums if d.num_trained_tokens]
+    assert m["batch/zero_adv_frac"] == pytest.approx(
+        sum(d.advantage == 0 for d in trainable) / len(trainable)
+    )
+    assert "grad_norm/delegation" not in step_metrics(train=dict(NO_UPDATE), **kw)  # no step, no norm
+
+
+def test_eval_intervals_and_the_sampled_row(tmp_path: Path):
+    from common.eval import write_json_atomic
+    from common.run.evaluation import ci95, eval_line, sampled_row
+
+    for k, outcomes in enumerate(([1, 0, 0, 1], [1, 1, 0, 0])):
+        for i, ok in enumerate(outcomes):
+            write_json_atomic(tmp_path / f"s{k}" / "results" / f"{i:05d}.json",
+                              {"index": i, "task_id": f"t{i}", "success": bool(ok), "error": None})  # fmt: skip
+    row = sampled_row([tmp_path / "s0", tmp_path / "s1"])
+    rates = [1.0, 0.5, 0.0, 0.5]  # per task, over its 2 samples
+    assert row["eval/sampled_success"] == pytest.approx(0.5)
+    assert row["eval/sampled_ci95"] == pytest.approx(ci95(rates))
+    sd = math.sqrt(sum((r - 0.5) ** 2 for r in rates) / 3)
+    assert row["eval/sampled_ci95"] == pytest.approx(1.96 * sd / 2)
+    assert row["eval/sampled_k"] == 2
+    line = eval_line({"step": 4, "eval/success": 0.25, "eval/success_ci95": 0.1, "eval/success_easy": 0.25,
+                      "eval/n_tasks": 4, "eval/errors": 0, "time/eval_s": 1.0, **row})  # fmt: skip
+    assert "sampled=0.500±" in line and "ci95=" not in line and "easy=0.250" in line
+
+
+def test_in_run_eval_runs_greedy_and_sampled_passes(tmp_path: Path):
+    """``--eval-samples 2``: the greedy pass and two sampled passes, each in its own directory, with its
+    temperature and seed in its manifest, and the row's numbers recomputed from their results."""
+    from common.data import write_jsonl
+    from common.envs.textcraft.tasks import generate_tasks
+    from common.policy import make_policy
+    from common.run.evaluation import InRunEval, per_task_success
+    from common.train_config import TrainConfig
+
+    write_jsonl(tmp_path / "val.jsonl", generate_tasks("val", 3))
+    cfg = TrainConfig.make(model="tiny", out=str(tmp_path / "run"), eval_tasks=str(tmp_path / "val.jsonl"),
+                           eval_every=1, eval_samples=2, max_steps=2, max_new_tokens=8)  # fmt: skip
+    policy = make_policy("oracle", env="textcraft", delegate=True)  # succeeds: a success rate to count
+    row = InRunEval(cfg)(policy, 0, 0)
+    evals = tmp_path / "run" / "evals"
+    assert sorted(p.name for p in evals.iterdir()) == ["step_00000", "step_00000_sample_0", "step_00000_sample_1"]
+    temps = {p.name: json.loads((p / "manifest.json").read_text())["protocol"] for p in evals.iterdir()}
+    assert temps["step_00000"]["temperature"] == 0.0 and temps["step_00000_sample_1"]["temperature"] == 1.0
+    greedy = per_task_success(evals / "step_00000")
+    assert row["eval/success"] == pytest.approx(sum(greedy.values()) / 3)
+    assert row["eval/sampled_k"] == 2 and 0 <= row["eval/sampled_success"] <= 1
+    assert row["eval/success_ci95"] >= 0
+
+
+# ---------------------------------------------------------------------------------------------- item 2
+def lora_model(rank: int = 4, alpha: float = 8.0):
+    from common.policy.lora import add_lora
+
+    model = add_lora(tiny(), rank, alpha, seed=0)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.05)  # B = 0 at init would make the parity trivial
+    return model
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_lora_merged_parity_with_the_full_model(stage: str):
+    from common.policy.lora import lora_scale, merged_copy_weights
+    from level0_single_process.train import accumulate_gradients
+
+    datums, weights = load_stage(stage)
+    lm = lora_model()
+    full = tiny()
+    full.load_state_dict({k: v for k, v in merged_copy_weights(lm).items()}, strict=True)
+    m_lora = accumulate_gradients(lm, datums, weights)
+    m_full = accumulate_gradients(full, datums, weights)
+    assert m_lora["loss/cispo"] == pytest.approx(m_full["loss/cispo"], rel=1e-5, abs=1e-8)
+    assert m_lora["loss/ratio_mean"] == pytest.approx(m_full["loss/ratio_mean"], rel=1e-5)
+    s = lora_scale(lm)
+    full_grads = dict(full.named_parameters())
+    checked = 0
+    for name, module in lm.get_base_model().named_modules():
+        if not hasattr(module, "lora_A") or "default" not in module.lora_A:
+            continue
+        g = full_grads[f"{name}.weight"].grad  # [out, in]
+        a, b = module.lora_A["default"].weight, module.lora_B["default"].weight  # [r, in], [out, r]
+        scale = float(g.abs().max()) * s * max(float(a.abs().max()), float(b.abs().max())) + 1e-12
+        assert float((b.grad - s * g @ a.T).abs().max()) <= 1e-4 * scale, name
+        assert float((a.grad - s * b.T @ g).abs().max()) <= 1e-4 * scale, name
+        assert module.base_layer.weight.grad is None  # the base is frozen
+        checked += 1
+    assert checked == 7 * len(lm.get_base_model().model.layers)
+
+
+def test_lora_run_checkpoints_the_adapter_and_resumes_exactly(tmp_path: Path):
+    """A level-0 LoRA run of 2 steps, and the same run stopped after 1 step and resumed: the same metrics at
+    step 1 and the same adapter at the end; the checkpoint holds only adapter tensors."""
+    from common.train_config import TrainConfig
+    from level0_single_process.train import train
+
+    kw = dict(model="tiny", lora_rank=2, lr=1e-2, oracle_mix=0.5, score_noise=0.3, max_batch_size=1,
+              schedule="execution:1", max_idle_rounds=4, max_steps=2, max_new_tokens=12)  # fmt: skip
+    whole = train(TrainConfig.make(out=str(tmp_path / "a"), steps=2, **kw), progress=False)
+    train(TrainConfig.make(out=str(tmp_path / "b"), steps=1, **kw), progress=False)
+    resumed = train(TrainConfig.make(out=str(tmp_path / "b"), steps=2, resume=True, **kw), progress=False)
+    trained = [r for r in whole if not r["train/skipped"]]
+    assert resumed[-1]["step"] == trained[-1]["step"]
+    assert resumed[-1]["loss/cispo"] == pytest.approx(trained[-1]["loss/cispo"], rel=1e-6)
+    a = torch.load(sorted((tmp_path / "a" / "checkpoints").glob("step_*"))[-1] / "state.pt", weights_only=False)
+    b = torch.load(sorted((tmp_path / "b" / "checkpoints").glob("step_*"))[-1] / "state.pt", weights_only=False)
+    assert a["model"].keys() == b["model"].keys() and all("lora_" in k for k in a["model"])
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert any(float(v.abs().max()) > 0 for k, v in a["model"].items() if "lora_B" in k)  # it trained
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert "--lora-rank: 2 (paper: 0, every weight trains)" in config["departures"]
+
+
+# ---------------------------------------------------------------------------------------------- item 3
+def test_depth_weight_cap_keeps_mean_one_and_order():
+    from common.rl.weights import cap_weights, depth_weights
+
+    # the audit's batch: 160 root datums (64 roots), 180 depth-1 (90 agents), one lone depth-2 agent (3)
+    depths = [0] * 160 + [1] * 180 + [2] * 3
+    ids = [f"r{i % 64}" for i in range(160)] + [f"c{i % 90}" for i in range(180)] + ["d"] * 3
+    w = depth_weights(depths, ids)
+    assert max(w) > 40
+    for cap in (1.0, 2.0, 4.0):
+        c = cap_weights(w, cap)
+        assert sum(c) / len(c) == pytest.approx(1.0)
+        assert max(c) <= cap + 1e-9
+        order = sorted(range(len(w)), key=lambda i: w[i])
+        assert all(c[i] <= c[j] + 1e-12 for i, j in zip(order, order[1:])), cap  # no weight overtakes one
+    assert cap_weights(w, 0) == w
+    with pytest.raises(ValueError):
+        cap_weights(w, 0.5)
+
+
+def test_build_stage_batch_applies_the_cap():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_rl_batch import _tree
+
+    from common.rl.batch import build_stage_batch
+    from common.rl.weights import cap_weights
+
+    # two children lose their rubric: 3 root trajectories (6 datums) and 1 child trajectory (1 datum)
+    trees = [_tree(True, 0.9), _tree(False, 0.2, rubric_ok=False), _tree(False, 0.7, rubric_ok=False)]
+    plain = build_stage_batch("execution", [trees], execution_reward="rubric")
+    capped = build_stage_batch("execution", [trees], execution_reward="rubric", depth_weight_cap=1.5)
+    assert max(plain.weights) == pytest.approx(7 / 3)  # Z = 7 / (6/3 + 1/1), w_1 = Z / 1
+    assert capped.weights == cap_weights(plain.weights, 1.5)
+    assert max(capped.weights) == pytest.approx(1.5) and sum(capped.weights) == pytest.approx(7)
+    assert [d.advantage for d in capped.datums] == [d.advantage for d in plain.datums]
+
+
+def test_stage_grad_clip_reaches_the_optimizer(monkeypatch):
+    from common.rl.batch import StageBatch
+    from common.run.optim import make_optimizer
+    from common.train_config import OptimConfig, TrainConfig
+    from level0_single_process.train import train_on_batch
+
+    with pytest.raises(ValueError, match="stage-grad-clip"):
+        OptimConfig(stage_grad_clip="delegation:-1")
+    cfg = TrainConfig.make(model="tiny", stage_grad_clip="delegation:0.05", grad_clip=0.5)
+    datums, weights = load_stage("delegation")
+    model = tiny()
+    optimizer = make_optimizer(model, cfg.optim)
+    seen = []
+    real = optimizer.clip_and_step
+    monkeypatch.setattr(optimizer, "clip_and_step", lambda clip: seen.append(clip) or real(clip))
+    for stage in ("delegation", "execution"):
+        train_on_batch(model, optimizer, StageBatch(stage, datums, weights), cfg)
+    assert seen == [0.05, 0.5]

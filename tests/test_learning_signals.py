@@ -213,7 +213,7 @@ def test_depth_weight_cap_keeps_mean_one_and_order():
         assert sum(c) / len(c) == pytest.approx(1.0)
         assert max(c) <= cap + 1e-9
         order = sorted(range(len(w)), key=lambda i: w[i])
-        assert all(c[i] <= c[j] + 1e-12 for i, j in zip(order, order[1:])), cap  # no weight overtakes one
+        assert all(c[i] <= c[j] + 1e-12 for i, j in zip(order, order[1:], strict=False)), cap  # no weight overtakes one
     assert cap_weights(w, 0) == w
     with pytest.raises(ValueError):
         cap_weights(w, 0.5)

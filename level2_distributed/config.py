@@ -79,8 +79,8 @@ class Level2Config:
     """Preset for one node with N GPUs: N/2 servers + N/2 trainer ranks; N = 1 (or with --colocate): every
     GPU holds a trainer rank and its engine (colocated mode)."""
     paper_cluster: bool = False
-    """Preset for the paper's system: 2 nodes x 8 H200 = 8 SGLang servers + 8 FSDP ranks (join with
-    --ray-address auto on the head node)."""
+    """Preset for the paper's system: 2 nodes x 8 H200 = 8 servers + 8 FSDP ranks (join with --ray-address
+    auto on the head node). The servers are SGLang (the paper's engine) unless --server-engine names another."""
 
     def __post_init__(self) -> None:
         if self.server_engine not in ENGINES:
@@ -113,9 +113,10 @@ class Level2Config:
 
     def resolved(self) -> Level2Config:
         """The presets applied (they set sizes; an explicit preset wins over --trainers/--servers)."""
-        if self.paper_cluster:
+        if self.paper_cluster:  # the paper's SGLang unless the user chose an engine (--server-engine vllm)
+            engine = "sglang" if self.server_engine == "auto" else self.server_engine
             return replace(
-                self, trainers=8, servers=8, server_engine="sglang", trainer_gpus=1.0, server_gpus=1.0,
+                self, trainers=8, servers=8, server_engine=engine, trainer_gpus=1.0, server_gpus=1.0,
                 paper_cluster=False, ray_address=self.ray_address or "auto",
             )  # fmt: skip
         if self.colocate and not self.single_node:

@@ -31,32 +31,18 @@ idle during training and the trainer waits during rollouts (no overlap), the pri
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from typing import Any
 
 import torch
 
 from common.policy.base import Completion, GenerationRequest
-from common.run.metrics import peak_rss_gb
+from level2_distributed.memory import GIB, PeakPoller, memory_now  # noqa: F401 - memory_now: bench's import
 from level2_distributed.trainer import TrainerRank, _full, dummy_weights, random_model, unique_state
-
-GIB = float(2**30)
 
 
 class ColocatedRank(TrainerRank):
     """A trainer rank with an engine in the same process (see the module docstring)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.mem_phases: dict[str, dict[str, float]] = {}
-        self.mem_peak = 0.0
-
-    def setup(self, master: str) -> int:
-        rank = TrainerRank.setup(self, master)
-        self._note("trainer_built")  # the sharded fp32 model (optimizer states come with the first step)
-        return rank
 
     def setup_engine(
         self, engine: str, dtype: str, max_batch_size: int, gpu_memory_utilization: float = 0.3
@@ -139,39 +125,15 @@ class ColocatedRank(TrainerRank):
         return True
 
     def train_step(self, micro: list, n_tokens: float, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """:meth:`TrainerRank.train_step`, plus this rank's memory (``mem/*``, GiB; see the module docstring):
-        ``mem/awake_gib`` and ``mem/asleep_gib`` (the last sleep: engine awake, then asleep),
-        ``mem/train_peak_gib`` (during this update), ``mem/peak_gib`` (the largest of every phase so far),
-        ``mem/torch_peak_gib`` (CUDA: this process's allocator peak), ``mem/on_gpu`` (1: GPU memory of the
-        whole device; 0: this process's resident set on a CPU)."""
-        with PeakPoller(self.device) as poll:
-            m = TrainerRank.train_step(self, micro, n_tokens, *args, **kwargs)
-        self._note("train_step", poll.peak)
-        gpu = self.device.type == "cuda"
+        """:meth:`TrainerRank.train_step` (with its ``mem/*``), plus ``mem/awake_gib`` and ``mem/asleep_gib``
+        (the last sleep: engine awake, then asleep; GiB, see the module docstring)."""
+        m = TrainerRank.train_step(self, micro, n_tokens, *args, **kwargs)
+        key = "gpu_used" if self.device.type == "cuda" else "rss"
 
         def used(phase: str) -> float:
-            return self.mem_phases.get(phase, {}).get("gpu_used" if gpu else "rss", float("nan"))
+            return self.mem_phases.get(phase, {}).get(key, float("nan"))
 
-        return {
-            **m,
-            "mem/on_gpu": float(gpu),
-            "mem/awake_gib": used("engine_awake"),
-            "mem/asleep_gib": used("engine_asleep"),
-            "mem/train_peak_gib": poll.peak,
-            "mem/peak_gib": self.mem_peak,
-            **({"mem/torch_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB} if gpu else {}),
-        }
-
-    def memory(self) -> dict[str, Any]:
-        """This rank's memory now, the last sample of every phase (each with ``phase_peak``: the largest use
-        seen while it ran) and the running peak; GiB (see :func:`memory_now`)."""
-        return {"now": memory_now(self.device), "phases": dict(self.mem_phases), "peak": self.mem_peak}
-
-    def _note(self, phase: str, peak: float | None = None) -> None:
-        now = memory_now(self.device)
-        used = now.get("gpu_used", now.get("rss", 0.0))
-        self.mem_phases[phase] = {**now, "phase_peak": max(used, peak or 0.0)}
-        self.mem_peak = max(self.mem_peak, self.mem_phases[phase]["phase_peak"])
+        return {**m, "mem/awake_gib": used("engine_awake"), "mem/asleep_gib": used("engine_asleep")}
 
     def engine_calls(self) -> dict[str, int]:
         return dict(self.calls)
@@ -192,88 +154,3 @@ def _in_memory(name: str) -> bool:
     from common.policy.models import ALIASES, IN_MEMORY
 
     return ALIASES.get(name.lower()) in IN_MEMORY
-
-
-def memory_now(device: torch.device) -> dict[str, float]:
-    """Memory in use now, GiB. CUDA: ``gpu_used`` = the whole device (``cudaMemGetInfo``: every process and
-    allocator, vLLM's sleep-mode pool and CUDA contexts included), ``gpu_total``, and this process's torch
-    allocator (``torch_allocated``, ``torch_reserved``, ``torch_peak``). CPU: ``rss`` (this process's resident
-    set) and ``rss_peak`` (its lifetime peak)."""
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return {
-            "gpu_used": (total - free) / GIB,
-            "gpu_total": total / GIB,
-            "torch_allocated": torch.cuda.memory_allocated(device) / GIB,
-            "torch_reserved": torch.cuda.memory_reserved(device) / GIB,
-            "torch_peak": torch.cuda.max_memory_allocated(device) / GIB,
-        }
-    try:
-        rss = _rss_gib()
-    except (OSError, ValueError, IndexError):
-        rss = float("nan")
-    return {"rss": rss, "rss_peak": peak_rss_gb()}
-
-
-class PeakPoller:
-    """``with PeakPoller(device) as p: ...`` -> ``p.peak``: the largest memory use (GiB) seen while the block
-    ran: on CUDA the whole device's, sampled every ``every_s`` by a thread through NVML (``pynvml``: activations,
-    temporary copies and every allocator's memory included; NVML is not the CUDA runtime, so the sampling cannot
-    disturb a CUDA-graph capture running meanwhile, as ``cudaMemGetInfo`` from another thread could) plus
-    :func:`memory_now` at the block's start and end; without ``pynvml`` the start and end only. On CPU the
-    process's resident set, sampled the same way."""
-
-    def __init__(self, device: torch.device, every_s: float = 0.01) -> None:
-        self.device, self.every_s = device, every_s
-        self.peak = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._probe = _rss_gib if device.type != "cuda" else _nvml_used(device)
-
-    def _sample(self) -> None:
-        now = memory_now(self.device)
-        self.peak = max(self.peak, now.get("gpu_used", now.get("rss", 0.0)))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.peak = max(self.peak, self._probe())
-            except Exception:  # noqa: BLE001 - a failed sample ends the sampling, not the measured work
-                return
-
-    def __enter__(self) -> PeakPoller:
-        self._sample()
-        if self._probe is not None:
-            self._thread = threading.Thread(target=self._loop, name="mem-peak", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._sample()
-
-
-def _rss_gib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GIB
-
-
-def _nvml_used(device: torch.device):
-    """A function returning the GPU's used memory (GiB) through NVML, or None (no ``pynvml``, no NVML)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        which = visible[device.index or 0] if visible else str(device.index or 0)  # NVML ignores the mask
-        handle = (
-            pynvml.nvmlDeviceGetHandleByUUID(which)
-            if which.startswith(("GPU-", "MIG-"))
-            else pynvml.nvmlDeviceGetHandleByIndex(int(which))
-        )
-        pynvml.nvmlDeviceGetMemoryInfo(handle)
-    except Exception:  # noqa: BLE001
-        return None
-    return lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / GIB

@@ -313,6 +313,8 @@ class TrainerRank:
         self.timeout_s = float(collective_timeout_s)
         self.replicated: list = []
         self.load_report: dict[str, float] = {}
+        self.mem_phases: dict[str, dict[str, float]] = {}
+        self.mem_peak = 0.0
 
     def node_ip(self) -> str:
         import ray
@@ -348,7 +350,24 @@ class TrainerRank:
             param_groups(self.model, self.replicated), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
             **({"fused": True} if cuda else {}),
         )  # fmt: skip
+        self._note("trainer_built")  # the sharded fp32 model (optimizer states come with the first step)
         return self.rank
+
+    # ------------------------------------------------------------------ memory (split and colocated alike)
+    def memory(self) -> dict[str, Any]:
+        """This rank's memory now, the last sample of every phase (each with ``phase_peak``: the largest use
+        seen while it ran) and the running peak; GiB (``memory.memory_now``)."""
+        from level2_distributed.memory import memory_now
+
+        return {"now": memory_now(self.device), "phases": dict(self.mem_phases), "peak": self.mem_peak}
+
+    def _note(self, phase: str, peak: float | None = None) -> None:
+        from level2_distributed.memory import memory_now
+
+        now = memory_now(self.device)
+        used = now.get("gpu_used", now.get("rss", 0.0))
+        self.mem_phases[phase] = {**now, "phase_peak": max(used, peak or 0.0)}
+        self.mem_peak = max(self.mem_peak, self.mem_phases[phase]["phase_peak"])
 
     # ------------------------------------------------------------------ training
     def train_step(
@@ -361,7 +380,22 @@ class TrainerRank:
     ) -> dict[str, Any]:
         """One optimizer step over this rank's micro-batches (the same count on every rank). ``dry_run``:
         gradients and their norm only (no update; the parity tests). Returns this rank's loss share and the
-        global pre-clip gradient norm (and, with ``return_grads``, the full unsharded gradients: a collective)."""
+        global pre-clip gradient norm (and, with ``return_grads``, the full unsharded gradients: a collective),
+        and its memory (GiB): ``mem/train_peak_gib`` (during this update), ``mem/peak_gib`` (the largest of every
+        phase so far), ``mem/torch_peak_gib`` (CUDA: this process's allocator peak), ``mem/on_gpu`` (1: GPU
+        memory of the whole device; 0: this process's resident set on a CPU)."""
+        from level2_distributed.memory import GIB, PeakPoller
+
+        with PeakPoller(self.device) as poll:
+            m = self._train_step(micro, n_tokens, dry_run, round, return_grads)
+        self._note("train_step", poll.peak)
+        gpu = self.device.type == "cuda"
+        return {
+            **m, "mem/on_gpu": float(gpu), "mem/train_peak_gib": poll.peak, "mem/peak_gib": self.mem_peak,
+            **({"mem/torch_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB} if gpu else {}),
+        }  # fmt: skip
+
+    def _train_step(self, micro, n_tokens: float, dry_run: bool, round: int, return_grads: bool) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         total, clipped, packed = 0.0, 0.0, 0.0
@@ -373,7 +407,8 @@ class TrainerRank:
                 self.model, datums, weights, 10**9, num_tokens=n_tokens / self.world
             )
             total += m["loss/cispo"] / self.world  # exact: a power-of-two world only rescales the exponent
-            clipped += m["loss/clip_frac"] * n_tokens
+            # the micro-batch's clipped tokens (its fraction is of |M|/world): summed over ranks, / |M| = global
+            clipped += m["loss/clip_frac"] * n_tokens / self.world
             packed += m["train/packed_tokens"] if datums[0].stage != "dummy" else 0.0
         allreduce_replicated(self.replicated, self.world)
         self._maybe_fail(round)

@@ -31,6 +31,8 @@ idle during training and the trainer waits during rollouts (no overlap), the pri
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from typing import Any
 
@@ -45,19 +47,24 @@ class ColocatedRank(TrainerRank):
     """A trainer rank with an engine in the same process (see the module docstring)."""
 
     def setup_engine(
-        self, engine: str, dtype: str, max_batch_size: int, gpu_memory_utilization: float = 0.3
-    ) -> dict:
-        """Start the engine on this rank's device (after :meth:`setup`). ``engine``: hf or vllm."""
+        self, engine: str, dtype: str, max_batch_size: int, gpu_memory_utilization: float = 0.3,
+        deterministic: bool = False,
+    ) -> dict:  # fmt: skip
+        """Start the engine on this rank's device (after :meth:`setup`). ``engine``: hf or vllm (at most
+        ``max_batch_size`` requests at once; ``deterministic``: batch-invariant kernels, as the servers')."""
         dummy = dummy_weights(self.cfg.model)
         with PeakPoller(self.device) as poll:
             if engine == "vllm":
                 from level1_batched.vllm_engine import VLLMEngine, model_dir
 
+                if deterministic:
+                    os.environ["VLLM_BATCH_INVARIANT"] = "1"
+
                 path = (
                     model_dir(self.cfg.model) if not _in_memory(self.cfg.model) else self._saved_model(dtype)
                 )
                 self.engine: Any = VLLMEngine(path, dtype=dtype, seed=self.cfg.seed, max_batch_size=max_batch_size,
-                                              gpu_memory_utilization=gpu_memory_utilization,
+                                              max_num_seqs=max_batch_size, gpu_memory_utilization=gpu_memory_utilization,
                                               **({"load_format": "dummy"} if dummy else {}))  # fmt: skip
             elif dummy:  # random weights of its own (not the trainer's): the first sync_engine brings those
                 from common.policy.hf import HFPolicy
@@ -90,9 +97,10 @@ class ColocatedRank(TrainerRank):
         version = self.engine.version
         return await self.engine.generate(request), version
 
-    def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
-        """The ENGINE's teacher-forced log-probs (the router's call; no collective)."""
-        return self.engine.score_logprobs(prompt_ids, output_ids)
+    async def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        """The ENGINE's teacher-forced log-probs (the router's call; no collective), in a thread: a plain method
+        of this async actor would run on its event loop and stall the generations in flight."""
+        return await asyncio.to_thread(self.engine.score_logprobs, prompt_ids, output_ids)
 
     def trainer_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
         """The trainer's (FSDP) log-probs: a collective, every rank must call it."""

@@ -32,6 +32,12 @@ class Level2Config:
     server_gpu_memory_utilization: float = 0.85
     """vLLM / SGLang servers on a GPU of their own: share of its memory the engine may take (weights + KV
     cache; no sleep mode: nothing else shares that GPU). Colocated engines use 0.3."""
+    server_deterministic: bool = False
+    """Batch-invariant (deterministic) inference on every server engine: SGLang's
+    --enable-deterministic-inference (without it SGLang ignores per-request sampling seeds), vLLM's
+    VLLM_BATCH_INVARIANT=1 (vLLM honours per-request seeds either way). Off by default on both: the
+    batch-invariant kernels cost throughput (SGLang's docs; not measured here) and the paper's runs do not
+    ask for them. The hf engine is unaffected."""
     sync_check: bool = False
     """After every weight sync, score a probe sequence on server 0 and on the trainer and report the largest
     log-prob gap as sync/logprob_gap (a cheap end-to-end check that the servers hold the trainer's weights)."""
@@ -44,7 +50,8 @@ class Level2Config:
     trainer_microbatch_tokens: int = 4096
     """Tokens per packed training row on a trainer rank (level 1's --max-tokens-per-microbatch)."""
     server_batch_size: int = 32
-    """Most generation requests one server runs as one batch."""
+    """Most generation requests one server runs at once: the hf engine's batch, vLLM's max_num_seqs, SGLang's
+    --max-running-requests (the same cap on every engine)."""
     activation_checkpointing: bool = True
     """Recompute each decoder layer's activations in the backward pass (memory for compute)."""
     trainer_fast: bool = False

@@ -30,12 +30,17 @@ from typing import Any
 
 
 def build_engine(engine: str, model: str, dtype: str, seed: int, max_batch_size: int, gpu_memory_utilization: float,
-                 sleep: bool) -> Any:  # fmt: skip
+                 sleep: bool, deterministic: bool = False) -> Any:  # fmt: skip
     """The engine for a model name; an in-memory test model (``tiny``, ``tiny-tied``) is saved first (vLLM
-    loads directories), once, in the serving dtype."""
+    loads directories), once, in the serving dtype. vLLM runs at most ``max_batch_size`` requests at once
+    (``max_num_seqs``: SGLang's ``--max-running-requests`` and the hf engine's batch take the same number);
+    ``deterministic``: vLLM's batch-invariant kernels (``VLLM_BATCH_INVARIANT=1``, SGLang's
+    ``--enable-deterministic-inference``)."""
     from common.policy.models import ALIASES, IN_MEMORY
 
     if engine == "vllm":
+        if deterministic:
+            os.environ["VLLM_BATCH_INVARIANT"] = "1"
         from level1_batched.vllm_engine import VLLMEngine, save_model
 
         path = model
@@ -45,7 +50,7 @@ def build_engine(engine: str, model: str, dtype: str, seed: int, max_batch_size:
             m, tok = load_model(model, dtype=dtype, seed=seed)
             path = save_model(m, tok)
             del m
-        return VLLMEngine(path, dtype=dtype, seed=seed, max_batch_size=max_batch_size,
+        return VLLMEngine(path, dtype=dtype, seed=seed, max_batch_size=max_batch_size, max_num_seqs=max_batch_size,
                           gpu_memory_utilization=gpu_memory_utilization, enable_sleep=sleep)  # fmt: skip
     from common.policy.hf import HFPolicy
 
@@ -142,13 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--sleep", action="store_true", help="vLLM sleep mode (colocated with a trainer)")
+    ap.add_argument("--deterministic", action="store_true", help="vLLM batch-invariant kernels")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     from aiohttp import web
 
     engine = build_engine(args.engine, args.model, args.dtype, args.seed, args.max_batch_size,
-                          args.gpu_memory_utilization, args.sleep)  # fmt: skip
+                          args.gpu_memory_utilization, args.sleep, args.deterministic)  # fmt: skip
     web.run_app(make_app(engine, args.dtype), host=args.host, port=args.port, print=None)
     return 0
 

@@ -44,7 +44,7 @@ def test_sglang_adapter_against_a_fake_server_from_sglangs_source(tmp_path, monk
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join([str(FAKE), str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
-    server = SGLangServer(path, "float32", 0, 4, server_python=sys.executable)
+    server = SGLangServer(path, "float32", 0, 4, server_python=sys.executable, deterministic=True)
     try:
         assert server.info()["max_context_tokens"] == 4096
 

@@ -40,7 +40,7 @@ import torch
 
 from common.policy.base import Completion, GenerationRequest
 from level2_distributed.memory import GIB, PeakPoller, memory_now  # noqa: F401 - memory_now: bench's import
-from level2_distributed.trainer import TrainerRank, _full, dummy_weights, random_model, unique_state
+from level2_distributed.trainer import TrainerRank, dummy_weights, random_model
 
 
 class ColocatedRank(TrainerRank):
@@ -146,14 +146,25 @@ class ColocatedRank(TrainerRank):
     def engine_calls(self) -> dict[str, int]:
         return dict(self.calls)
 
-    def sync_engine(self, version: int) -> float:
-        """Every rank all-gathers each tensor and loads it into its own engine, on the device. Returns seconds."""
+    def sync_engine(self, version: int, bucket_mb: float = 1024.0) -> float:
+        """Every rank all-gathers the tensors of a bucket (``bucket_mb`` in the serving dtype, each shard cast
+        before its gather) and loads them into its own engine, on the device, bucket by bucket (never a second
+        full copy of the model beside the engine's). Returns seconds."""
+        from level2_distributed.sync import plan_buckets
+
         t0 = time.perf_counter()
         target = getattr(torch, self.serving_dtype)
         with PeakPoller(self.device) as poll:
-            pairs = [(name, _full(p.detach()).to(target)) for name, p in unique_state(self.model)]
-            self.engine.update_weights(pairs, version=version)
-            del pairs
+            buckets = plan_buckets(self.weight_specs(), self.serving_dtype, int(bucket_mb * 2**20))
+            from level2_distributed.engine_server import loads_whole_models
+
+            whole = loads_whole_models(self.engine)  # vLLM's CPU reload path: every bucket, then one load
+            pending: list = []
+            for k, bucket in enumerate(self._buckets(buckets)):
+                pending += self.gather_bucket(bucket, target)
+                if not whole or k == len(buckets) - 1:
+                    self.engine.update_weights(pending, version=version)
+                    pending = []
         self._note("engine_synced", poll.peak)
         return time.perf_counter() - t0
 

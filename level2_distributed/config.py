@@ -44,6 +44,10 @@ class Level2Config:
     weight_sync: str = "broadcast"
     """After an optimizer step: broadcast (trainer rank 0 broadcasts every full tensor to the servers over
     a separate NCCL/gloo group) or disk (rank 0 writes safetensors, the servers reload them: the fallback)."""
+    sync_bucket_mb: float = 1024.0
+    """Broadcast sync moves the weights in buckets of this many MB (in the serving dtype): every trainer rank
+    gathers a bucket, rank 0 sends it, each server loads it as it arrives (AReaL: 1 GB chunks; verl: 512 MB).
+    Colocated ranks load their engines bucket by bucket too."""
     max_staleness: int = 0
     """Policy versions a rollout's weights may lag the trainer's (0 = synchronous on-policy: weights are
     synced after every optimizer step). The gap is recorded per completion and reported as offpolicy/*."""
@@ -107,7 +111,7 @@ class Level2Config:
 
         check_ranges(
             [("max_staleness", self.max_staleness, 0), ("single_node", self.single_node, 0)],
-            positives=[("collective_timeout_s", self.collective_timeout_s)],
+            positives=[("collective_timeout_s", self.collective_timeout_s), ("sync_bucket_mb", self.sync_bucket_mb)],
         )
         for name in ("trainer_gpus", "server_gpus"):
             if getattr(self, name) != -1 and not getattr(self, name) >= 0:

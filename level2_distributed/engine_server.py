@@ -12,8 +12,9 @@ the actor. Endpoints (JSON; the weight ones are named and shaped as SGLang's):
 * ``GET /health``, ``GET /get_model_info`` (``max_context_tokens``: the engine's real context limit; ``version``)
 * ``POST /sera/generate`` (a ``GenerationRequest`` as JSON -> a ``Completion`` + the version that served it);
   ``POST /sera/score`` (teacher-forced log-probs)
-* ``POST /init_weights_update_group`` (``master_address``, ``master_port``, ``rank_offset``, ``world_size``),
-  ``POST /update_weights_from_distributed`` (``names``, ``dtypes``, ``shapes``, ``version``),
+* ``POST /init_weights_update_group`` (``master_address``, ``master_port``, ``rank_offset``, ``world_size``,
+  ``timeout_s``), ``POST /update_weights_from_distributed`` (``names``, ``dtypes``, ``shapes``, ``version``;
+  one request per bucket of a sync, ``last`` on the final one: see :func:`loads_whole_models`),
   ``POST /update_weights_from_disk`` (``model_path``, ``version``), ``POST /sleep``, ``POST /wake``
 
 Imports nothing from Ray; ``aiohttp`` serves it (in vLLM's and the project's environments alike).
@@ -57,13 +58,21 @@ def build_engine(engine: str, model: str, dtype: str, seed: int, max_batch_size:
     return HFPolicy(model, dtype=dtype, max_batch_size=max_batch_size, seed=seed)
 
 
+def loads_whole_models(engine: Any) -> bool:
+    """Does this engine need every tensor in ONE ``update_weights`` call? vLLM's ``reload`` path (its CPU
+    backend: ``reload_weights`` re-runs the post-load processing of the whole model) does, so a bucketed sync
+    keeps its buckets until the last one there; every other engine (vLLM's ``load_weights`` on GPUs, the hf
+    engine) loads each bucket as it arrives."""
+    return getattr(engine, "weight_sync", "") == "reload"
+
+
 def make_app(engine: Any, dtype: str):
     import torch
     from aiohttp import web
 
     from common.policy.base import GenerationRequest, SamplingParams
 
-    state: dict[str, Any] = {"group": None, "version": 0}
+    state: dict[str, Any] = {"group": None, "version": 0, "pending": []}
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
     async def health(_):
@@ -103,7 +112,11 @@ def make_app(engine: Any, dtype: str):
 
         specs = list(zip(body["names"], body["shapes"], body["dtypes"], strict=True))
         pairs = list(receive_tensors(state["group"], specs, device, body["dtypes"][0] if specs else dtype))
-        engine.update_weights(pairs, version=int(body["version"]))
+        if loads_whole_models(engine) and not body.get("last", True):  # a bucket, not the last one: keep it
+            state["pending"].extend(pairs)
+            return
+        pairs, state["pending"] = state["pending"] + pairs, []
+        engine.update_weights(pairs, version=int(body["version"]))  # one bucket (or all: see above)
         state["version"] = int(body["version"])
 
     async def update_distributed(req):

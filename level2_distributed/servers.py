@@ -79,6 +79,8 @@ class HFServer:
         )
         self.engine_name = engine
         self.dtype, self.version, self.group = dtype, 0, None
+        self.largest_load = 0
+        """Bytes of the largest set of tensors received and loaded at once (one bucket of a sync)."""
 
     async def generate(self, request: GenerationRequest) -> tuple[Completion, int]:
         version = self.version
@@ -90,7 +92,8 @@ class HFServer:
         return await asyncio.to_thread(self.engine.score_logprobs, prompt_ids, output_ids)
 
     def info(self) -> dict[str, Any]:
-        return {"max_context_tokens": self.engine.max_context_tokens, "version": self.version}
+        return {"max_context_tokens": self.engine.max_context_tokens, "version": self.version,
+                "largest_load_bytes": self.largest_load}  # fmt: skip
 
     def update_weights(self, weights: Any, version: int) -> float:
         """Load ``(name, tensor)`` pairs (HF names) in memory and take ``version``. Returns seconds."""
@@ -132,12 +135,23 @@ class HFServer:
         self.group = await asyncio.to_thread(make_sync_group, host, port, rank, size, self.device, timeout_s)
         return True
 
-    async def receive_broadcast(self, specs: list[tuple[str, list[int], str]], version: int, dtype: str) -> float:
-        """Receive every tensor of the trainer's broadcast, then load them all (atomically between calls)."""
+    async def receive_broadcast(self, specs: list[tuple[str, list[int], str]], version: int, dtype: str,
+                                buckets: list[list[int]] | None = None) -> float:  # fmt: skip
+        """Receive the trainer's broadcast bucket by bucket (``sync.plan_buckets``; None: one bucket), loading
+        each bucket as it arrives (no second full copy of the model); the new version once all are in."""
+        from level2_distributed.engine_server import loads_whole_models
         from level2_distributed.sync import receive_tensors
 
         def work() -> None:
-            self.update_weights(list(receive_tensors(self.group, specs, self.device, dtype)), version)
+            pending: list = []
+            parts = buckets if buckets is not None else [list(range(len(specs)))]
+            for k, b in enumerate(parts):
+                pending += receive_tensors(self.group, [specs[i] for i in b], self.device, dtype)
+                if loads_whole_models(self.engine) and k < len(parts) - 1:
+                    continue  # vLLM's CPU reload path takes the whole model at once
+                self.largest_load = max(self.largest_load, sum(t.numel() * t.element_size() for _, t in pending))
+                self.update_weights(pending, version)
+                pending = []
 
         t0 = time.perf_counter()
         await asyncio.to_thread(work)
@@ -292,12 +306,16 @@ class EngineProcessServer(_ProcessServer):
                                                         "world_size": size, "timeout_s": timeout_s})  # fmt: skip
         return True
 
-    async def receive_broadcast(
-        self, specs: list[tuple[str, list[int], str]], version: int, dtype: str
-    ) -> float:
+    async def receive_broadcast(self, specs: list[tuple[str, list[int], str]], version: int, dtype: str,
+                                buckets: list[list[int]] | None = None) -> float:  # fmt: skip
+        """One request per bucket: the engine process receives the bucket's tensors and loads them."""
         t0 = time.perf_counter()
-        await self._post("/update_weights_from_distributed", {"names": [s[0] for s in specs],
-                         "shapes": [s[1] for s in specs], "dtypes": [dtype] * len(specs), "version": version})  # fmt: skip
+        parts = buckets if buckets is not None else [list(range(len(specs)))]
+        for k, b in enumerate(parts):
+            part = [specs[i] for i in b]
+            await self._post("/update_weights_from_distributed", {"names": [s[0] for s in part],
+                             "shapes": [s[1] for s in part], "dtypes": [dtype] * len(part), "version": version,
+                             "last": k == len(parts) - 1})  # fmt: skip
         self.version = version
         return time.perf_counter() - t0
 
@@ -407,15 +425,19 @@ class SGLangServer(_ProcessServer):
             raise RuntimeError(f"SGLang /init_weights_update_group failed: {out.get('message')}")
         return True
 
-    async def receive_broadcast(
-        self, specs: list[tuple[str, list[int], str]], version: int, dtype: str
-    ) -> float:
+    async def receive_broadcast(self, specs: list[tuple[str, list[int], str]], version: int, dtype: str,
+                                buckets: list[list[int]] | None = None) -> float:  # fmt: skip
+        """One ``/update_weights_from_distributed`` per bucket (AReaL's chunked update), the prefix cache
+        flushed with the last."""
         t0 = time.perf_counter()
-        out = await self._post("/update_weights_from_distributed", {
-            "names": [s[0] for s in specs], "dtypes": [dtype] * len(specs), "shapes": [s[1] for s in specs],
-            "group_name": SGLANG_GROUP, "flush_cache": True})  # fmt: skip
-        if not out.get("success", False):
-            raise RuntimeError(f"SGLang /update_weights_from_distributed failed: {out.get('message')}")
+        parts = buckets if buckets is not None else [list(range(len(specs)))]
+        for k, b in enumerate(parts):
+            part = [specs[i] for i in b]
+            out = await self._post("/update_weights_from_distributed", {
+                "names": [s[0] for s in part], "dtypes": [dtype] * len(part), "shapes": [s[1] for s in part],
+                "group_name": SGLANG_GROUP, "flush_cache": k == len(parts) - 1})  # fmt: skip
+            if not out.get("success", False):
+                raise RuntimeError(f"SGLang /update_weights_from_distributed failed: {out.get('message')}")
         self.version = version
         return time.perf_counter() - t0
 

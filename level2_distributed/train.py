@@ -223,7 +223,8 @@ class System:
         if self.l2.weight_sync == "broadcast":
             from level2_distributed.servers import SGLANG_GROUP
 
-            setup_broadcast(self.trainers, self.servers, SGLANG_GROUP if self.engine == "sglang" else "")
+            setup_broadcast(self.trainers, self.servers, SGLANG_GROUP if self.engine == "sglang" else "",
+                            self.l2.collective_timeout_s)  # fmt: skip
         from level2_distributed.servers import Router
 
         self.router = Router(self.servers, self.tokenizer, info["max_context_tokens"])
@@ -258,11 +259,11 @@ class System:
 
         if self.l2.colocate:  # in-process, on the device: every rank loads its own engine
             t0 = time.perf_counter()
-            get_all([t.sync_engine.remote(version) for t in self.trainers])
+            get_all([t.sync_engine.remote(version, self.l2.sync_bucket_mb) for t in self.trainers])
             m = {"time/sync_s": time.perf_counter() - t0, "sync/version": float(version)}
         else:
             m = sync_weights(self.trainers, self.servers, self.l2.weight_sync, version, str(out / "weights"),
-                             self.cfg.optim.dtype)  # fmt: skip
+                             self.cfg.optim.dtype, self.l2.sync_bucket_mb)  # fmt: skip
         if self.l2.sync_check:
             m["sync/logprob_gap"] = self.logprob_gap()
         return m

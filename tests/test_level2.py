@@ -119,9 +119,10 @@ def test_docstring_examples():
     import doctest
 
     import level2_distributed.servers as servers
+    import level2_distributed.sync as sync
     import level2_distributed.train as train
 
-    for mod in (train, servers):
+    for mod in (train, servers, sync):
         r = doctest.testmod(mod)
         assert r.attempted > 0 and r.failed == 0, mod.__name__
 

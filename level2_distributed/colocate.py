@@ -31,47 +31,40 @@ idle during training and the trainer waits during rollouts (no overlap), the pri
 
 from __future__ import annotations
 
+import asyncio
 import os
-import threading
 import time
 from typing import Any
 
 import torch
 
 from common.policy.base import Completion, GenerationRequest
-from common.run.metrics import peak_rss_gb
-from level2_distributed.trainer import TrainerRank, _full, dummy_weights, random_model, unique_state
-
-GIB = float(2**30)
+from level2_distributed.memory import GIB, PeakPoller, memory_now  # noqa: F401 - memory_now: bench's import
+from level2_distributed.trainer import TrainerRank, dummy_weights, random_model
 
 
 class ColocatedRank(TrainerRank):
     """A trainer rank with an engine in the same process (see the module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.mem_phases: dict[str, dict[str, float]] = {}
-        self.mem_peak = 0.0
-
-    def setup(self, master: str) -> int:
-        rank = TrainerRank.setup(self, master)
-        self._note("trainer_built")  # the sharded fp32 model (optimizer states come with the first step)
-        return rank
-
     def setup_engine(
-        self, engine: str, dtype: str, max_batch_size: int, gpu_memory_utilization: float = 0.3
-    ) -> dict:
-        """Start the engine on this rank's device (after :meth:`setup`). ``engine``: hf or vllm."""
+        self, engine: str, dtype: str, max_batch_size: int, gpu_memory_utilization: float = 0.3,
+        deterministic: bool = False,
+    ) -> dict:  # fmt: skip
+        """Start the engine on this rank's device (after :meth:`setup`). ``engine``: hf or vllm (at most
+        ``max_batch_size`` requests at once; ``deterministic``: batch-invariant kernels, as the servers')."""
         dummy = dummy_weights(self.cfg.model)
         with PeakPoller(self.device) as poll:
             if engine == "vllm":
                 from level1_batched.vllm_engine import VLLMEngine, model_dir
 
+                if deterministic:
+                    os.environ["VLLM_BATCH_INVARIANT"] = "1"
+
                 path = (
                     model_dir(self.cfg.model) if not _in_memory(self.cfg.model) else self._saved_model(dtype)
                 )
                 self.engine: Any = VLLMEngine(path, dtype=dtype, seed=self.cfg.seed, max_batch_size=max_batch_size,
-                                              gpu_memory_utilization=gpu_memory_utilization,
+                                              max_num_seqs=max_batch_size, gpu_memory_utilization=gpu_memory_utilization,
                                               **({"load_format": "dummy"} if dummy else {}))  # fmt: skip
             elif dummy:  # random weights of its own (not the trainer's): the first sync_engine brings those
                 from common.policy.hf import HFPolicy
@@ -104,9 +97,10 @@ class ColocatedRank(TrainerRank):
         version = self.engine.version
         return await self.engine.generate(request), version
 
-    def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
-        """The ENGINE's teacher-forced log-probs (the router's call; no collective)."""
-        return self.engine.score_logprobs(prompt_ids, output_ids)
+    async def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        """The ENGINE's teacher-forced log-probs (the router's call; no collective), in a thread: a plain method
+        of this async actor would run on its event loop and stall the generations in flight."""
+        return await asyncio.to_thread(self.engine.score_logprobs, prompt_ids, output_ids)
 
     def trainer_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
         """The trainer's (FSDP) log-probs: a collective, every rank must call it."""
@@ -139,51 +133,38 @@ class ColocatedRank(TrainerRank):
         return True
 
     def train_step(self, micro: list, n_tokens: float, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """:meth:`TrainerRank.train_step`, plus this rank's memory (``mem/*``, GiB; see the module docstring):
-        ``mem/awake_gib`` and ``mem/asleep_gib`` (the last sleep: engine awake, then asleep),
-        ``mem/train_peak_gib`` (during this update), ``mem/peak_gib`` (the largest of every phase so far),
-        ``mem/torch_peak_gib`` (CUDA: this process's allocator peak), ``mem/on_gpu`` (1: GPU memory of the
-        whole device; 0: this process's resident set on a CPU)."""
-        with PeakPoller(self.device) as poll:
-            m = TrainerRank.train_step(self, micro, n_tokens, *args, **kwargs)
-        self._note("train_step", poll.peak)
-        gpu = self.device.type == "cuda"
+        """:meth:`TrainerRank.train_step` (with its ``mem/*``), plus ``mem/awake_gib`` and ``mem/asleep_gib``
+        (the last sleep: engine awake, then asleep; GiB, see the module docstring)."""
+        m = TrainerRank.train_step(self, micro, n_tokens, *args, **kwargs)
+        key = "gpu_used" if self.device.type == "cuda" else "rss"
 
         def used(phase: str) -> float:
-            return self.mem_phases.get(phase, {}).get("gpu_used" if gpu else "rss", float("nan"))
+            return self.mem_phases.get(phase, {}).get(key, float("nan"))
 
-        return {
-            **m,
-            "mem/on_gpu": float(gpu),
-            "mem/awake_gib": used("engine_awake"),
-            "mem/asleep_gib": used("engine_asleep"),
-            "mem/train_peak_gib": poll.peak,
-            "mem/peak_gib": self.mem_peak,
-            **({"mem/torch_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB} if gpu else {}),
-        }
-
-    def memory(self) -> dict[str, Any]:
-        """This rank's memory now, the last sample of every phase (each with ``phase_peak``: the largest use
-        seen while it ran) and the running peak; GiB (see :func:`memory_now`)."""
-        return {"now": memory_now(self.device), "phases": dict(self.mem_phases), "peak": self.mem_peak}
-
-    def _note(self, phase: str, peak: float | None = None) -> None:
-        now = memory_now(self.device)
-        used = now.get("gpu_used", now.get("rss", 0.0))
-        self.mem_phases[phase] = {**now, "phase_peak": max(used, peak or 0.0)}
-        self.mem_peak = max(self.mem_peak, self.mem_phases[phase]["phase_peak"])
+        return {**m, "mem/awake_gib": used("engine_awake"), "mem/asleep_gib": used("engine_asleep")}
 
     def engine_calls(self) -> dict[str, int]:
         return dict(self.calls)
 
-    def sync_engine(self, version: int) -> float:
-        """Every rank all-gathers each tensor and loads it into its own engine, on the device. Returns seconds."""
+    def sync_engine(self, version: int, bucket_mb: float = 1024.0) -> float:
+        """Every rank all-gathers the tensors of a bucket (``bucket_mb`` in the serving dtype, each shard cast
+        before its gather) and loads them into its own engine, on the device, bucket by bucket (never a second
+        full copy of the model beside the engine's). Returns seconds."""
+        from level2_distributed.sync import plan_buckets
+
         t0 = time.perf_counter()
         target = getattr(torch, self.serving_dtype)
         with PeakPoller(self.device) as poll:
-            pairs = [(name, _full(p.detach()).to(target)) for name, p in unique_state(self.model)]
-            self.engine.update_weights(pairs, version=version)
-            del pairs
+            buckets = plan_buckets(self.weight_specs(), self.serving_dtype, int(bucket_mb * 2**20))
+            from level2_distributed.engine_server import loads_whole_models
+
+            whole = loads_whole_models(self.engine)  # vLLM's CPU reload path: every bucket, then one load
+            pending: list = []
+            for k, bucket in enumerate(self._buckets(buckets)):
+                pending += self.gather_bucket(bucket, target)
+                if not whole or k == len(buckets) - 1:
+                    self.engine.update_weights(pending, version=version)
+                    pending = []
         self._note("engine_synced", poll.peak)
         return time.perf_counter() - t0
 
@@ -192,88 +173,3 @@ def _in_memory(name: str) -> bool:
     from common.policy.models import ALIASES, IN_MEMORY
 
     return ALIASES.get(name.lower()) in IN_MEMORY
-
-
-def memory_now(device: torch.device) -> dict[str, float]:
-    """Memory in use now, GiB. CUDA: ``gpu_used`` = the whole device (``cudaMemGetInfo``: every process and
-    allocator, vLLM's sleep-mode pool and CUDA contexts included), ``gpu_total``, and this process's torch
-    allocator (``torch_allocated``, ``torch_reserved``, ``torch_peak``). CPU: ``rss`` (this process's resident
-    set) and ``rss_peak`` (its lifetime peak)."""
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return {
-            "gpu_used": (total - free) / GIB,
-            "gpu_total": total / GIB,
-            "torch_allocated": torch.cuda.memory_allocated(device) / GIB,
-            "torch_reserved": torch.cuda.memory_reserved(device) / GIB,
-            "torch_peak": torch.cuda.max_memory_allocated(device) / GIB,
-        }
-    try:
-        rss = _rss_gib()
-    except (OSError, ValueError, IndexError):
-        rss = float("nan")
-    return {"rss": rss, "rss_peak": peak_rss_gb()}
-
-
-class PeakPoller:
-    """``with PeakPoller(device) as p: ...`` -> ``p.peak``: the largest memory use (GiB) seen while the block
-    ran: on CUDA the whole device's, sampled every ``every_s`` by a thread through NVML (``pynvml``: activations,
-    temporary copies and every allocator's memory included; NVML is not the CUDA runtime, so the sampling cannot
-    disturb a CUDA-graph capture running meanwhile, as ``cudaMemGetInfo`` from another thread could) plus
-    :func:`memory_now` at the block's start and end; without ``pynvml`` the start and end only. On CPU the
-    process's resident set, sampled the same way."""
-
-    def __init__(self, device: torch.device, every_s: float = 0.01) -> None:
-        self.device, self.every_s = device, every_s
-        self.peak = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._probe = _rss_gib if device.type != "cuda" else _nvml_used(device)
-
-    def _sample(self) -> None:
-        now = memory_now(self.device)
-        self.peak = max(self.peak, now.get("gpu_used", now.get("rss", 0.0)))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                self.peak = max(self.peak, self._probe())
-            except Exception:  # noqa: BLE001 - a failed sample ends the sampling, not the measured work
-                return
-
-    def __enter__(self) -> PeakPoller:
-        self._sample()
-        if self._probe is not None:
-            self._thread = threading.Thread(target=self._loop, name="mem-peak", daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._sample()
-
-
-def _rss_gib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GIB
-
-
-def _nvml_used(device: torch.device):
-    """A function returning the GPU's used memory (GiB) through NVML, or None (no ``pynvml``, no NVML)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        which = visible[device.index or 0] if visible else str(device.index or 0)  # NVML ignores the mask
-        handle = (
-            pynvml.nvmlDeviceGetHandleByUUID(which)
-            if which.startswith(("GPU-", "MIG-"))
-            else pynvml.nvmlDeviceGetHandleByIndex(int(which))
-        )
-        pynvml.nvmlDeviceGetMemoryInfo(handle)
-    except Exception:  # noqa: BLE001
-        return None
-    return lambda: pynvml.nvmlDeviceGetMemoryInfo(handle).used / GIB

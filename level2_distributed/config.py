@@ -32,19 +32,30 @@ class Level2Config:
     server_gpu_memory_utilization: float = 0.85
     """vLLM / SGLang servers on a GPU of their own: share of its memory the engine may take (weights + KV
     cache; no sleep mode: nothing else shares that GPU). Colocated engines use 0.3."""
+    server_deterministic: bool = False
+    """Batch-invariant (deterministic) inference on every server engine: SGLang's
+    --enable-deterministic-inference (without it SGLang ignores per-request sampling seeds), vLLM's
+    VLLM_BATCH_INVARIANT=1 (vLLM honours per-request seeds either way). Off by default on both: the
+    batch-invariant kernels cost throughput (SGLang's docs; not measured here) and the paper's runs do not
+    ask for them. The hf engine is unaffected."""
     sync_check: bool = False
     """After every weight sync, score a probe sequence on server 0 and on the trainer and report the largest
     log-prob gap as sync/logprob_gap (a cheap end-to-end check that the servers hold the trainer's weights)."""
     weight_sync: str = "broadcast"
     """After an optimizer step: broadcast (trainer rank 0 broadcasts every full tensor to the servers over
     a separate NCCL/gloo group) or disk (rank 0 writes safetensors, the servers reload them: the fallback)."""
+    sync_bucket_mb: float = 1024.0
+    """Broadcast sync moves the weights in buckets of this many MB (in the serving dtype): every trainer rank
+    gathers a bucket, rank 0 sends it, each server loads it as it arrives (AReaL: 1 GB chunks; verl: 512 MB).
+    Colocated ranks load their engines bucket by bucket too."""
     max_staleness: int = 0
     """Policy versions a rollout's weights may lag the trainer's (0 = synchronous on-policy: weights are
     synced after every optimizer step). The gap is recorded per completion and reported as offpolicy/*."""
     trainer_microbatch_tokens: int = 4096
     """Tokens per packed training row on a trainer rank (level 1's --max-tokens-per-microbatch)."""
     server_batch_size: int = 32
-    """Most generation requests one server runs as one batch."""
+    """Most generation requests one server runs at once: the hf engine's batch, vLLM's max_num_seqs, SGLang's
+    --max-running-requests (the same cap on every engine)."""
     activation_checkpointing: bool = True
     """Recompute each decoder layer's activations in the backward pass (memory for compute)."""
     trainer_fast: bool = False
@@ -79,8 +90,8 @@ class Level2Config:
     """Preset for one node with N GPUs: N/2 servers + N/2 trainer ranks; N = 1 (or with --colocate): every
     GPU holds a trainer rank and its engine (colocated mode)."""
     paper_cluster: bool = False
-    """Preset for the paper's system: 2 nodes x 8 H200 = 8 SGLang servers + 8 FSDP ranks (join with
-    --ray-address auto on the head node)."""
+    """Preset for the paper's system: 2 nodes x 8 H200 = 8 servers + 8 FSDP ranks (join with --ray-address
+    auto on the head node). The servers are SGLang (the paper's engine) unless --server-engine names another."""
 
     def __post_init__(self) -> None:
         if self.server_engine not in ENGINES:
@@ -100,7 +111,7 @@ class Level2Config:
 
         check_ranges(
             [("max_staleness", self.max_staleness, 0), ("single_node", self.single_node, 0)],
-            positives=[("collective_timeout_s", self.collective_timeout_s)],
+            positives=[("collective_timeout_s", self.collective_timeout_s), ("sync_bucket_mb", self.sync_bucket_mb)],
         )
         for name in ("trainer_gpus", "server_gpus"):
             if getattr(self, name) != -1 and not getattr(self, name) >= 0:
@@ -113,9 +124,10 @@ class Level2Config:
 
     def resolved(self) -> Level2Config:
         """The presets applied (they set sizes; an explicit preset wins over --trainers/--servers)."""
-        if self.paper_cluster:
+        if self.paper_cluster:  # the paper's SGLang unless the user chose an engine (--server-engine vllm)
+            engine = "sglang" if self.server_engine == "auto" else self.server_engine
             return replace(
-                self, trainers=8, servers=8, server_engine="sglang", trainer_gpus=1.0, server_gpus=1.0,
+                self, trainers=8, servers=8, server_engine=engine, trainer_gpus=1.0, server_gpus=1.0,
                 paper_cluster=False, ray_address=self.ray_address or "auto",
             )  # fmt: skip
         if self.colocate and not self.single_node:

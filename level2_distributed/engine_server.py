@@ -12,8 +12,9 @@ the actor. Endpoints (JSON; the weight ones are named and shaped as SGLang's):
 * ``GET /health``, ``GET /get_model_info`` (``max_context_tokens``: the engine's real context limit; ``version``)
 * ``POST /sera/generate`` (a ``GenerationRequest`` as JSON -> a ``Completion`` + the version that served it);
   ``POST /sera/score`` (teacher-forced log-probs)
-* ``POST /init_weights_update_group`` (``master_address``, ``master_port``, ``rank_offset``, ``world_size``),
-  ``POST /update_weights_from_distributed`` (``names``, ``dtypes``, ``shapes``, ``version``),
+* ``POST /init_weights_update_group`` (``master_address``, ``master_port``, ``rank_offset``, ``world_size``,
+  ``timeout_s``), ``POST /update_weights_from_distributed`` (``names``, ``dtypes``, ``shapes``, ``version``;
+  one request per bucket of a sync, ``last`` on the final one: see :func:`loads_whole_models`),
   ``POST /update_weights_from_disk`` (``model_path``, ``version``), ``POST /sleep``, ``POST /wake``
 
 Imports nothing from Ray; ``aiohttp`` serves it (in vLLM's and the project's environments alike).
@@ -30,12 +31,17 @@ from typing import Any
 
 
 def build_engine(engine: str, model: str, dtype: str, seed: int, max_batch_size: int, gpu_memory_utilization: float,
-                 sleep: bool) -> Any:  # fmt: skip
+                 sleep: bool, deterministic: bool = False) -> Any:  # fmt: skip
     """The engine for a model name; an in-memory test model (``tiny``, ``tiny-tied``) is saved first (vLLM
-    loads directories), once, in the serving dtype."""
+    loads directories), once, in the serving dtype. vLLM runs at most ``max_batch_size`` requests at once
+    (``max_num_seqs``: SGLang's ``--max-running-requests`` and the hf engine's batch take the same number);
+    ``deterministic``: vLLM's batch-invariant kernels (``VLLM_BATCH_INVARIANT=1``, SGLang's
+    ``--enable-deterministic-inference``)."""
     from common.policy.models import ALIASES, IN_MEMORY
 
     if engine == "vllm":
+        if deterministic:
+            os.environ["VLLM_BATCH_INVARIANT"] = "1"
         from level1_batched.vllm_engine import VLLMEngine, save_model
 
         path = model
@@ -45,11 +51,19 @@ def build_engine(engine: str, model: str, dtype: str, seed: int, max_batch_size:
             m, tok = load_model(model, dtype=dtype, seed=seed)
             path = save_model(m, tok)
             del m
-        return VLLMEngine(path, dtype=dtype, seed=seed, max_batch_size=max_batch_size,
+        return VLLMEngine(path, dtype=dtype, seed=seed, max_batch_size=max_batch_size, max_num_seqs=max_batch_size,
                           gpu_memory_utilization=gpu_memory_utilization, enable_sleep=sleep)  # fmt: skip
     from common.policy.hf import HFPolicy
 
     return HFPolicy(model, dtype=dtype, max_batch_size=max_batch_size, seed=seed)
+
+
+def loads_whole_models(engine: Any) -> bool:
+    """Does this engine need every tensor in ONE ``update_weights`` call? vLLM's ``reload`` path (its CPU
+    backend: ``reload_weights`` re-runs the post-load processing of the whole model) does, so a bucketed sync
+    keeps its buckets until the last one there; every other engine (vLLM's ``load_weights`` on GPUs, the hf
+    engine) loads each bucket as it arrives."""
+    return getattr(engine, "weight_sync", "") == "reload"
 
 
 def make_app(engine: Any, dtype: str):
@@ -58,7 +72,7 @@ def make_app(engine: Any, dtype: str):
 
     from common.policy.base import GenerationRequest, SamplingParams
 
-    state: dict[str, Any] = {"group": None, "version": 0}
+    state: dict[str, Any] = {"group": None, "version": 0, "pending": []}
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
     async def health(_):
@@ -98,7 +112,11 @@ def make_app(engine: Any, dtype: str):
 
         specs = list(zip(body["names"], body["shapes"], body["dtypes"], strict=True))
         pairs = list(receive_tensors(state["group"], specs, device, body["dtypes"][0] if specs else dtype))
-        engine.update_weights(pairs, version=int(body["version"]))
+        if loads_whole_models(engine) and not body.get("last", True):  # a bucket, not the last one: keep it
+            state["pending"].extend(pairs)
+            return
+        pairs, state["pending"] = state["pending"] + pairs, []
+        engine.update_weights(pairs, version=int(body["version"]))  # one bucket (or all: see above)
         state["version"] = int(body["version"])
 
     async def update_distributed(req):
@@ -142,13 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--sleep", action="store_true", help="vLLM sleep mode (colocated with a trainer)")
+    ap.add_argument("--deterministic", action="store_true", help="vLLM batch-invariant kernels")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     from aiohttp import web
 
     engine = build_engine(args.engine, args.model, args.dtype, args.seed, args.max_batch_size,
-                          args.gpu_memory_utilization, args.sleep)  # fmt: skip
+                          args.gpu_memory_utilization, args.sleep, args.deterministic)  # fmt: skip
     web.run_app(make_app(engine, args.dtype), host=args.host, port=args.port, print=None)
     return 0
 

@@ -26,9 +26,11 @@ import math
 import os
 from typing import Any
 
-PASS_ENV = ("SERA_L2_FAULT", "SERA_L2_THREADS", "HF_HOME", "SERA_CACHE", "CUDA_DEVICE_MAX_CONNECTIONS",
-            "VLLM_CPU_KVCACHE_SPACE", "SGLANG_RETURN_ORIGINAL_LOGPROB")  # fmt: skip
-"""Variables the actors inherit from the driver (fault injection, threads, model caches, engine knobs)."""
+PASS_ENV = ("SERA_L2_FAULT", "SERA_L2_THREADS", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+            "SERA_CACHE", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "VLLM_CPU_KVCACHE_SPACE",
+            "SGLANG_RETURN_ORIGINAL_LOGPROB")  # fmt: skip
+"""Variables the actors inherit from the driver (fault injection, threads, model caches and offline mode: a
+hub id resolves to the cache's snapshot on every node, engine knobs)."""
 PASS_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "UCX_", "NVSHMEM_", "TORCH_DIST")
 """Prefixes of the collective-communication settings the actors inherit (NCCL_IB_HCA, NCCL_SOCKET_IFNAME,
 GLOO_SOCKET_IFNAME, ...)."""

@@ -10,18 +10,20 @@
   ``/update_weights_from_disk``, ``/init_weights_update_group`` + ``/update_weights_from_distributed``).
   SGLang cannot be installed next to this project's torch (every release pins torch 2.9.1), so this
   adapter is written against the documentation and is untested here (its test skips with that reason).
-* :class:`Router` — the policy the agents call (``common.policy.base.Policy``): each call goes to the
-  server with the fewest calls in flight, and every completion is stamped with the policy version of the
-  weights that produced it (:class:`SessionRecord`: token ids, behaviour log-probs, version, server), so
-  the driver can report how off-policy a batch was (``offpolicy/*``).
+* :class:`Router` — the policy the agents call (``common.policy.base.Policy``): an agent's calls stay on
+  one server (its prefix cache), new agents go to the server with the fewest calls in flight, a dead
+  server gets no more calls, and every completion is stamped with the policy version of the weights that
+  produced it (:class:`SessionRecord`: token ids, behaviour log-probs, version, server), so the driver
+  can report how off-policy a batch was (``offpolicy/*``).
 
-What it simplifies: the router balances by in-flight count, not by prefix-cache affinity (SGLang's router
-sends a conversation's turns to the same server to reuse its KV cache); a server's failure surfaces as an
-exception in the driver, which restarts the system from the last checkpoint.
+What it simplifies: an agent's first call goes to the server with the fewest calls in flight and its later
+calls follow it (no look at the servers' KV use or cache hits); a server's failure surfaces as an exception
+in the driver, which restarts the system from the last checkpoint after the round.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -62,7 +64,7 @@ class HFServer:
     """An engine behind the server contract: generate, score_logprobs, weights in (three ways), version."""
 
     def __init__(self, model: str, dtype: str, seed: int, max_batch_size: int, engine: str = "hf",
-                 server_python: str = "", gpu_memory_utilization: float = 0.85) -> None:  # fmt: skip
+                 server_python: str = "", gpu_memory_utilization: float = 0.85, deterministic: bool = False) -> None:  # fmt: skip
         import torch
 
         from level2_distributed.engine_server import build_engine
@@ -73,20 +75,25 @@ class HFServer:
         # vllm: loads the model directory itself in `dtype` (no copy built first), no sleep mode (the GPU
         # is the server's own), gpu_memory_utilization as configured
         self.engine: Any = build_engine(
-            engine, model, dtype, seed, max_batch_size, gpu_memory_utilization, False
+            engine, model, dtype, seed, max_batch_size, gpu_memory_utilization, False, deterministic
         )
         self.engine_name = engine
         self.dtype, self.version, self.group = dtype, 0, None
+        self.largest_load = 0
+        """Bytes of the largest set of tensors received and loaded at once (one bucket of a sync)."""
 
     async def generate(self, request: GenerationRequest) -> tuple[Completion, int]:
         version = self.version
         return await self.engine.generate(request), version
 
-    def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
-        return self.engine.score_logprobs(prompt_ids, output_ids)
+    # Methods that block (a forward, a collective, a file read) are coroutines that run their work in a thread:
+    # on an async actor a plain method runs on the event loop's thread and would stall every generate in flight.
+    async def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        return await asyncio.to_thread(self.engine.score_logprobs, prompt_ids, output_ids)
 
     def info(self) -> dict[str, Any]:
-        return {"max_context_tokens": self.engine.max_context_tokens, "version": self.version}
+        return {"max_context_tokens": self.engine.max_context_tokens, "version": self.version,
+                "largest_load_bytes": self.largest_load}  # fmt: skip
 
     def update_weights(self, weights: Any, version: int) -> float:
         """Load ``(name, tensor)`` pairs (HF names) in memory and take ``version``. Returns seconds."""
@@ -122,27 +129,42 @@ class HFServer:
         """End what this server started outside its own process (nothing for in-process engines)."""
         return True
 
-    def join_sync_group(self, host: str, port: int, rank: int, size: int) -> bool:
+    async def join_sync_group(self, host: str, port: int, rank: int, size: int, timeout_s: float = 0) -> bool:
         from level2_distributed.sync import make_sync_group
 
-        self.group = make_sync_group(host, port, rank, size, self.device)
+        self.group = await asyncio.to_thread(make_sync_group, host, port, rank, size, self.device, timeout_s)
         return True
 
-    def receive_broadcast(self, specs: list[tuple[str, list[int], str]], version: int, dtype: str) -> float:
-        """Receive every tensor of the trainer's broadcast, then load them all (atomically between calls)."""
+    async def receive_broadcast(self, specs: list[tuple[str, list[int], str]], version: int, dtype: str,
+                                buckets: list[list[int]] | None = None) -> float:  # fmt: skip
+        """Receive the trainer's broadcast bucket by bucket (``sync.plan_buckets``; None: one bucket), loading
+        each bucket as it arrives (no second full copy of the model); the new version once all are in."""
+        from level2_distributed.engine_server import loads_whole_models
         from level2_distributed.sync import receive_tensors
 
+        def work() -> None:
+            pending: list = []
+            parts = buckets if buckets is not None else [list(range(len(specs)))]
+            for k, b in enumerate(parts):
+                pending += receive_tensors(self.group, [specs[i] for i in b], self.device, dtype)
+                if loads_whole_models(self.engine) and k < len(parts) - 1:
+                    continue  # vLLM's CPU reload path takes the whole model at once
+                self.largest_load = max(self.largest_load, sum(t.numel() * t.element_size() for _, t in pending))
+                self.update_weights(pending, version)
+                pending = []
+
         t0 = time.perf_counter()
-        self.update_weights(list(receive_tensors(self.group, specs, self.device, dtype)), version)
+        await asyncio.to_thread(work)
         return time.perf_counter() - t0
 
-    def load_from_disk(self, path: str, version: int) -> float:
+    async def load_from_disk(self, path: str, version: int) -> float:
         from safetensors.torch import load_file
 
+        def work() -> None:
+            self.update_weights(load_file(os.path.join(path, "model.safetensors"), device=str(self.device)), version)
+
         t0 = time.perf_counter()
-        self.update_weights(
-            load_file(os.path.join(path, "model.safetensors"), device=str(self.device)), version
-        )
+        await asyncio.to_thread(work)
         return time.perf_counter() - t0
 
 
@@ -162,6 +184,14 @@ class _ProcessServer:
 
     def _launch(self, cmd: list[str], env: dict[str, str] | None = None, timeout_s: float = 900) -> None:
         self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, start_new_session=True)
+        # a watcher of this actor: if the actor dies without shutdown (crash, ray.kill), it ends the engine's
+        # process group (level2_distributed/reaper.py); its own session, so the actor's death spares it
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.reaper = subprocess.Popen(
+            [sys.executable, "-m", "level2_distributed.reaper", str(os.getpid()), str(self.proc.pid)],
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)},
+            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             try:
@@ -174,6 +204,10 @@ class _ProcessServer:
                     ) from None
                 time.sleep(1)
         raise RuntimeError(f"{' '.join(cmd[:3])} did not become healthy in {timeout_s:.0f} s")
+
+    def engine_process(self) -> dict[str, int]:
+        """Process ids of the engine and of its watcher, and the engine's port (the tests' look at them)."""
+        return {"pid": self.proc.pid, "reaper": self.reaper.pid, "port": self.port}
 
     def _get(self, path: str) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
@@ -216,6 +250,10 @@ class _ProcessServer:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=20)
+        reaper = getattr(self, "reaper", None)
+        if reaper is not None and reaper.poll() is None:  # the engine is gone: its watcher is not needed
+            reaper.kill()
+            reaper.wait(timeout=20)
         return True
 
     def __del__(self) -> None:
@@ -231,7 +269,7 @@ class EngineProcessServer(_ProcessServer):
     process joins the weight-sync group itself (``engine_server.py``)."""
 
     def __init__(self, model: str, dtype: str, seed: int, max_batch_size: int, engine: str = "vllm",
-                 server_python: str = "", gpu_memory_utilization: float = 0.85) -> None:  # fmt: skip
+                 server_python: str = "", gpu_memory_utilization: float = 0.85, deterministic: bool = False) -> None:  # fmt: skip
         from level2_distributed.sync import free_port
 
         self.port, self.version = free_port(), 0
@@ -240,7 +278,8 @@ class EngineProcessServer(_ProcessServer):
         self._launch(
             [server_python or sys.executable, "-m", "level2_distributed.engine_server", "--engine", engine,
              "--model", model, "--dtype", dtype, "--seed", str(seed), "--max-batch-size", str(max_batch_size),
-             "--gpu-memory-utilization", str(gpu_memory_utilization), "--port", str(self.port)],
+             "--gpu-memory-utilization", str(gpu_memory_utilization), "--port", str(self.port),
+             *(["--deterministic"] if deterministic else [])],
             env={"PYTHONPATH": path},
         )  # fmt: skip
         self.model_info = json.loads(self._get("/get_model_info"))
@@ -262,17 +301,21 @@ class EngineProcessServer(_ProcessServer):
     def info(self) -> dict[str, Any]:
         return {"max_context_tokens": int(self.model_info["max_context_tokens"]), "version": self.version}
 
-    async def join_sync_group(self, host: str, port: int, rank: int, size: int) -> bool:
-        await self._post("/init_weights_update_group",
-                         {"master_address": host, "master_port": port, "rank_offset": rank, "world_size": size})  # fmt: skip
+    async def join_sync_group(self, host: str, port: int, rank: int, size: int, timeout_s: float = 0) -> bool:
+        await self._post("/init_weights_update_group", {"master_address": host, "master_port": port, "rank_offset": rank,
+                                                        "world_size": size, "timeout_s": timeout_s})  # fmt: skip
         return True
 
-    async def receive_broadcast(
-        self, specs: list[tuple[str, list[int], str]], version: int, dtype: str
-    ) -> float:
+    async def receive_broadcast(self, specs: list[tuple[str, list[int], str]], version: int, dtype: str,
+                                buckets: list[list[int]] | None = None) -> float:  # fmt: skip
+        """One request per bucket: the engine process receives the bucket's tensors and loads them."""
         t0 = time.perf_counter()
-        await self._post("/update_weights_from_distributed", {"names": [s[0] for s in specs],
-                         "shapes": [s[1] for s in specs], "dtypes": [dtype] * len(specs), "version": version})  # fmt: skip
+        parts = buckets if buckets is not None else [list(range(len(specs)))]
+        for k, b in enumerate(parts):
+            part = [specs[i] for i in b]
+            await self._post("/update_weights_from_distributed", {"names": [s[0] for s in part],
+                             "shapes": [s[1] for s in part], "dtypes": [dtype] * len(part), "version": version,
+                             "last": k == len(parts) - 1})  # fmt: skip
         self.version = version
         return time.perf_counter() - t0
 
@@ -310,7 +353,7 @@ class SGLangServer(_ProcessServer):
     against a fake server that follows that source."""
 
     def __init__(self, model: str, dtype: str, seed: int, max_batch_size: int, engine: str = "sglang",
-                 server_python: str = "", gpu_memory_utilization: float = 0.85, deterministic: bool = True) -> None:  # fmt: skip
+                 server_python: str = "", gpu_memory_utilization: float = 0.85, deterministic: bool = False) -> None:  # fmt: skip
         from common.policy.models import load_tokenizer, resolve_model_path
         from level2_distributed.sync import free_port
 
@@ -371,7 +414,7 @@ class SGLangServer(_ProcessServer):
         self.version = version
         return time.perf_counter() - t0
 
-    async def join_sync_group(self, host: str, port: int, rank: int, size: int) -> bool:
+    async def join_sync_group(self, host: str, port: int, rank: int, size: int, timeout_s: float = 0) -> bool:
         import torch
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -382,15 +425,19 @@ class SGLangServer(_ProcessServer):
             raise RuntimeError(f"SGLang /init_weights_update_group failed: {out.get('message')}")
         return True
 
-    async def receive_broadcast(
-        self, specs: list[tuple[str, list[int], str]], version: int, dtype: str
-    ) -> float:
+    async def receive_broadcast(self, specs: list[tuple[str, list[int], str]], version: int, dtype: str,
+                                buckets: list[list[int]] | None = None) -> float:  # fmt: skip
+        """One ``/update_weights_from_distributed`` per bucket (AReaL's chunked update), the prefix cache
+        flushed with the last."""
         t0 = time.perf_counter()
-        out = await self._post("/update_weights_from_distributed", {
-            "names": [s[0] for s in specs], "dtypes": [dtype] * len(specs), "shapes": [s[1] for s in specs],
-            "group_name": SGLANG_GROUP, "flush_cache": True})  # fmt: skip
-        if not out.get("success", False):
-            raise RuntimeError(f"SGLang /update_weights_from_distributed failed: {out.get('message')}")
+        parts = buckets if buckets is not None else [list(range(len(specs)))]
+        for k, b in enumerate(parts):
+            part = [specs[i] for i in b]
+            out = await self._post("/update_weights_from_distributed", {
+                "names": [s[0] for s in part], "dtypes": [dtype] * len(part), "shapes": [s[1] for s in part],
+                "group_name": SGLANG_GROUP, "flush_cache": k == len(parts) - 1})  # fmt: skip
+            if not out.get("success", False):
+                raise RuntimeError(f"SGLang /update_weights_from_distributed failed: {out.get('message')}")
         self.version = version
         return time.perf_counter() - t0
 
@@ -404,7 +451,19 @@ def _config_value(path: str, key: str) -> Any:
 # The router: the one policy the agents see.
 # ----------------------------------------------------------------------------------------------------
 class Router(Policy):
-    """Spreads agent calls over the servers (fewest in flight first) and records every completion."""
+    """Spreads agent calls over the servers and records every completion.
+
+    * Affinity: one agent's calls go to one server, so each turn finds the previous turns' prefix in that
+      server's KV / radix cache (the way verl's agent loop routes sticky by request id, and SGLang's router is
+      cache-aware). The agent is its ``request.session`` (the runtime passes the calling agent's own session
+      object; ``meta["node_id"]`` alone repeats across trees). Its first call goes to the server with the
+      fewest calls in flight (ties: the fewest agents, then the lowest index), and it stays there for the round
+      (``take_records`` forgets).
+    * A server whose call failed recoverably (a dead actor or engine process) is out: no later call goes to it
+      (its agents move to live servers); the first such failure is kept in ``failure`` for the driver, which
+      restarts the system after the round; when no server is left the call raises that failure at once.
+    * ``score_logprobs`` (teacher-forced replies, ``--oracle-mix``) is a coroutine spread the same way (it
+      never blocks the driver's event loop)."""
 
     name = "router"
     trainable = True
@@ -415,22 +474,47 @@ class Router(Policy):
         self.records: list[SessionRecord] = []
         self.failure: BaseException | None = None
         """The first recoverable failure (a dead server or engine process) seen by any call."""
+        self.dead: set[int] = set()
+        self.affinity: dict[int, int] = {}
+        """``id(agent session)`` -> the server its calls go to (this round)."""
+        self.calls = [0] * len(servers)
 
-    async def generate(self, request: GenerationRequest) -> Completion:
-        i = min(range(len(self.servers)), key=lambda s: (self.in_flight[s], s))
+    def pick(self, key: int | None = None) -> int:
+        """The server for a call of the agent ``key`` (None: no affinity)."""
+        live = [s for s in range(len(self.servers)) if s not in self.dead]
+        if not live:
+            raise self.failure or RuntimeError("no live server")
+        i = self.affinity.get(key) if key is not None else None
+        if i is None or i in self.dead:  # the least busy server (then the one with the fewest agents)
+            agents = [0] * len(self.servers)
+            for s in self.affinity.values():
+                agents[s] += 1
+            i = min(live, key=lambda s: (self.in_flight[s], agents[s], s))
+            if key is not None:
+                self.affinity[key] = i
+        return i
+
+    async def _call(self, i: int, method: str, *args: Any) -> Any:
         self.in_flight[i] += 1
+        self.calls[i] += 1
         try:
-            completion, version = await self.servers[i].generate.remote(_sendable(request))
+            return await getattr(self.servers[i], method).remote(*args)
         except Exception as exc:
             from level2_distributed.placement import recoverable
 
-            if recoverable(exc) and self.failure is None:
+            if recoverable(exc):
                 # the agent runtime turns an agent's exception into a failed agent and goes on; a dead
                 # server must instead restart the system: the driver checks this after the rollouts
-                self.failure = exc
+                self.dead.add(i)
+                if self.failure is None:
+                    self.failure = exc
             raise
         finally:
             self.in_flight[i] -= 1
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        i = self.pick(None if request.session is None else id(request.session))
+        completion, version = await self._call(i, "generate", _sendable(request))
         self.records.append(
             SessionRecord(
                 request.role, completion.prompt_ids, completion.output_ids, completion.logprobs, version, i
@@ -438,14 +522,14 @@ class Router(Policy):
         )
         return completion
 
-    def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
-        """Teacher-forced behaviour log-probs (``--oracle-mix``) from server 0 (all servers hold the same weights)."""
-        import ray
-
-        return ray.get(self.servers[0].score_logprobs.remote(prompt_ids, output_ids))
+    async def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
+        """Teacher-forced behaviour log-probs (``--oracle-mix``) from the least busy live server (all servers
+        hold the same weights)."""
+        return await self._call(self.pick(), "score_logprobs", prompt_ids, output_ids)
 
     def take_records(self) -> list[SessionRecord]:
         out, self.records = self.records, []
+        self.affinity.clear()  # the round's agents are done (ids of their sessions may be reused)
         return out
 
 

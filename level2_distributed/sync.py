@@ -11,8 +11,14 @@ Two ways, one contract (the servers end with exactly the trainer's weights and t
   writes ``model.safetensors`` + ``config.json`` and every server reloads them (SGLang:
   ``/update_weights_from_disk``). Slower (a write and S reads of the model), but needs only a shared path.
 
-What it simplifies: tensors go one by one (real systems bucket them into ~1 GB flat buffers to cut the
-per-call latency), and sync is blocking (the next rollout waits for it; see --max-staleness).
+Broadcast moves BUCKETS (``--sync-bucket-mb``, default 1 GB as AReaL's chunks; verl uses 512 MB): all ranks
+all-gather a bucket's tensors (each shard cast to the serving dtype first), then rank 0 sends them; each
+server loads a bucket as it arrives (one request per bucket to an engine process or SGLang), so no side
+holds a second full copy of the model. Disk writes the serving dtype too.
+
+What it simplifies: within a bucket the tensors still go one broadcast each (SGLang's
+``update_weights_from_distributed`` receives tensor by tensor; newer SGLang can take one flat buffer per
+bucket), and sync is blocking (the next rollout waits for it; see --max-staleness).
 """
 
 from __future__ import annotations
@@ -80,6 +86,32 @@ class NamedGroup:
         return dist.broadcast(tensor, src=src, group=self.pg, async_op=True)
 
 
+BUCKET_MB = 1024
+"""Default bucket size of a weight sync (``--sync-bucket-mb``): AReaL sends 1 GB chunks, verl 512 MB buckets."""
+
+
+def plan_buckets(specs: list[tuple[str, list[int], str]], dtype: str, bucket_bytes: int) -> list[list[int]]:
+    """Split the tensors of ``specs`` (in order) into buckets of at most ``bucket_bytes`` in ``dtype`` (a tensor
+    larger than that is a bucket of its own). The trainer gathers and sends one bucket at a time and each
+    server loads it as it arrives, so neither side holds more than one bucket beyond the model.
+
+    >>> specs = [("a", [4, 4], "float32"), ("b", [4], "float32"), ("c", [64], "float32"), ("d", [2], "float32")]
+    >>> plan_buckets(specs, "bfloat16", 40)
+    [[0, 1], [2], [3]]
+    """
+    size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    buckets: list[list[int]] = []
+    used = 0
+    for i, (_, shape, _) in enumerate(specs):
+        n = size * int(torch.Size(shape).numel())
+        if not buckets or used + n > bucket_bytes:
+            buckets.append([])
+            used = 0
+        buckets[-1].append(i)
+        used += n
+    return buckets
+
+
 def broadcast_tensor(group, tensor: torch.Tensor) -> None:
     """Send ``tensor`` from member 0 to every member (blocking)."""
     group.broadcast(tensor, 0).wait()
@@ -114,31 +146,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def setup_broadcast(trainers: list[Any], servers: list[Any], group_name: str = "") -> None:
+def setup_broadcast(trainers: list[Any], servers: list[Any], group_name: str = "", timeout_s: float = 0) -> None:
     """Form the sync group: trainer rank 0 + every server (called once, then after any restart).
-    ``group_name`` (SGLang servers): build it as SGLang does (:func:`init_named_group`)."""
+    ``group_name`` (SGLang servers): build it as SGLang does (:func:`init_named_group`). ``timeout_s``: the
+    servers' side of the group fails after it, as the trainer's (``--collective-timeout-s``; SGLang's API
+    has no such field: its own default)."""
     import ray
 
     host, port = ray.get([trainers[0].node_ip.remote(), trainers[0].free_port.remote()])  # rank 0's node
     size = 1 + len(servers)
     refs = [t.join_sync_group.remote(host, port, size, group_name) for t in trainers]
-    refs += [s.join_sync_group.remote(host, port, i + 1, size) for i, s in enumerate(servers)]
-    ray.get(refs)
+    refs += [s.join_sync_group.remote(host, port, i + 1, size, timeout_s) for i, s in enumerate(servers)]
+    get_all(refs)
 
 
 def sync_weights(
-    trainers: list[Any], servers: list[Any], mode: str, version: int, disk_path: str, dtype: str
-) -> dict[str, float]:
-    """Move the trainers' weights to every server and set the servers' version. Returns timings."""
+    trainers: list[Any], servers: list[Any], mode: str, version: int, disk_path: str, dtype: str,
+    bucket_mb: float = BUCKET_MB,
+) -> dict[str, float]:  # fmt: skip
+    """Move the trainers' weights, in the serving ``dtype``, to every server and set the servers' version:
+    ``broadcast`` in buckets of ``bucket_mb`` (:func:`plan_buckets`), or ``disk``. Returns timings."""
     import ray
 
     t0 = time.perf_counter()
+    m: dict[str, float] = {}
     if mode == "broadcast":
         specs = ray.get(trainers[0].weight_specs.remote())
-        recv = [s.receive_broadcast.remote(specs, version, dtype) for s in servers]
-        send = [t.broadcast_weights.remote(dtype) for t in trainers]
+        buckets = plan_buckets(specs, dtype, int(bucket_mb * 2**20))
+        recv = [s.receive_broadcast.remote(specs, version, dtype, buckets) for s in servers]
+        send = [t.broadcast_weights.remote(dtype, buckets) for t in trainers]
         get_all(send + recv)
+        m["sync/buckets"] = float(len(buckets))
     else:
-        get_all([t.save_for_disk.remote(disk_path) for t in trainers])
+        get_all([t.save_for_disk.remote(disk_path, dtype) for t in trainers])
         get_all([s.load_from_disk.remote(disk_path, version) for s in servers])
-    return {"time/sync_s": time.perf_counter() - t0, "sync/version": float(version)}
+    return {"time/sync_s": time.perf_counter() - t0, "sync/version": float(version), **m}

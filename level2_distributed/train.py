@@ -183,7 +183,8 @@ class System:
         if colocate:
             ray.get([t.setup.remote(f"{host}:{port}") for t in self.trainers])
             engine = "vllm" if self.engine == "vllm" else "hf"
-            infos = ray.get([t.setup_engine.remote(engine, self.cfg.optim.dtype, self.l2.server_batch_size)
+            infos = ray.get([t.setup_engine.remote(engine, self.cfg.optim.dtype, self.l2.server_batch_size,
+                                                   deterministic=self.l2.server_deterministic)
                              for t in self.trainers])  # fmt: skip
             self.servers = list(self.trainers)
             from level2_distributed.servers import Router
@@ -213,6 +214,7 @@ class System:
                 engine,
                 server_python=self.l2.server_python,
                 gpu_memory_utilization=self.l2.server_gpu_memory_utilization,
+                deterministic=self.l2.server_deterministic,
             )  # fmt: skip
             for i in range(self.l2.servers)
         ]
@@ -221,7 +223,8 @@ class System:
         if self.l2.weight_sync == "broadcast":
             from level2_distributed.servers import SGLANG_GROUP
 
-            setup_broadcast(self.trainers, self.servers, SGLANG_GROUP if self.engine == "sglang" else "")
+            setup_broadcast(self.trainers, self.servers, SGLANG_GROUP if self.engine == "sglang" else "",
+                            self.l2.collective_timeout_s)  # fmt: skip
         from level2_distributed.servers import Router
 
         self.router = Router(self.servers, self.tokenizer, info["max_context_tokens"])
@@ -232,15 +235,18 @@ class System:
             return {}
         return self.placement.trainer(index) if role == "trainer" else self.placement.server(index)
 
+    stop_timeout_s = 30.0
+    """How long ``stop`` waits, in total, for the servers to end their engine processes (all at once)."""
+
     def stop(self) -> None:
         import ray
 
         colocated = self.servers == self.trainers
-        for a in [] if colocated else self.servers:  # servers first: an engine process of theirs ends too
-            try:
-                ray.get(a.shutdown.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - a dead or hung server: ray.kill below
-                pass
+        # servers first: an engine process of theirs ends too; every server at once, one deadline for all (a hung
+        # or dead one is killed below, and its engine process then ends by its watcher: reaper.py)
+        refs = [a.shutdown.remote() for a in ([] if colocated else self.servers)]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=self.stop_timeout_s)
         for a in self.trainers + ([] if colocated else self.servers):
             ray.kill(a, no_restart=True)
         self.trainers, self.servers = [], []
@@ -253,11 +259,11 @@ class System:
 
         if self.l2.colocate:  # in-process, on the device: every rank loads its own engine
             t0 = time.perf_counter()
-            get_all([t.sync_engine.remote(version) for t in self.trainers])
+            get_all([t.sync_engine.remote(version, self.l2.sync_bucket_mb) for t in self.trainers])
             m = {"time/sync_s": time.perf_counter() - t0, "sync/version": float(version)}
         else:
             m = sync_weights(self.trainers, self.servers, self.l2.weight_sync, version, str(out / "weights"),
-                             self.cfg.optim.dtype)  # fmt: skip
+                             self.cfg.optim.dtype, self.l2.sync_bucket_mb)  # fmt: skip
         if self.l2.sync_check:
             m["sync/logprob_gap"] = self.logprob_gap()
         return m
@@ -310,6 +316,24 @@ class System:
 
         states = get_all([t.load_latest.remote(str(out), self.checkpoint_config) for t in self.trainers])
         return None if states[0] is None else RunState(**states[0])
+
+
+def restart(system: System, out: Path, exc: BaseException, log: Any = print) -> RunState:
+    """After a recoverable failure ``exc``: fresh actors, the last checkpoint loaded; returns its run state.
+    A start or load that fails recoverably too (an engine that cannot start yet, a rank that dies while
+    loading) is retried; every attempt counts toward ``MAX_RESTARTS``, past which the last failure raises."""
+    while True:
+        if system.restarts >= MAX_RESTARTS:
+            raise exc
+        system.restarts += 1
+        log(f"an actor died ({type(exc).__name__}); restart {system.restarts}: fresh actors, last checkpoint")
+        try:
+            system.start()
+            return system.load(out) or RunState()
+        except Exception as again:  # noqa: BLE001 - recoverable ones retry, the rest propagate
+            if not recoverable(again):
+                raise
+            exc = again
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -409,14 +433,9 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
             # a trainer rank or a server died, or a collective failed / timed out (NCCL, gloo): restart,
             # reload, redo; any other task error is a bug and propagates
-            if system.restarts >= MAX_RESTARTS or not recoverable(exc):
+            if not recoverable(exc):
                 raise
-            system.restarts += 1
-            bar.log(
-                f"an actor died ({type(exc).__name__}); restart {system.restarts}: fresh actors, last checkpoint"
-            )
-            system.start()
-            state = system.load(out) or RunState()
+            state = restart(system, out, exc, bar.log)
             truncate_logs(out, state.round)
             history = [h for h in history if h["round"] < state.round]
             sampler, served = TaskSampler(pool, cfg.seed, state.cursor), -(10**9)

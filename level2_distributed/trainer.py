@@ -269,6 +269,27 @@ def unique_state(model) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+def unsharded_grad_bytes(model) -> float:
+    """Bytes of FULL (unsharded) gradients FSDP2 holds between backwards (``unsharded_accumulated_grad`` and
+    the unsharded parameters' ``.grad``; FSDP2's private state, torch 2.13: NaN when it is not there). 0 when
+    every backward reduce-scatters: the accumulated gradients are then the 1/world shards only."""
+    total = 0
+    try:
+        for module in model.modules():
+            if not hasattr(module, "_get_fsdp_state"):
+                continue
+            state = module._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None) or [state._fsdp_param_group]
+            for group in groups:
+                for fp in [] if group is None else group.fsdp_params:
+                    grad = getattr(getattr(fp, "_unsharded_param", None), "grad", None)
+                    for t in (fp.unsharded_accumulated_grad, grad):
+                        total += 0 if t is None else t.numel() * t.element_size()
+    except AttributeError:
+        return float("nan")
+    return float(total)
+
+
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's full value (a collective: every rank must call it in the same order)."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
@@ -313,6 +334,8 @@ class TrainerRank:
         self.timeout_s = float(collective_timeout_s)
         self.replicated: list = []
         self.load_report: dict[str, float] = {}
+        self.mem_phases: dict[str, dict[str, float]] = {}
+        self.mem_peak = 0.0
 
     def node_ip(self) -> str:
         import ray
@@ -348,7 +371,24 @@ class TrainerRank:
             param_groups(self.model, self.replicated), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
             **({"fused": True} if cuda else {}),
         )  # fmt: skip
+        self._note("trainer_built")  # the sharded fp32 model (optimizer states come with the first step)
         return self.rank
+
+    # ------------------------------------------------------------------ memory (split and colocated alike)
+    def memory(self) -> dict[str, Any]:
+        """This rank's memory now, the last sample of every phase (each with ``phase_peak``: the largest use
+        seen while it ran) and the running peak; GiB (``memory.memory_now``)."""
+        from level2_distributed.memory import memory_now
+
+        return {"now": memory_now(self.device), "phases": dict(self.mem_phases), "peak": self.mem_peak}
+
+    def _note(self, phase: str, peak: float | None = None) -> None:
+        from level2_distributed.memory import memory_now
+
+        now = memory_now(self.device)
+        used = now.get("gpu_used", now.get("rss", 0.0))
+        self.mem_phases[phase] = {**now, "phase_peak": max(used, peak or 0.0)}
+        self.mem_peak = max(self.mem_peak, self.mem_phases[phase]["phase_peak"])
 
     # ------------------------------------------------------------------ training
     def train_step(
@@ -361,19 +401,38 @@ class TrainerRank:
     ) -> dict[str, Any]:
         """One optimizer step over this rank's micro-batches (the same count on every rank). ``dry_run``:
         gradients and their norm only (no update; the parity tests). Returns this rank's loss share and the
-        global pre-clip gradient norm (and, with ``return_grads``, the full unsharded gradients: a collective)."""
+        global pre-clip gradient norm (and, with ``return_grads``, the full unsharded gradients: a collective),
+        and its memory (GiB): ``mem/train_peak_gib`` (during this update), ``mem/peak_gib`` (the largest of every
+        phase so far), ``mem/torch_peak_gib`` (CUDA: this process's allocator peak), ``mem/on_gpu`` (1: GPU
+        memory of the whole device; 0: this process's resident set on a CPU)."""
+        from level2_distributed.memory import GIB, PeakPoller
+
+        with PeakPoller(self.device) as poll:
+            m = self._train_step(micro, n_tokens, dry_run, round, return_grads)
+        self._note("train_step", poll.peak)
+        gpu = self.device.type == "cuda"
+        return {
+            **m, "mem/on_gpu": float(gpu), "mem/train_peak_gib": poll.peak, "mem/peak_gib": self.mem_peak,
+            **({"mem/torch_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB} if gpu else {}),
+        }  # fmt: skip
+
+    def _train_step(self, micro, n_tokens: float, dry_run: bool, round: int, return_grads: bool) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        total, clipped, packed = 0.0, 0.0, 0.0
-        for i, (datums, weights) in enumerate(micro):
+        total, clipped, packed, unsharded = 0.0, 0.0, 0.0, 0.0
+        for datums, weights in micro:
             if not datums:
                 datums, weights = [dummy_datum()], [0.0]
-            self.model.set_requires_gradient_sync(i == len(micro) - 1)  # reduce-scatter once, at the end
+            # every micro-batch's backward reduce-scatters (FSDP2's default): the accumulated gradient stays a
+            # 1/world fp32 shard on every rank (deferring the sync to the last micro-batch would keep a FULL
+            # unsharded fp32 gradient on every rank until then; verl, AReaL and torchtitan sync every one too)
             m = accumulate_gradients_packed(
                 self.model, datums, weights, 10**9, num_tokens=n_tokens / self.world
             )
+            unsharded = max(unsharded, unsharded_grad_bytes(self.model))
             total += m["loss/cispo"] / self.world  # exact: a power-of-two world only rescales the exponent
-            clipped += m["loss/clip_frac"] * n_tokens
+            # the micro-batch's clipped tokens (its fraction is of |M|/world): summed over ranks, / |M| = global
+            clipped += m["loss/clip_frac"] * n_tokens / self.world
             packed += m["train/packed_tokens"] if datums[0].stage != "dummy" else 0.0
         allreduce_replicated(self.replicated, self.world)
         self._maybe_fail(round)
@@ -400,6 +459,7 @@ class TrainerRank:
             "train/microbatches": float(sum(1 for d, _ in micro if d)),
             "train/packed_tokens": packed,
             "time/rank_train_s": time.perf_counter() - t0,
+            "mem/unsharded_grads_gib": unsharded / 2**30,
             **({"grads": grads} if return_grads else {}),
         }
 
@@ -432,7 +492,10 @@ class TrainerRank:
 
     def join_sync_group(self, host: str, port: int, size: int, group_name: str = "") -> bool:
         """Rank 0 joins the weight-sync group (itself = member 0, the servers 1..size-1); with
-        ``group_name`` (SGLang servers) the group is built as SGLang builds it (``sync.init_named_group``)."""
+        ``group_name`` (SGLang servers) the group is built as SGLang builds it (``sync.init_named_group``).
+        Then every rank waits at a barrier of the FSDP group: no rank goes on to its next collective while
+        rank 0 is still creating the other group (the rank-0-only group creation that, without a barrier,
+        interleaved with FSDP2's all-gathers and hung TRL's weight sync: huggingface/trl #7103, PR #7104)."""
         from level2_distributed.sync import NamedGroup, init_named_group, make_sync_group
 
         if self.rank == 0 and group_name:
@@ -441,22 +504,42 @@ class TrainerRank:
             self.sync_group = NamedGroup(pg)
         elif self.rank == 0:
             self.sync_group = make_sync_group(host, port, 0, size, self.device, self.timeout_s)
+        if self.world > 1:
+            dist.barrier()
         return True
 
-    def broadcast_weights(self, dtype: str) -> float:
-        """Every rank all-gathers each tensor in turn; rank 0 broadcasts it to the servers. Returns seconds."""
+    def _buckets(self, buckets: list[list[int]] | None) -> list[list[tuple[str, Any]]]:
+        state = unique_state(self.model)
+        return [[state[i] for i in b] for b in buckets] if buckets is not None else [state]
+
+    def gather_bucket(self, bucket: list[tuple[str, Any]], target: torch.dtype) -> list[tuple[str, torch.Tensor]]:
+        """The full tensors of one bucket, in ``target`` dtype (every rank: all-gathers). Each shard is cast
+        BEFORE its all-gather (bf16 halves the traffic of the fp32 masters), and the whole bucket is gathered
+        before anything is sent (on CUDA the stream is synchronised): FSDP's collectives never interleave
+        with the sync group's (TRL's fix for its FSDP2 hang: gather a bucket to completion, then send)."""
+        out = [(n, _full(p.detach().to(target))) for n, p in bucket]
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        return out
+
+    def broadcast_weights(self, dtype: str, buckets: list[list[int]] | None = None) -> float:
+        """Bucket by bucket (``sync.plan_buckets``: indices into :meth:`weight_specs`; None: one bucket): every
+        rank all-gathers the bucket's tensors, then rank 0 broadcasts them, in order, to the servers (which
+        load each bucket as it arrives). Returns seconds."""
         from level2_distributed.sync import broadcast_tensor
 
         t0 = time.perf_counter()
         target = getattr(torch, dtype)
-        for _, p in unique_state(self.model):
-            full = _full(p.detach())
+        for bucket in self._buckets(buckets):
+            full = self.gather_bucket(bucket, target)
             if self.rank == 0:
-                broadcast_tensor(self.sync_group, full.detach().to(target).contiguous())
+                for _, t in full:
+                    broadcast_tensor(self.sync_group, t.contiguous())
+            del full
         return time.perf_counter() - t0
 
     def save_for_disk(self, path: str, dtype: str | None = None, tokenizer: bool = False) -> float:
-        """Fallback sync: rank 0 writes the full weights as ``model.safetensors`` + ``config.json`` (the
+        """Fallback sync (in the serving dtype: ``sync_weights`` passes it): rank 0 writes the full weights as ``model.safetensors`` + ``config.json`` (the
         layout SGLang's /update_weights_from_disk and ``from_pretrained`` read; a tied head is written once,
         as transformers does). ``dtype`` casts them (default: fp32 storage); ``tokenizer`` adds the
         tokenizer and generation config: the HF export of the trained model (``out/model``, for ``sera eval``)."""

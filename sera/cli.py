@@ -831,8 +831,10 @@ def _train(
     # optional packages, before anything loads
     if level == 2:
         require("ray", "--level 2 (Ray)", load=True)  # present but broken: one line too
-        if l2.server_engine in ("sglang", "vllm") and not getattr(l2, "server_python", ""):
-            require(l2.server_engine, f"--server-engine {l2.server_engine}")  # in this interpreter
+        engine = l2.resolved().server_engine  # after the presets (--paper-cluster picks sglang)
+        if engine in ("sglang", "vllm") and not l2.server_python:
+            preset = " (--paper-cluster's engine)" if l2.paper_cluster and l2.server_engine == "auto" else ""
+            require(engine, f"--server-engine {engine}{preset} without --server-python")  # this interpreter
     check_extras(env=cfg.env, generated=not cfg.tasks, engine=l1.engine if level == 1 else "")
     if cfg.tensorboard:
         require("tensorboard", "--tensorboard")

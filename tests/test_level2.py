@@ -119,9 +119,10 @@ def test_docstring_examples():
     import doctest
 
     import level2_distributed.servers as servers
+    import level2_distributed.sync as sync
     import level2_distributed.train as train
 
-    for mod in (train, servers):
+    for mod in (train, servers, sync):
         r = doctest.testmod(mod)
         assert r.attempted > 0 and r.failed == 0, mod.__name__
 
@@ -147,6 +148,8 @@ def test_fsdp2_world_1_and_2_match_the_golden_fixture(local_ray):
                       f"{abs(loss - gold['loss']):.1e}, scale {scale:.3g}); grad norm {norm:.8g} "
                       f"(golden {gold['grad_norm']:.8g})")  # fmt: skip
                 assert abs(loss - gold["loss"]) <= 1e-5 * scale + 1e-9
+                # a fraction: the ranks' shares add up to the golden one (issue #40: world 2 summed 2x it)
+                assert sum(p["loss/clip_frac"] for p in parts) == pytest.approx(gold["clip_frac"], rel=1e-6)
                 assert norm == pytest.approx(gold["grad_norm"], rel=RTOL)
                 for k in parts[0]["grads"]:  # the full gradient is the same on every rank
                     assert all(torch.equal(p["grads"][k], parts[0]["grads"][k]) for p in parts), k
@@ -257,6 +260,8 @@ def test_two_step_run_writes_the_fixed_metrics(reference_run, capsys):
             assert name in h, name
         assert h["dp/world_size"] == 2 and h["offpolicy/gap_max"] == 0.0  # synchronous on-policy
         assert h["offpolicy/completions"] > 0
+        if not h["train/skipped"]:  # split mode reports the trainer ranks' memory as colocated mode does
+            assert h["mem/on_gpu"] == 0.0 and h["mem/peak_gib"] >= h["mem/train_peak_gib"] > 0.0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == list(range(len(rows)))
     assert any(r["grad_norm"] > 0 for r in rows)

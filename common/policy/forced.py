@@ -17,6 +17,7 @@ groups are not perfectly ranked (otherwise every ranking reward is 0 and the Rub
 from __future__ import annotations
 
 import hashlib
+import inspect
 from dataclasses import replace
 
 from common.policy.base import Completion, GenerationRequest, Policy
@@ -72,10 +73,12 @@ class TeacherForcedPolicy(Policy):
                 request, meta={**request.meta, "child_success": not request.meta["child_success"]}
             )
         text = (await self.teacher.generate(request)).text
-        return self.force(request, text)
+        return await self.force(request, text)
 
-    def force(self, request: GenerationRequest, text: str) -> Completion:
-        """Tokenise ``text`` as the reply to ``request`` and score it with the model (token-exact)."""
+    async def force(self, request: GenerationRequest, text: str) -> Completion:
+        """Tokenise ``text`` as the reply to ``request`` and score it with the model (token-exact). A model
+        whose ``score_logprobs`` is a coroutine (level 2's router: a remote call) is awaited, so the other
+        agents' coroutines run meanwhile."""
         tok = self.model.tokenizer
         cap = self.max_prompt_tokens or max(
             1, self.model.max_context_tokens - request.sampling.max_new_tokens
@@ -84,6 +87,8 @@ class TeacherForcedPolicy(Policy):
         # Scripted replies are not cut at max_new_tokens: a truncated program would just be a syntax error.
         output_ids = tok.encode(text, add_special_tokens=False)
         logprobs = self.model.score_logprobs(prompt_ids, output_ids)
+        if inspect.isawaitable(logprobs):
+            logprobs = await logprobs
         return Completion(
             text=text,
             prompt_ids=prompt_ids,

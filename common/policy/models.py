@@ -208,14 +208,20 @@ def check_model_name(name_or_path: str) -> str:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """Alias -> local directory (``smollm2``), or the name unchanged (local path / cached HF id);
-    :class:`ModelNotFoundError` when the name is in no local place (see :func:`check_model_name`)."""
+    """A local model directory for a name: alias -> its directory (``smollm2``), a local path unchanged, an
+    HF id in the local cache -> its snapshot directory (``.../models--org--name/snapshots/<rev>``, read
+    offline: code that opens files by path, such as level 2's sharded loader and vLLM's context length,
+    needs a directory, not an id); :class:`ModelNotFoundError` when the name is in no local place (see
+    :func:`check_model_name`)."""
     alias = ALIASES.get(name_or_path.lower())
     if alias == "smollm2":
         return str(ensure_smollm2())
     if alias in IN_MEMORY:
         raise ValueError(f"{alias!r} is built in memory; use load_model({alias!r}) or build_tiny_model()")
-    check_model_name(name_or_path)
+    if check_model_name(name_or_path) == "hf-cache":
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(name_or_path, local_files_only=True)
     return name_or_path
 
 

@@ -100,7 +100,7 @@ def wilson(p: float, n: float, z: float = Z) -> tuple[float, float]:
     """The Wilson score interval of a proportion ``p`` of ``n`` trials (NaNs without trials).
 
     >>> [round(x, 4) for x in wilson(0.5, 64)]
-    [0.3807, 0.6193]
+    [0.381, 0.619]
     """
     if not n or not finite(p):
         return float("nan"), float("nan")

@@ -1,18 +1,37 @@
-"""Summarise a `bench/learning.sh` run: one PNG and one markdown table, every number read from its files.
+"""Summarise a `bench/learning.sh` run (issue #39): does RL raise held-out success, and SERA vs RAO, with 95 %
+intervals. One PNG and one markdown table, every number read from the run's files.
 
-    python bench/plot_learning.py OUT_DIR [--png docs/learning_h200.png] [--md OUT_DIR/learning.md]
+    python bench/plot_learning.py OUT_DIR [--png OUT_DIR/learning.png] [--md OUT_DIR/learning.md]
 
-Reads OUT_DIR/eval_base/report.json (the base model, held-out, greedy), OUT_DIR/sft/metrics.jsonl (SFT loss)
-and OUT_DIR/rl_{sera,rao}/metrics.jsonl: one row per rollout round (stage, datums, rubric pair accuracy,
-times) and one row per in-run held-out evaluation (``eval/success`` at an optimizer step; step 0 is the SFT
-model). A cut-off evaluation is shown from its finished tasks, marked "n of N done"; a phase that did not
-run is shown as "not run", never as zero.
+Reads, per method M (sera, rao) and seed S, OUT_DIR/rl_M/sS/:
+
+* ``metrics.jsonl``: one row per rollout round (``reward/root_success``, ``stage``, ``train/skipped``,
+  ``grad_norm/<stage>``, ``loss/ratio_*``, ...) and one row per in-run held-out evaluation (``eval/success``,
+  ``eval/success_ci95``, ``eval/sampled_success``, ...);
+* ``evals/step_SSSSS/results/*.json`` (greedy, one trajectory per task) and
+  ``evals/step_SSSSS_sample_k/results/*.json`` (sample k at the rollout temperature): the per-task outcomes
+  the intervals are computed from;
+* ``config.json``: ``tasks_per_step`` x ``rollouts_per_task`` = the rollouts behind one round's root success.
+
+Statistics (all over held-out tasks; Z = 1.96):
+
+* a per-task value is the greedy outcome (0/1) or the mean outcome of the task's K samples;
+* a success rate's 95 % interval is mean +- Z * SE, SE = the tasks' standard deviation (n - 1) / sqrt(n);
+* the improvement of a method = its per-task value at its last evaluated step minus at step 0, averaged per
+  task over the seeds (seeds pooled), then mean +- Z * SE of those per-task differences (paired over tasks);
+  it is called significant when |mean| > Z * SE;
+* SERA - RAO at the last step = per task, SERA's value (mean over its seeds) minus RAO's, paired the same way.
+
+These intervals cover the sample of held-out tasks (and of the K samples), NOT the variation between training
+seeds (the per-seed numbers are in the first table). A cut-off evaluation is shown from its finished tasks,
+marked "n of N done"; a run or evaluation that does not exist is "not run", never zero.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,12 +43,83 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from common.eval import aggregate, load_results  # noqa: E402
 from common.run.metrics import pyplot_or_note, read_metrics  # noqa: E402
 
-RUNS = {"sera": "SFT + SERA", "rao": "SFT + RAO"}
+METHODS = {"sera": "SERA", "rao": "RAO"}
+MODES = ("greedy", "sampled")
 STAGES = ("execution", "delegation", "rubric")
+Z = 1.96
+WINDOW = 5  # rolling mean of the training curves, optimizer steps
+EVAL_DIR = re.compile(r"step_(\d+)(?:_sample_(\d+))?")
 
 
 def finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def std_err(xs: list[float]) -> float:
+    """Standard error of the mean: sample standard deviation (n - 1) / sqrt(n); NaN below 2 values.
+
+    >>> std_err([0, 1, 1, 0])  # sd = sqrt(1/3)
+    0.288...
+    """
+    n = len(xs)
+    if n < 2:
+        return float("nan")
+    m = mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n)
+
+
+def interval(xs: list[float]) -> dict[str, float]:
+    """Mean, standard error, 95 % half-width and bounds of per-task values."""
+    m, se = mean(xs), std_err(xs)
+    return {"n": len(xs), "mean": m, "se": se, "half": Z * se, "lo": m - Z * se, "hi": m + Z * se}
+
+
+def paired(a: dict[Any, float], b: dict[Any, float]) -> dict[str, float]:
+    """``b - a`` over the tasks both have (mean +- Z * SE of the per-task differences), with each side's mean
+    over those tasks (``a``, ``b``)."""
+    keys = sorted(set(a) & set(b), key=str)
+    res = interval([b[k] - a[k] for k in keys])
+    res.update(a=mean([a[k] for k in keys]), b=mean([b[k] for k in keys]))
+    return res
+
+
+def pool(per_seed: list[dict[Any, float]]) -> dict[Any, float]:
+    """Per task, the mean over the seeds that have it."""
+    keys = {k for d in per_seed for k in d}
+    return {k: mean([d[k] for d in per_seed if k in d]) for k in keys}
+
+
+def wilson(p: float, n: float, z: float = Z) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``p`` of ``n`` trials (NaNs without trials).
+
+    >>> [round(x, 4) for x in wilson(0.5, 64)]
+    [0.381, 0.619]
+    """
+    if not n or not finite(p):
+        return float("nan"), float("nan")
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def rolling(ys: list[float], w: int = WINDOW) -> list[float]:
+    """Trailing mean over the last ``w`` values (fewer at the start).
+
+    >>> rolling([0, 1, 1, 0, 1, 1], 3)
+    [0.0, 0.5, 0.666..., 0.666..., 0.666..., 0.666...]
+    """
+    return [mean(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))]
+
+
+# ---------------------------------------------------------------------------------------------- reading
 
 
 def partial_report(d: Path) -> dict[str, Any]:
@@ -37,13 +127,22 @@ def partial_report(d: Path) -> dict[str, Any]:
     (``n_done`` < ``n_tasks``; unfinished tasks count as not done, not as failures)."""
     manifest = json.loads((d / "manifest.json").read_text())
     done = list(load_results(d).values())
-    n_tasks = manifest.get("limit")
-    tasks_file = Path(manifest.get("tasks_file") or "")
-    if n_tasks is None and tasks_file.is_file():  # no --limit: every row of the task file
-        n_tasks = sum(1 for line in tasks_file.read_text().splitlines() if line.strip())
-    report = aggregate(done, manifest.get("env", "textcraft"), n_tasks=int(n_tasks or len(done)))
+    report = aggregate(done, manifest.get("env", "textcraft"), n_tasks=planned_tasks(d, len(done)))
     report["wall_seconds"] = float("nan")  # the eval never wrote its total
     return report
+
+
+def planned_tasks(d: Path, default: int) -> int:
+    """How many tasks the evaluation in ``d`` was to run (its manifest's limit, else its task file's rows)."""
+    mf = d / "manifest.json"
+    if not mf.is_file():
+        return default
+    manifest = json.loads(mf.read_text())
+    n = manifest.get("limit")
+    tasks_file = Path(manifest.get("tasks_file") or "")
+    if n is None and tasks_file.is_file():  # no --limit: every row of the task file
+        n = sum(1 for line in tasks_file.read_text().splitlines() if line.strip())
+    return int(n or default)
 
 
 def read_eval(d: Path) -> dict[str, Any] | None:
@@ -55,133 +154,408 @@ def read_eval(d: Path) -> dict[str, Any] | None:
     return None
 
 
-def load(out: Path) -> dict[str, Any]:
-    """Everything the table and the figure need, from the run's files (missing phases are absent)."""
-    res: dict[str, Any] = {"base": read_eval(out / "eval_base"), "rl": {}, "sft": []}
-    for k in RUNS:
-        p = out / f"rl_{k}" / "metrics.jsonl"
-        if p.is_file():
-            res["rl"][k] = read_metrics(p)
-    if (out / "sft" / "metrics.jsonl").is_file():
-        res["sft"] = read_metrics(out / "sft" / "metrics.jsonl")
-    return res
-
-
-def rl_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Held-out success per step, optimizer steps, rounds, per-stage datums, the Rubric stage's pair
-    accuracy per Rubric-stage step, and round times."""
-    rounds = [r for r in rows if "stage" in r]
-    trained = [r for r in rounds if not r.get("train/skipped")]
-    evals = sorted({int(r["step"]): r["eval/success"] for r in rows if finite(r.get("eval/success"))}.items())
-    rubric = [r for r in trained if r["stage"] == "rubric"]
+def task_outcomes(d: Path) -> dict[Any, float]:
+    """Per task (``task_id``, else ``index``): 1.0 for a success, 0.0 for a failure or an error."""
     return {
-        "rounds": len(rounds),
-        "steps": len(trained),
-        "evals": evals,  # [(optimizer step, held-out success)]
-        "pair_accuracy": [
-            (i + 1, r["rubric/pair_accuracy"])
-            for i, r in enumerate(rubric)
-            if finite(r.get("rubric/pair_accuracy"))
-        ],
-        "datums": {s: sum(r.get("batch/datums", 0) for r in rounds if r["stage"] == s) for s in STAGES},
-        "round_s": {
-            s: [r["time/round_s"] for r in rounds if r["stage"] == s and finite(r.get("time/round_s"))]
-            for s in STAGES
-        },
+        r.get("task_id") or r["index"]: float(bool(r.get("success")) and not r.get("error"))
+        for r in load_results(d).values()
     }
 
 
-def pct(v: float) -> str:
-    return f"{100 * v:.1f} %"
+def eval_point(
+    dirs: list[Path], row_rate: Any = None, row_half: Any = None, row_n: Any = None
+) -> dict | None:
+    """One evaluation (greedy: one directory; sampled: one per sample): per-task values (the mean over the
+    samples that finished the task), rate, 95 % half-width, tasks done / planned. Without per-task results it
+    falls back to the metrics row's numbers (``tasks`` is then None: no paired statistics)."""
+    got = [(d, task_outcomes(d)) for d in dirs]
+    got = [(d, p) for d, p in got if p]
+    if got:
+        values = pool([p for _, p in got])
+        iv = interval(list(values.values()))
+        planned = max(planned_tasks(d, len(p)) for d, p in got)
+        done = min(len(p) for _, p in got) if len(got) == len(dirs) else 0  # tasks every sample finished
+        return {"tasks": values, "rate": iv["mean"], "half": iv["half"], "n": len(values), "done": done,
+                "planned": planned, "k": len(dirs)}  # fmt: skip
+    if finite(row_rate):
+        n = int(row_n) if finite(row_n) else None
+        return {"tasks": None, "rate": float(row_rate), "half": float(row_half) if finite(row_half) else float("nan"),
+                "n": n, "done": n, "planned": n, "k": len(dirs) or None}  # fmt: skip
+    return None
 
 
-def markdown(res: dict[str, Any], out: Path) -> str:
-    runs = {k: rl_summary(v) for k, v in res["rl"].items()}
-    steps = sorted({s for r in runs.values() for s, _ in r["evals"]})
-    lines = [
-        f"Run: `{out}`. Held-out root success (TextCraft-Synth val, easy, greedy) per optimizer step:",
-        "",
-    ]
-    lines += ["| policy | " + " | ".join(f"step {s}" for s in steps) + " |", "|---|" + "---|" * len(steps)]
-    b = res["base"]
-    if b is None:
-        lines.append("| base model | not run |" + " |" * max(0, len(steps) - 1))
-    else:
-        part = f", {b['n_done']} of {b['n_tasks']} done" if b["n_done"] < b["n_tasks"] else ""
-        lines.append(f"| base model | {pct(b['success_rate'])} ({b['successes']}/{b['n_done']}{part}) |"
-                     + " |" * max(0, len(steps) - 1))  # fmt: skip
-    for k, name in RUNS.items():
-        if k not in runs:
-            lines.append(f"| {name} | not run |" + " |" * max(0, len(steps) - 1))
+def load_run(d: Path) -> dict[str, Any]:
+    """One run directory: its rows, config, and evaluations {step: {"greedy": point, "sampled": point}}."""
+    rows = read_metrics(d / "metrics.jsonl") if (d / "metrics.jsonl").is_file() else []
+    config = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
+    greedy: dict[int, Path] = {}
+    samples: dict[int, list[Path]] = {}
+    for e in sorted((d / "evals").glob("step_*")):
+        if (m := EVAL_DIR.fullmatch(e.name)) and e.is_dir():
+            if m.group(2) is None:
+                greedy[int(m.group(1))] = e
+            else:
+                samples.setdefault(int(m.group(1)), []).append(e)
+    erows = {int(r["step"]): r for r in rows if finite(r.get("eval/success"))}
+    evals: dict[int, dict[str, Any]] = {}
+    for s in sorted(set(greedy) | set(samples) | set(erows)):
+        r = erows.get(s, {})
+        pts = {
+            "greedy": eval_point([greedy[s]] if s in greedy else [], r.get("eval/success"),
+                                 r.get("eval/success_ci95"), r.get("eval/n_tasks")),
+            "sampled": eval_point(samples.get(s, []), r.get("eval/sampled_success"),
+                                  r.get("eval/sampled_ci95"), r.get("eval/n_tasks")),
+        }  # fmt: skip
+        if any(pts.values()):
+            evals[s] = pts
+    rounds = [r for r in rows if "stage" in r]
+    trained = [r for r in rounds if not r.get("train/skipped")]
+    return {"dir": d, "rows": rows, "config": config, "evals": evals, "rounds": rounds, "trained": trained}
+
+
+def load(out: Path) -> dict[str, dict[int, dict[str, Any]]]:
+    """{method: {seed: run}} for every OUT/rl_M/sS/ that has a metrics file or an evaluation."""
+    methods = list(METHODS) + sorted(
+        p.name[3:] for p in out.glob("rl_*") if p.is_dir() and p.name[3:] not in METHODS
+    )
+    res: dict[str, dict[int, dict[str, Any]]] = {}
+    for m in methods:
+        for d in sorted((out / f"rl_{m}").glob("s*")):
+            if (
+                d.is_dir()
+                and d.name[1:].isdigit()
+                and ((d / "metrics.jsonl").is_file() or (d / "evals").is_dir())
+            ):
+                res.setdefault(m, {})[int(d.name[1:])] = load_run(d)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------- summaries
+
+
+def last_step(run: dict[str, Any]) -> int | None:
+    """The last evaluated step after step 0 (None if there is none)."""
+    later = [s for s in run["evals"] if s > 0]
+    return max(later) if later else None
+
+
+def improvement(runs: dict[int, dict[str, Any]], mode: str) -> dict[str, Any] | None:
+    """Last evaluated step minus step 0, per task, averaged over the seeds that have both with per-task
+    results, paired over tasks; None if no seed has both."""
+    diffs, seeds, lasts, before, after = [], [], [], [], []
+    for seed, run in sorted(runs.items()):
+        last = last_step(run)
+        p0 = run["evals"].get(0, {}).get(mode)
+        p1 = run["evals"].get(last, {}).get(mode) if last is not None else None
+        if not (p0 and p1 and p0["tasks"] and p1["tasks"]):
             continue
-        ev = dict(runs[k]["evals"])
-        lines.append(f"| {name} | " + " | ".join(pct(ev[s]) if s in ev else "" for s in steps) + " |")
-    lines += ["", "Step 0 is the SFT warm start (both runs evaluate it on their own engine)."]
-    if res["sft"]:
-        s0, s1 = res["sft"][0], res["sft"][-1]
-        lines += ["", f"SFT: {len(res['sft'])} steps, loss {s0['loss/sft']:.3f} -> {s1['loss/sft']:.3f}, "
-                  f"token accuracy {s0['sft/token_acc']:.3f} -> {s1['sft/token_acc']:.3f}, "
-                  f"{sum(r['t_train'] for r in res['sft']):.0f} s of steps."]  # fmt: skip
-    if runs:
-        lines += ["", "| RL run | optimizer steps (rounds) | datums exec / deleg / rubric | rubric pair accuracy "
-                  "per Rubric step | mean round s: exec / deleg / rubric |", "|---|---|---|---|---|"]  # fmt: skip
-        for k, name in RUNS.items():
-            if k not in runs:
+        keys = set(p0["tasks"]) & set(p1["tasks"])
+        diffs.append({k: p1["tasks"][k] - p0["tasks"][k] for k in keys})
+        before.append({k: p0["tasks"][k] for k in keys})
+        after.append({k: p1["tasks"][k] for k in keys})
+        seeds.append(seed)
+        lasts.append(last)
+    if not seeds:
+        return None
+    res = interval(list(pool(diffs).values()))
+    res.update(
+        seeds=seeds, lasts=lasts, a=mean(list(pool(before).values())), b=mean(list(pool(after).values()))
+    )
+    return res
+
+
+def last_values(runs: dict[int, dict[str, Any]], mode: str) -> tuple[dict[Any, float], list[int], list[int]]:
+    """Per task, the mean over seeds of the value at each seed's last evaluated step (after step 0)."""
+    per, seeds, lasts = [], [], []
+    for seed, run in sorted(runs.items()):
+        last = last_step(run)
+        p = run["evals"].get(last, {}).get(mode) if last is not None else None
+        if p and p["tasks"]:
+            per.append(p["tasks"])
+            seeds.append(seed)
+            lasts.append(last)
+    return pool(per), seeds, lasts
+
+
+def sera_minus_rao(res: dict[str, dict[int, dict[str, Any]]], mode: str) -> dict[str, Any] | None:
+    """SERA - RAO at the last evaluated step, per task (each method's seeds pooled), paired over tasks."""
+    if "sera" not in res or "rao" not in res:
+        return None
+    sera, s_seeds, s_lasts = last_values(res["sera"], mode)
+    rao, r_seeds, r_lasts = last_values(res["rao"], mode)
+    if not (set(sera) & set(rao)):
+        return None
+    out = paired(rao, sera)  # sera - rao; a = RAO's mean, b = SERA's
+    out.update(sera_seeds=s_seeds, sera_lasts=s_lasts, rao_seeds=r_seeds, rao_lasts=r_lasts)
+    return out
+
+
+def per_round(run: dict[str, Any]) -> int | None:
+    """Root rollouts behind one round's root success: tasks_per_step x rollouts_per_task (config.json)."""
+    c = run["config"]
+    if finite(c.get("tasks_per_step")) and finite(c.get("rollouts_per_task")):
+        return int(c["tasks_per_step"]) * int(c["rollouts_per_task"])
+    return None
+
+
+def train_curve(run: dict[str, Any], w: int = WINDOW) -> dict[str, list[float]]:
+    """Root success of the rollouts per optimizer step (the policy version that sampled them; rounds without
+    an update are left out), its trailing rolling mean over ``w`` steps and that mean's binomial 95 % band
+    (Wilson, n = the rounds in the window x rollouts per round: tasks are treated as independent draws)."""
+    pts = [(int(r["step"]), float(r["reward/root_success"])) for r in run["trained"]
+           if finite(r.get("reward/root_success"))]  # fmt: skip
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    roll = rolling(ys, w)
+    n = per_round(run)
+    band = [wilson(v, n * min(w, i + 1)) if n else (float("nan"),) * 2 for i, v in enumerate(roll)]
+    return {"x": xs, "y": ys, "roll": roll, "lo": [b[0] for b in band], "hi": [b[1] for b in band]}
+
+
+def stat_columns(res: dict[str, dict[int, dict[str, Any]]]) -> list[tuple[str, str]]:
+    """(metric, how) columns of the optimizer table: per-stage grad norms (mean/max), the ratio metrics,
+    the zero-advantage fraction and the largest depth weight, those present in some run."""
+    keys = {k for runs in res.values() for run in runs.values() for r in run["trained"] for k in r}
+    stages = {r["stage"] for runs in res.values() for run in runs.values() for r in run["trained"]}
+    order = [s for s in STAGES if s in stages] + sorted(stages - set(STAGES))
+    cols = [(f"grad_norm/{s}", "mean/max") for s in order]
+    for k, how in (("loss/ratio_mean", "mean"), ("loss/ratio_max", "max"), ("loss/abs_log_ratio", "mean/max"),
+                   ("batch/zero_adv_frac", "mean"), ("weights/max", "max")):  # fmt: skip
+        if k in keys:
+            cols.append((k, how))
+    return cols
+
+
+def stage_grad_norm(r: dict[str, Any]) -> Any:
+    """A round's grad norm: ``grad_norm/<its stage>`` where logged, else ``grad_norm``."""
+    return r.get(f"grad_norm/{r.get('stage')}", r.get("grad_norm"))
+
+
+def stat_cell(run: dict[str, Any], key: str, how: str) -> str:
+    if key.startswith("grad_norm/"):  # the stage's rounds
+        rs = [r for r in run["trained"] if r.get("stage") == key.split("/", 1)[1]]
+        vs = [float(v) for r in rs if finite(v := stage_grad_norm(r))]
+    else:
+        vs = [float(r[key]) for r in run["trained"] if finite(r.get(key))]
+    if not vs:
+        return "-"
+    parts = {"mean": f"{mean(vs):.3g}", "max": f"{max(vs):.3g}"}
+    return " / ".join(parts[h] for h in how.split("/"))
+
+
+# ---------------------------------------------------------------------------------------------- markdown
+
+
+def pct(v: float) -> str:
+    return f"{100 * v:.1f} %" if finite(v) else "n/a"
+
+
+def pp(v: float, sign: bool = True) -> str:
+    return (f"{100 * v:+.1f}" if sign else f"{100 * v:.1f}") if finite(v) else "n/a"
+
+
+def point_cell(p: dict[str, Any] | None) -> str:
+    if p is None:
+        return "not run"
+    half = f" ± {pp(p['half'], False)}" if finite(p["half"]) else ""
+    k = f", K={p['k']}" if p.get("k", 1) and p.get("k", 1) > 1 else ""
+    done = f", {p['done']} of {p['planned']} done" if (p["done"] or 0) < (p["planned"] or 0) else ""
+    n = f" (n={p['n']}{k}{done})" if p["n"] is not None else ""
+    return f"{pct(p['rate'])}{half}{n}"
+
+
+def verdict(r: dict[str, Any]) -> str:
+    if not finite(r["se"]):
+        return "no interval (fewer than 2 tasks)"
+    if r["mean"] > Z * r["se"]:
+        return "significant increase (> 1.96 SE)"
+    if r["mean"] < -Z * r["se"]:
+        return "significant decrease (> 1.96 SE)"
+    return "not significant (within 1.96 SE)"
+
+
+def seeds_text(seeds: list[int], lasts: list[int]) -> str:
+    return ", ".join(f"s{s}@{L}" for s, L in zip(seeds, lasts, strict=True))
+
+
+def markdown(res: dict[str, dict[int, dict[str, Any]]], out: Path) -> str:
+    lines = [
+        f"# Held-out success, SERA vs RAO from one warm start: `{out}`",
+        "",
+        "Held-out TextCraft-Synth val tasks. greedy = one trajectory per task at temperature 0; sampled = the "
+        "mean over the task's K trajectories at the rollout temperature. ± = 95 % half-width (1.96 standard "
+        "errors over held-out tasks), in percentage points.",
+        "",
+        "## Per run",
+        "",
+        "| run | optimizer steps (rounds) | greedy, step 0 | greedy, last step | sampled, step 0 | sampled, last step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, name in METHODS.items():
+        if m not in res:
+            lines.append(f"| {name} | not run | not run | not run | not run | not run |")
+    for m, runs in res.items():
+        for seed, run in sorted(runs.items()):
+            last = last_step(run)
+            cells = []
+            for mode in MODES:
+                cells.append(point_cell(run["evals"].get(0, {}).get(mode)))
+                if last is None:
+                    cells.append("not run")
+                else:
+                    cells.append(f"step {last}: " + point_cell(run["evals"][last].get(mode)))
+            lines.append(f"| {METHODS.get(m, m)} s{seed} | {len(run['trained'])} ({len(run['rounds'])}) | "
+                         + " | ".join(cells) + " |")  # fmt: skip
+    lines += [
+        "",
+        "## Improvement: last evaluated step − step 0 (seeds pooled per task, paired over tasks)",
+        "",
+        "| method | mode | seeds@last step | tasks | step 0 | last | change (pp) | 95 % interval (pp) | |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    imps: dict[tuple[str, str], dict[str, Any] | None] = {}
+    for m in res:
+        for mode in MODES:
+            r = imps[m, mode] = improvement(res[m], mode)
+            name = METHODS.get(m, m)
+            if r is None:
+                lines.append(f"| {name} | {mode} | not run | | | | | | |")
                 continue
-            s = runs[k]
-            d = " / ".join(str(int(s["datums"][st])) for st in STAGES)
-            pa = ", ".join(f"{v:.2f}" for _, v in s["pair_accuracy"]) or "- (no Rubric-stage step)"
-            rs = " / ".join(f"{sum(v) / len(v):.1f}" if (v := s["round_s"][st]) else "-" for st in STAGES)
-            lines.append(f"| {name} | {s['steps']} ({s['rounds']}) | {d} | {pa} | {rs} |")
+            lines.append(
+                f"| {name} | {mode} | {seeds_text(r['seeds'], r['lasts'])} | {r['n']} | {pct(r['a'])} | "
+                f"{pct(r['b'])} | {pp(r['mean'])} ± {pp(r['half'], False)} | [{pp(r['lo'])}, {pp(r['hi'])}] | "
+                f"{verdict(r)} |"
+            )
+    lines += [
+        "",
+        "## SERA − RAO at the last evaluated step (each method's seeds pooled per task, paired over tasks)",
+        "",
+        "| mode | SERA seeds@step | RAO seeds@step | tasks | SERA | RAO | SERA − RAO (pp) | 95 % interval (pp) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    diffs = {}
+    for mode in MODES:
+        d = diffs[mode] = sera_minus_rao(res, mode)
+        if d is None:
+            lines.append(f"| {mode} | not run | | | | | | |")
+            continue
+        lines.append(
+            f"| {mode} | {seeds_text(d['sera_seeds'], d['sera_lasts'])} | {seeds_text(d['rao_seeds'], d['rao_lasts'])}"
+            f" | {d['n']} | {pct(d['b'])} | {pct(d['a'])} | {pp(d['mean'])} ± {pp(d['half'], False)} | "
+            f"[{pp(d['lo'])}, {pp(d['hi'])}] |"
+        )
+    cols = stat_columns(res)
+    lines += [
+        "",
+        "## Training (rollouts at the rollout temperature; rounds with an optimizer step)",
+        "",
+        "| run | root success, first / last 5 steps |" + "".join(f" {k} ({how}) |" for k, how in cols),
+        "|---|---|" + "---|" * len(cols),
+    ]
+    for m, runs in res.items():
+        for seed, run in sorted(runs.items()):
+            ys = train_curve(run)["y"]
+            first = f"{mean(ys[:WINDOW]):.3f} / {mean(ys[-WINDOW:]):.3f}" if ys else "-"
+            lines.append(f"| {METHODS.get(m, m)} s{seed} | {first} |"
+                         + "".join(f" {stat_cell(run, k, how)} |" for k, how in cols))  # fmt: skip
+    lines += ["", "## What this shows", ""]
+    for (m, mode), r in imps.items():
+        name = METHODS.get(m, m)
+        if r is None:
+            lines.append(
+                f"- {name}, {mode}: not shown (no evaluation with per-task results at step 0 and after it)."
+            )
+            continue
+        lines.append(
+            f"- {name}, {mode}: RL changed held-out {mode} success by {pp(r['mean'])} ± {pp(r['half'], False)} pp "
+            f"({pct(r['a'])} -> {pct(r['b'])}; {r['n']} tasks, seeds {seeds_text(r['seeds'], r['lasts'])}): "
+            f"{verdict(r)}."
+        )
+    for mode, d in diffs.items():
+        if d is None:
+            lines.append(f"- SERA − RAO, {mode}: not shown (needs both methods evaluated after step 0).")
+            continue
+        side = ("SERA higher" if d["lo"] > 0 else "RAO higher" if d["hi"] < 0
+                else "no difference shown (the interval contains 0)")  # fmt: skip
+        lines.append(
+            f"- SERA − RAO at the last step, {mode}: {pp(d['mean'])} pp, 95 % interval [{pp(d['lo'])}, "
+            f"{pp(d['hi'])}] over {d['n']} tasks: {side}."
+        )
+    n_seeds = {m: len(runs) for m, runs in res.items()}
+    lines += [
+        "- Not shown: the variation between training seeds (the intervals cover the held-out tasks and samples "
+        f"only; seeds per method: {', '.join(f'{METHODS.get(m, m)} {n}' for m, n in n_seeds.items()) or 'none'}); "
+        "the training curves' bands treat the rollouts of a round as independent draws.",
+    ]
     return "\n".join(lines) + "\n"
 
 
-def figure(res: dict[str, Any], png: Path, title: str) -> None:
+# ---------------------------------------------------------------------------------------------- figure
+
+
+def figure(res: dict[str, dict[int, dict[str, Any]]], png: Path, title: str) -> None:
     if (plt := pyplot_or_note(png)) is None:  # the table is written all the same
         return
-
-    runs = {k: rl_summary(v) for k, v in res["rl"].items()}
-    fig, ax = plt.subplots(1, 4, figsize=(17, 3.9))
+    runs = [(m, seed, run) for m, rs in res.items() for seed, run in sorted(rs.items())]
+    fig, ax = plt.subplots(1, 3, figsize=(16, 4.2))
     a = ax[0]
-    for i, (k, name) in enumerate(RUNS.items()):
-        if k in runs and runs[k]["evals"]:
-            xs, ys = zip(*runs[k]["evals"], strict=True)
-            # SERA: large hollow circles, RAO: small filled squares, so equal values stay visible as both
-            style = (
-                {"marker": "o", "ms": 9, "mfc": "none", "lw": 2} if k == "sera" else {"marker": "s", "ms": 4}
+    for i, (m, seed, run) in enumerate(runs):
+        c = train_curve(run)
+        if not c["x"]:
+            continue
+        a.plot(c["x"], [100 * y for y in c["y"]], ".", color=f"C{i}", alpha=0.35)
+        a.plot(c["x"], [100 * y for y in c["roll"]], "-", color=f"C{i}", label=f"{METHODS.get(m, m)} s{seed}")
+        if all(finite(v) for v in c["lo"]):
+            a.fill_between(
+                c["x"], [100 * v for v in c["lo"]], [100 * v for v in c["hi"]], color=f"C{i}", alpha=0.15
             )
-            a.plot(xs, [100 * y for y in ys], "-", color=f"C{i}", label=name, **style)
-    sft0 = [ev[0][1] for ev in (r["evals"] for r in runs.values()) if ev and ev[0][0] == 0]
-    if sft0:
-        a.axhline(100 * sft0[0], color="gray", ls="--", lw=1, label="SFT (step 0)")
-    if res["base"] is not None:
-        a.axhline(100 * res["base"]["success_rate"], color="black", ls=":", lw=1, label="base model")
-    a.set(title="held-out root success (%)", xlabel="optimizer step", ylim=(-2, 102))
-    a.legend(fontsize=7)
-    a = ax[1]
-    pa = runs["sera"]["pair_accuracy"] if "sera" in runs else []
-    if pa:
-        a.plot([s for s, _ in pa], [v for _, v in pa], "o-", color="C0")
-    else:
-        a.text(0.5, 0.5, "no Rubric-stage step", ha="center", va="center", transform=a.transAxes)
-    a.set(title="SERA rubric pair accuracy", xlabel="Rubric-stage step", ylim=(-0.05, 1.05))
-    a = ax[2]
-    width = 0.38
-    for i, (k, name) in enumerate(RUNS.items()):
-        if k in runs:
-            vals = [runs[k]["datums"][s] for s in STAGES]
-            a.bar([j + (i - 0.5) * width for j in range(len(STAGES))], vals, width, color=f"C{i}", label=name)
-    a.set_xticks(range(len(STAGES)), STAGES)
-    a.set(title="datums per stage (whole run)")
+    a.set(title=f"training root success (%), rolling mean of {WINDOW} steps, 95 % band", xlabel="optimizer step",
+          ylim=(-2, 102))  # fmt: skip
     if runs:
         a.legend(fontsize=7)
-    a = ax[3]
-    if res["sft"]:
-        a.plot([r["step"] for r in res["sft"]], [r["loss/sft"] for r in res["sft"]], color="C2")
+    a = ax[1]
+    span = max([s for _, _, run in runs for s in run["evals"]] + [1])
+    for i, (m, seed, run) in enumerate(runs):
+        for mode, style in (
+            ("greedy", {"marker": "o", "ls": "-"}),
+            ("sampled", {"marker": "s", "ls": "--", "mfc": "none"}),
+        ):
+            pts = [(s, e[mode]) for s, e in sorted(run["evals"].items()) if e.get(mode)]
+            if not pts:
+                continue
+            xs = [s + (i - (len(runs) - 1) / 2) * 0.012 * span for s, _ in pts]  # side by side, not on top
+            ys = [100 * p["rate"] for _, p in pts]
+            err = [100 * p["half"] if finite(p["half"]) else 0.0 for _, p in pts]
+            a.errorbar(
+                xs,
+                ys,
+                yerr=err,
+                color=f"C{i}",
+                capsize=3,
+                label=f"{METHODS.get(m, m)} s{seed} {mode}",
+                **style,
+            )
+    a.set(title="held-out success (%), 95 % intervals", xlabel="optimizer step", ylim=(-2, 102))
+    if runs:
+        a.legend(fontsize=6)
+    a = ax[2]
+    drawn = False
+    for i, (m, seed, run) in enumerate(runs):
+        for j, stage in enumerate(STAGES):
+            pts = [
+                (r["step"], v)
+                for r in run["trained"]
+                if r.get("stage") == stage and finite(v := stage_grad_norm(r))
+            ]
+            if pts:
+                a.plot(*zip(*pts, strict=True), "os^"[j], color=f"C{i}", ms=3, mfc="none" if j else None,
+                       label=f"{METHODS.get(m, m)} s{seed} {stage}")  # fmt: skip
+                drawn = True
+    if drawn:
         a.set(yscale="log")
+        a.legend(fontsize=6)
     else:
-        a.text(0.5, 0.5, "no SFT run", ha="center", va="center", transform=a.transAxes)
-    a.set(title="SFT loss (nats / reply token)", xlabel="SFT step")
+        a.text(0.5, 0.5, "no grad norm logged", ha="center", va="center", transform=a.transAxes)
+    a.set(title="grad norm per optimizer step (marker: stage)", xlabel="optimizer step")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
@@ -192,7 +566,9 @@ def main(
     out: Path = typer.Argument(..., help="The OUT_DIR of bench/learning.sh."),
     png: Path = typer.Option(None, help="Figure path (default OUT_DIR/learning.png)."),
     md: Path = typer.Option(None, help="Table path (default OUT_DIR/learning.md)."),
-    title: str = typer.Option("SERA vs RAO from one SFT warm start (TextCraft-Synth easy)", help="Title."),
+    title: str = typer.Option(
+        "SERA vs RAO from the shipped warm start (TextCraft-Synth easy)", help="Title."
+    ),
 ) -> None:
     res = load(out)
     text = markdown(res, out)

@@ -1,8 +1,8 @@
-"""bench/learning.sh (data -> SFT -> SERA / RAO turns with in-run held-out evals -> base eval -> figure) resumes
-after a kill -9 in every phase: the same command, run again, finishes the job with nothing lost or doubled.
-
-Tiny model, hf engine, a few steps: the point is the bookkeeping (phase markers, checkpoints, truncated logs,
-evaluation directories), not learning.
+"""bench/learning.sh (held-out file -> SERA / RAO runs per seed from the shipped warm start, with in-run held-out
+evals -> figure): the commands it builds (a stand-in interpreter records them), and, with the tiny model on the
+CPU, that it resumes after a kill -9 in every phase: the same command, run again, finishes the job with nothing
+lost or doubled (the point is the bookkeeping: phase markers, checkpoints, truncated logs, evaluation
+directories, not learning).
 """
 
 from __future__ import annotations
@@ -22,20 +22,113 @@ KNOBS = {
     "PYTHON": sys.executable,
     "MODEL": "tiny",
     "ENGINE": "hf",
-    "SFT_STEPS": "1",  # one step and one task's demonstrations: a model is written, resumed or not
-    "SFT_TASKS": "1",
+    "SEEDS": "0",
     "RL_STEPS": "2",
     "RL_TURNS": "1 2",
     "N_EVAL": "1",
     "EVAL_EVERY": "1",
+    "EVAL_SAMPLES": "0",  # until `sera train --eval-samples` lands: the flag is then left out
+    "N_TASKS": "8",
+    "TASKS_PER_STEP": "1",
+    "ROLLOUTS": "2",
+    "SCHEDULE": "execution:1,delegation:1,rubric:1",
     "BATCH": "8",
+    "RL_LR": "1e-3",
     "AGENT": "--max-steps 2 --max-new-tokens 12",
     "CALLS": "--rubric-max-new-tokens 16 --score-max-new-tokens 16",
-    "RL_EXTRA": "--codeact-executor worker-ordered --n-tasks 8 --tasks-per-step 1 --rollouts-per-task 2 "
-    "--oracle-mix 0.7 --score-noise 0.3 --max-task-replacements 3 --lr 1e-3",
+    "RL_EXTRA": "--codeact-executor worker-ordered --oracle-mix 0.7 --score-noise 0.3 --max-task-replacements 3",
     "OMP_NUM_THREADS": "1",
 }
-PHASES = ["sft", "rl_sera_1", "rl_rao_1", "rl_sera_2", "rl_rao_2", "eval_base"]
+PHASES = ["rl_sera_s0_1", "rl_rao_s0_1", "rl_sera_s0_2", "rl_rao_s0_2"]
+
+FAKE = """#!/usr/bin/env bash
+# A stand-in interpreter: records its arguments (and the vLLM cache it was given), exits with FAKE_RC for
+# `sera train` (0 otherwise)
+echo "VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-} $*" >> "$FAKE_LOG"
+case " $* " in *" sera train "*) exit "${FAKE_RC:-0}" ;; esac
+"""
+
+
+def fake_call(tmp_path: Path, out: Path, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run learning.sh once with the stand-in interpreter; its recorded command lines (this call's only)."""
+    fake, log = tmp_path / "fake_python", tmp_path / "calls.txt"
+    fake.write_text(FAKE)
+    fake.chmod(0o755)
+    log.write_text("")
+    base = {k: v for k, v in os.environ.items() if k not in KNOBS}  # the script's own defaults
+    done = subprocess.run(["bash", "bench/learning.sh", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          env={**base, "PYTHON": str(fake), "FAKE_LOG": str(log), **env}, timeout=60)  # fmt: skip
+    return done, log.read_text().splitlines()
+
+
+def train_calls(lines: list[str]) -> dict[str, str]:
+    """The `sera train` lines by their --out (relative to OUT)."""
+    res = {}
+    for line in lines:
+        if " -m sera train " in line:
+            out = line.split(" --out ")[1].split()[0]
+            res["/".join(Path(out).parts[-2:])] = line
+    return res
+
+
+def test_learning_commands_and_defaults(tmp_path: Path):
+    out = tmp_path / "learn"
+    done, lines = fake_call(tmp_path, out, ENGINE="vllm")
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = [x for x in lines if " data textcraft " in x]
+    assert any("--split train --n 256 --seed 0 --difficulty easy" in x for x in data)
+    assert any("--split val --n 147 --seed 0 --difficulty easy" in x for x in data)  # all easy val tasks
+    runs = train_calls(lines)
+    assert sorted(runs) == ["rl_rao/s0", "rl_rao/s1", "rl_sera/s0", "rl_sera/s1"]
+    caches = set()
+    for name, line in runs.items():
+        method, seed = name.split("/")
+        args = line.split()
+        caches.add(args[0])
+        for flag in ("--level 1", "--model smollm2", "--init-adapter auto", "--tasks-per-step 8",
+                     "--rollouts-per-task 8", f"--tasks {out}/tc_train_easy.jsonl", "--lr 1e-5", "--steps 40",
+                     f"--eval-tasks {out}/tc_val_easy.jsonl", "--eval-every 40", "--eval-limit 147",
+                     "--eval-samples 2", "--resume", "--engine vllm", f"--seed {seed[1:]}",
+                     f"--method {method[3:]}", "--gpu-memory-utilization 0.15", "--kv-cache-gib 8"):  # fmt: skip
+            assert f" {flag} " in f"{line} ", f"{flag} not in {line}"
+        assert ("--schedule execution:16,delegation:2,rubric:2" in line) == (method == "rl_sera"), line
+        assert "--n-tasks" not in line  # one train file for every seed, not a pool per --seed
+    assert len(caches) == 4  # a vLLM compile cache per run
+    for p in ("rl_sera_s0_40", "rl_rao_s1_40", "data", "data_train"):
+        assert (out / f"{p}.done").exists()
+    # a second call: everything done, nothing runs again
+    done, lines = fake_call(tmp_path, out, ENGINE="vllm")
+    assert not train_calls(lines) and done.stdout.count("done earlier") == 6
+
+
+def test_learning_knobs_and_exit_codes(tmp_path: Path):
+    out = tmp_path / "learn"
+    knobs = {"ENGINE": "hf", "MODEL": "tiny", "SEEDS": "3", "EVAL_SAMPLES": "0", "RL_STEPS": "6",
+             "SERA_EXTRA": "--depth-weight-cap 2", "RAO_EXTRA": "--grad-clip 0.05", "RL_EXTRA": "--beta2 0.99"}  # fmt: skip
+    done, lines = fake_call(
+        tmp_path, out, FAKE_RC="3", **knobs
+    )  # rc 3: stopped before --steps, counts as done
+    runs = train_calls(lines)
+    assert sorted(runs) == ["rl_rao/s3", "rl_sera/s3"], lines
+    sera, rao = runs["rl_sera/s3"], runs["rl_rao/s3"]
+    for line in (sera, rao):
+        assert "--init-adapter none" in line and "--eval-samples" not in line and "--gpu-memory" not in line
+        assert "--beta2 0.99" in line and "--eval-every 6" in line and "--steps 6" in line
+    assert "--depth-weight-cap 2" in sera and "--depth-weight-cap" not in rao
+    assert "--grad-clip 0.05" in rao and "--grad-clip" not in sera
+    assert (out / "rl_sera_s3_6.done").exists() and "stopped before --steps" in (
+        out / "times.txt"
+    ).read_text()
+    # a failed run (rc 1) is not marked done: the next call runs it again
+    out2 = tmp_path / "learn2"
+    fake_call(tmp_path, out2, FAKE_RC="1", **knobs)
+    assert not (out2 / "rl_rao_s3_6.done").exists() and (out2 / "data.done").exists()
+    _, lines = fake_call(tmp_path, out2, **knobs)
+    assert sorted(train_calls(lines)) == ["rl_rao/s3", "rl_sera/s3"]
+    # the budget: no run starts with less than 30 s left
+    _, lines = fake_call(tmp_path, tmp_path / "learn3", BUDGET_S="10", **knobs)
+    assert [x for x in lines if "plot_learning" not in x] == []  # only the (empty) summary is drawn
+    assert "rl_sera_s3_6: not started (budget" in (tmp_path / "learn3" / "times.txt").read_text()
 
 
 def start(out: Path) -> subprocess.Popen:
@@ -78,25 +171,27 @@ def test_learning_driver_resumes_after_a_kill_in_every_phase(tmp_path: Path):
         capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    for phase in ["data", *PHASES]:
+    for phase in ["data", "data_train", *PHASES]:
         assert (out / f"{phase}.done").exists(), f"{phase} not finished: {(out / 'times.txt').read_text()}"
     log = (out / "times.txt").read_text()
     for phase in PHASES:  # every phase was killed once, started again and finished
         assert log.count(f"{phase}: start") >= 2 and f"{phase}: rc=0" in log, log
-    assert (out / "sft" / "model" / "config.json").exists()
     for method in ("sera", "rao"):
-        m = rows(out / f"rl_{method}" / "metrics.jsonl")
+        run = out / f"rl_{method}" / "s0"
+        m = rows(run / "metrics.jsonl")
         evals = [r["step"] for r in m if "eval/success" in r]
         assert evals == [0, 1, 2], f"{method}: held-out evals {evals} (one per step, none doubled or lost)"
         rounds = [r["round"] for r in m if "stage" in r]
         assert rounds == list(range(len(rounds))), f"{method}: rounds {rounds}"
         assert sum(not r["train/skipped"] for r in m if "stage" in r) == 2
-        assert (out / f"rl_{method}" / "checkpoints" / "step_000002" / "state.pt").exists()
-    report = json.loads((out / "eval_base" / "report.json").read_text())
-    assert report["n_done"] == report["n_tasks"] == 1
+        assert (run / "checkpoints" / "step_000002" / "state.pt").exists()
+        assert json.loads((run / "config.json").read_text())["init_weights"]["init_adapter"] == "none"
+        for step in (0, 1, 2):
+            assert len(list((run / "evals" / f"step_{step:05d}" / "results").glob("*.json"))) == 1
     table = (out / "learning.md").read_text()
-    assert "| policy | step 0 | step 1 | step 2 |" in table
-    assert table.count("| SFT + SERA | ") == 2 and "not run" not in table
+    assert (
+        "| SERA s0 | 2 (" in table and "| RAO s0 | 2 (" in table and "| SERA | greedy | s0@2 | 1 |" in table
+    )
     assert (out / "learning.png").stat().st_size > 10_000
 
 

@@ -42,6 +42,7 @@ from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.envs import env_spec
 from common.rl.batch import build_stage_batch
+from common.rl.loss import RatioStats
 from common.run.checkpoint import RunState, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.metrics import (
@@ -299,8 +300,12 @@ class System:
         summed = {k: sum(p[k] for p in parts) for k in ("loss/cispo", "loss/clip_frac", "train/microbatches",
                                                          "train/packed_tokens")}  # fmt: skip
         mem = {k: max(p[k] for p in parts) for k in parts[0] if k.startswith("mem/")}  # the ranks' worst
+        sums = ("loss/scored_tokens", "loss/ratio_sum", "loss/abs_log_ratio_sum")
+        ratios = RatioStats.from_totals(
+            [sum(p.pop(k) for p in parts) for k in sums], max(p["loss/ratio_max"] for p in parts)
+        )  # the behaviour/trainer ratio over every rank's tokens, as levels 0 and 1 log it
         return {
-            **parts[0], **summed, **mem, "train/skipped": 0.0,
+            **parts[0], **summed, **mem, **ratios, "train/skipped": 0.0,
             "time/rank_train_s": max(p["time/rank_train_s"] for p in parts),
         }  # fmt: skip
 

@@ -420,6 +420,7 @@ class TrainerRank:
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         total, clipped, packed, unsharded = 0.0, 0.0, 0.0, 0.0
+        ratios = [0.0, 0.0, 0.0, 0.0]  # scored tokens, sum rho, sum |log rho|, max rho (the dummy's left out)
         for datums, weights in micro:
             if not datums:
                 datums, weights = [dummy_datum()], [0.0]
@@ -434,6 +435,11 @@ class TrainerRank:
             # the micro-batch's clipped tokens (its fraction is of |M|/world): summed over ranks, / |M| = global
             clipped += m["loss/clip_frac"] * n_tokens / self.world
             packed += m["train/packed_tokens"] if datums[0].stage != "dummy" else 0.0
+            if datums[0].stage != "dummy":
+                ratios[0] += m["loss/scored_tokens"]
+                ratios[1] += m["loss/ratio_sum"]
+                ratios[2] += m["loss/abs_log_ratio_sum"]
+                ratios[3] = max(ratios[3], m["loss/ratio_max"])
         allreduce_replicated(self.replicated, self.world)
         self._maybe_fail(round)
         grads = (
@@ -460,6 +466,10 @@ class TrainerRank:
             "train/packed_tokens": packed,
             "time/rank_train_s": time.perf_counter() - t0,
             "mem/unsharded_grads_gib": unsharded / 2**30,
+            "loss/scored_tokens": ratios[0],  # the ratio sums: the driver adds them over ranks (RatioStats)
+            "loss/ratio_sum": ratios[1],
+            "loss/abs_log_ratio_sum": ratios[2],
+            "loss/ratio_max": ratios[3],
             **({"grads": grads} if return_grads else {}),
         }
 

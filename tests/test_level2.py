@@ -127,7 +127,7 @@ def test_docstring_examples():
         assert r.attempted > 0 and r.failed == 0, mod.__name__
 
 
-def test_fsdp2_world_1_and_2_match_the_golden_fixture(local_ray):
+def test_fsdp2_world_1_and_2_match_the_golden_fixture(local_ray, level0_on_the_fixture):
     one = gang(1, activation_checkpointing=False)
     two = gang(2, activation_checkpointing=True)
     try:
@@ -150,6 +150,15 @@ def test_fsdp2_world_1_and_2_match_the_golden_fixture(local_ray):
                 assert abs(loss - gold["loss"]) <= 1e-5 * scale + 1e-9
                 # a fraction: the ranks' shares add up to the golden one (issue #40: world 2 summed 2x it)
                 assert sum(p["loss/clip_frac"] for p in parts) == pytest.approx(gold["clip_frac"], rel=1e-6)
+                # the behaviour/trainer ratio over every rank's tokens (issue #39) is level 0's
+                from common.rl.loss import RatioStats
+
+                sums = [sum(p[k] for p in parts) for k in ("loss/scored_tokens", "loss/ratio_sum",
+                                                            "loss/abs_log_ratio_sum")]  # fmt: skip
+                ratios = RatioStats.from_totals(sums, max(p["loss/ratio_max"] for p in parts))
+                l0 = level0_on_the_fixture[stage]["metrics"]
+                for k in ("loss/ratio_mean", "loss/abs_log_ratio", "loss/ratio_max"):
+                    assert ratios[k] == pytest.approx(l0[k], rel=1e-4), (stage, name, k)
                 assert norm == pytest.approx(gold["grad_norm"], rel=RTOL)
                 for k in parts[0]["grads"]:  # the full gradient is the same on every rank
                     assert all(torch.equal(p["grads"][k], parts[0]["grads"][k]) for p in parts), k

@@ -1,65 +1,56 @@
 #!/usr/bin/env bash
-# Issue #39 on one H200: the tiny-set check and the start of the SERA-vs-RAO comparison, side by side, in the
-# background across 10-minute device calls (the machine stays warm between back-to-back calls).
+# Issue #39 on one H200 inside 10-minute device calls: bench/tiny_set.sh (the tiny-set check) and
+# bench/learning.sh (SERA vs RAO from the shipped warm start) run in the BACKGROUND (setsid) side by side, so
+# their vLLM engines start once and keep running across back-to-back calls (a machine stays warm for ~30 s after
+# a call: have the next call ready). Every run's command is those scripts'; this file only starts, watches
+# and packs them.
 #
-# Every run: level 1, SmolLM2-135M + the shipped warm-start adapter, vLLM engine, the paper's batch (8 tasks x 8
-# rollouts), quick-start agent sizes (3 steps, 256-token replies). Runs share the GPU, each with its own engine
-# (GPU_MEM of the memory, KV_GIB of KV cache) and vLLM compile cache.
-#   tiny/<variant>  RAO on 8 fixed train tasks (the "overfit a tiny set" check: training root success, sampled,
-#                   must reach 0.5 within 60 optimizer steps); VARIANTS = "name:flags|name:flags|..."
-#   rl_sera/s<seed>, rl_rao/s<seed>  the comparison: 256 easy train tasks, held-out VAL easy val tasks greedy +
-#                   EVAL_SAMPLES sampled at step 0, every EVAL_EVERY and at step CMP_STEPS (a later window may raise
-#                   CMP_STEPS and resume: the run's other settings must stay); SERA with the paper's 16:2:2 schedule;
-#                   CMP_FLAGS (default LoRA rank 4, lr 1e-4: its checkpoint, adapter + AdamW state, ~15 MB, can
-#                   leave the machine and continue in a later window: `pack` puts the newest in $OUT)
-#
-# Usage on the device, after the bundle's transfer calls (../shared/gpu/device-vllm-steps.md):
-#   bash bench/h200_learning.sh start       # snapshot this tree, data, every run in the background (setsid)
-#   bash bench/h200_learning.sh watch S     # a summary every 60 s for S seconds, then pack into $OUT
-#   bash bench/h200_learning.sh resume DIR  # comparison runs: continue from checkpoints carried in DIR
-#   bash bench/h200_learning.sh stop        # SIGTERM every run (each saves nothing new: checkpoints are per
-#                                             SAVE_EVERY steps), then pack
-# CPU dry run of the same flow (tiny model, hf engine, 2 steps): DRY=1 bash bench/h200_learning.sh start; then
-#   DRY=1 bash bench/h200_learning.sh watch 120
+# The call plan (after the bundle's transfer calls, ../shared/gpu/device-vllm-steps.md; never pipe a call's
+# command into `tail`: a call stopped at its limit loses the whole pipeline's output):
+#   bash bench/h200_learning.sh start                 # snapshot this tree, start both drivers; returns in ~10 s
+#   bash bench/h200_learning.sh watch 540             # a summary every 60 s, then pack into $OUT (one call each)
+#   bash bench/h200_learning.sh resume DIR            # a later window: comparison checkpoints carried in DIR
+#                                                       (rl_<method>_s<seed>_step_NNNNNN.pt) continue there
+# Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, CMP (the comparison's extra flags, e.g. the LoRA
+# rank and lr whose checkpoints, ~15 MB at rank 4, fit the 16 MiB a returned file may have), CMP_STEPS, SEEDS,
+# N_EVAL, EVAL_SAMPLES; K (where runs live, default /tmp/keep/L), SNAP (the tree the runs use).
+# CPU dry run of the same flow (tiny model, hf engine, 1-2 steps, no GPU):
+#   DRY=1 K=/tmp/dryL SNAP=/tmp/dry_snap PY=.venv/bin/python bash bench/h200_learning.sh start
+#   DRY=1 K=/tmp/dryL SNAP=/tmp/dry_snap PY=.venv/bin/python OUT=/tmp/o bash bench/h200_learning.sh watch 120
 set -u
 K=${K:-/tmp/keep/L}; mkdir -p "$K"
 SNAP=${SNAP:-/tmp/keep/snap39}
-if [ "${DRY:-0}" = 1 ]; then  # CPU: the tiny model, the hf engine, two steps, a few tasks
-  BASE="--level 1 --model tiny --init-adapter none --engine hf --tasks-per-step 2 --rollouts-per-task 2 \
- --max-new-tokens 16 --rubric-max-new-tokens 16 --score-max-new-tokens 16 --oracle-mix 0.5 --max-idle-rounds 6"
-  TINY_STEPS=${TINY_STEPS:-2}; CMP_STEPS=${CMP_STEPS:-2}; EVAL_EVERY=${EVAL_EVERY:-2}; VAL=${VAL:-4}; PY=${PY:-python3}
-  VARIANTS=${VARIANTS:-"full:--lr 1e-5|lora:--lora-rank 4 --lr 1e-4"}
-  SEEDS=${SEEDS:-0}
-else
-  BASE="--level 1 --model smollm2 --engine vllm --tasks-per-step 8 --rollouts-per-task 8 --max-idle-rounds 20 \
- --max-batch-size 256 --gpu-memory-utilization ${GPU_MEM:-0.12} --kv-cache-gib ${KV_GIB:-6}"
-  TINY_STEPS=${TINY_STEPS:-60}; CMP_STEPS=${CMP_STEPS:-40}; EVAL_EVERY=${EVAL_EVERY:-40}; VAL=${VAL:-256}; PY=${PY:-python3}
-  VARIANTS=${VARIANTS:-"full_clip:--lr 1e-5 --grad-clip 0.05|lora4_1e-4:--lora-rank 4 --lr 1e-4|lora4_3e-4:--lora-rank 4 --lr 3e-4"}
-  SEEDS=${SEEDS:-0}
-  export PYTHONPATH=/tmp/site:$SNAP VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
-    SERA_CACHE=/tmp/keep/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-fi
+PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
-CMP_FLAGS=${CMP_FLAGS:-"--lora-rank 4 --lr 1e-4"}
-EVAL_SAMPLES=${EVAL_SAMPLES:-2}
-SAVE_EVERY=${SAVE_EVERY:-5}
-METHODS=${METHODS:-"sera rao"}
+if [ "${DRY:-0}" = 1 ]; then  # CPU: tiny model, hf engine, a step or two
+  export MODEL=tiny ENGINE=hf TASKS_PER_STEP=2 ROLLOUTS=2 N_TASKS=8 N_EVAL=2 EVAL_SAMPLES=${EVAL_SAMPLES:-2} \
+    AGENT="--max-steps 2 --max-new-tokens 12" CALLS="--rubric-max-new-tokens 16 --score-max-new-tokens 16" \
+    RL_EXTRA="--codeact-executor worker-ordered --oracle-mix 0.7 --score-noise 0.3"
+  TINY_STEPS=${TINY_STEPS:-2}; CMP_STEPS=${CMP_STEPS:-2}; SEEDS=${SEEDS:-0}
+  CMP_SCHEDULE=${CMP_SCHEDULE:-execution:1,delegation:1,rubric:1}; export EVAL_EVERY=${EVAL_EVERY:-2}
+  TINY_VARIANTS=${TINY_VARIANTS:-"full:--lr 1e-3|lora:--lora-rank 4 --lr 1e-2"}
+  CMP=${CMP:-"--lora-rank 4 --lr 1e-2"}
+else
+  export PYTHONPATH=/tmp/site:$SNAP VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
+    SERA_CACHE=/tmp/keep/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ENGINE=vllm PARALLEL=1
+  TINY_STEPS=${TINY_STEPS:-60}; CMP_STEPS=${CMP_STEPS:-40}; SEEDS=${SEEDS:-"0 1"}
+  TINY_VARIANTS=${TINY_VARIANTS:-"full_clip:--lr 1e-5 --grad-clip 0.05|lora4_1e-4:--lora-rank 4 --lr 1e-4|lora4_1e-3:--lora-rank 4 --lr 1e-3"}
+  CMP=${CMP:-"--lora-rank 4 --lr 1e-4"}
+  export GPU_MEM=${GPU_MEM:-0.1} KV_GIB=${KV_GIB:-6}  # up to 7 engines on one GPU
+  export EVAL_EVERY=${EVAL_EVERY:-40}  # fixed, so a later window may raise CMP_STEPS and still --resume
+fi
 
-run() {  # run NAME_DIR FLAGS...: one training run in the background, in its own session (survives the call)
-  local dir=$1; shift
-  mkdir -p "$K/$dir"
-  (cd "$SNAP" && VLLM_CACHE_ROOT="$K/vc/${dir//\//_}" setsid nohup $PY -m sera train $BASE "$@" --out "$K/$dir" \
-     > "$K/$dir.log" 2>&1 < /dev/null &)
+start() {  # both drivers in the background, each in its own session (they outlive this call)
+  rm -rf "$SNAP" && mkdir -p "$SNAP" \
+    && tar --exclude=./.whl --exclude=./runs --exclude=./.git --exclude=./.venv -cf - . | (cd "$SNAP" && tar -xf -)
+  (cd "$SNAP" && VARIANTS="$TINY_VARIANTS" STEPS="$TINY_STEPS" PYTHON="$PY" \
+     setsid nohup bash bench/tiny_set.sh "$K/tiny" > "$K/tiny.log" 2>&1 < /dev/null &)
+  (cd "$SNAP" && SEEDS="$SEEDS" RL_STEPS="$CMP_STEPS" SCHEDULE="${CMP_SCHEDULE:-execution:16,delegation:2,rubric:2}" RL_EXTRA="${RL_EXTRA:-} $CMP --save-every 5" PYTHON="$PY" \
+     setsid nohup bash bench/learning.sh "$K/cmp" > "$K/cmp.log" 2>&1 < /dev/null &)
+  sleep 5; tail -n 3 "$K/tiny.log" "$K/cmp.log"
 }
 
-cmp_flags() {  # cmp_flags METHOD SEED
-  local extra=""
-  [ "$1" = sera ] && extra="--schedule execution:16,delegation:2,rubric:2"
-  echo "--method $1 $extra --seed $2 --difficulty easy --n-tasks 256 --steps $CMP_STEPS --save-every $SAVE_EVERY \
- --eval-tasks $K/val.jsonl --eval-every $EVAL_EVERY --eval-limit $VAL --eval-samples $EVAL_SAMPLES $CMP_FLAGS"
-}
-
-summary() {
+summary() {  # each run's last rounds, the drivers' own tables
   $PY - "$K" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -74,77 +65,57 @@ for m in sorted(K.glob("**/metrics.jsonl")):
     t = [r.get("time/round_s") or 0 for r in tr]
     last = tr[-1] if tr else {}
     print(f"{m.parent.relative_to(K)}: rounds {len(tr)} step {last.get('step')} | root success (rolling 5) "
-          + " ".join(f"{x:.2f}" for x in roll[-12:]) + f" | best {max(roll, default=0):.2f}"
+          + " ".join(f"{x:.2f}" for x in roll[-10:]) + f" | best {max(roll, default=0):.2f}"
           + f" | round s {sum(t[-5:]) / max(1, len(t[-5:])):.0f} | |log rho| {last.get('loss/abs_log_ratio', 0):.3g}"
-          + f" gn {last.get('grad_norm', 0):.3g} | eval (step, greedy, sampled) {ev}")
+          + f" | eval (step, greedy, sampled) {ev}")
 EOF
-  for f in "$K"/*.log "$K"/*/*.log; do
-    [ -f "$f" ] && grep -q -E "Traceback|Error" "$f" && { echo "== $f"; grep -E "Error|error:" "$f" | tail -3 | cut -c1-300; }
+  for f in "$K"/*.log "$K"/*/*.log; do  # a run that failed: its last lines
+    [ -f "$f" ] && grep -q -E "Traceback|Error|^error:|rc=[12]" "$f" && { echo "== $f"; grep -E "Error|error:|rc=" "$f" | tail -n 3 | cut -c1-300; }
   done
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null || true
 }
 
-pack() {  # metrics, configs, logs, eval reports and per-task outcomes in one tgz; the newest comparison checkpoints
+pack() {  # metrics, configs, logs, reports, slim per-task results (no trees) in one tgz; the comparison's checkpoints
   [ -n "${OUT:-}" ] || return 0
-  $PY - "$K" <<'EOF'
-import json, sys
+  rm -rf "$K.slim" && mkdir -p "$K.slim"
+  $PY - "$K" "$K.slim" <<'EOF'
+import json, shutil, sys
 from pathlib import Path
-K = Path(sys.argv[1])
-for d in K.glob("**/evals/step_*"):  # one line per task (the trees stay on the machine: 10-30 KB each)
-    rows = []
-    for f in sorted((d / "results").glob("*.json")):
+K, S = Path(sys.argv[1]), Path(sys.argv[2])
+keep = ("index", "task_id", "tier", "success", "error", "nodes", "seconds")
+for f in K.rglob("*"):
+    if not f.is_file() or "checkpoints" in f.parts or "vllm_cache" in f.parts or f.name == "trees.jsonl":
+        continue
+    to = S / f.relative_to(K)
+    to.parent.mkdir(parents=True, exist_ok=True)
+    if f.parent.name == "results" and f.suffix == ".json":  # one eval task: its outcome, not its tree
         r = json.loads(f.read_text())
-        rows.append({k: r.get(k) for k in ("index", "task_id", "tier", "success", "error", "nodes", "seconds")})
-    (d / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        to.write_text(json.dumps({k: r.get(k) for k in keep}))
+    elif f.suffix in (".jsonl", ".json", ".log", ".txt", ".md", ".png") and f.stat().st_size < 8_000_000:
+        shutil.copy(f, to)
 EOF
-  (cd "$K" && find . \( -name vc -o -name checkpoints -o -name results \) -prune -o -type f \
-     \( -name 'metrics.jsonl' -o -name 'config.json' -o -name '*.log' -o -name 'report.json' -o -name 'manifest.json' \
-        -o -name 'tasks.jsonl' -o -name 'deadline_trees.jsonl' -o -name 'val.jsonl' -o -name 'train8.jsonl' \) \
-        -size -8M -print | tar -czf "$OUT/L.tgz" -T -)
-  for d in "$K"/rl_*/s*; do  # LoRA checkpoints are small enough to carry back (16 MiB a file)
-    [ -d "$d/checkpoints" ] || continue
-    local last; last=$(ls -d "$d"/checkpoints/step_* 2>/dev/null | sort | tail -1)
+  (cd "$K.slim" && tar -czf "$OUT/L.tgz" .)
+  for d in "$K"/cmp/rl_*/s*; do  # LoRA checkpoints are small enough to carry back (16 MiB a file)
+    last=$(ls -d "$d"/checkpoints/step_* 2>/dev/null | sort | tail -n 1)
     [ -n "$last" ] || continue
-    local size; size=$(stat -c %s "$last/state.pt")
-    local name; name=$(echo "${d#"$K"/}" | tr / _)_$(basename "$last").pt
-    if [ "$size" -lt 16000000 ]; then cp "$last/state.pt" "$OUT/$name"; else echo "not packed ($size bytes): $last"; fi
+    name=$(echo "${d#"$K"/cmp/}" | tr / _)_$(basename "$last").pt
+    if [ "$(stat -c %s "$last/state.pt")" -lt 16000000 ]; then cp "$last/state.pt" "$OUT/$name"; else echo "too big to carry: $last"; fi
   done
   ls -l "$OUT"
 }
 
 case "${1:-watch}" in
-start)
-  rm -rf "$SNAP" && mkdir -p "$SNAP" \
-    && tar --exclude=./.whl --exclude=./runs --exclude=./.git --exclude=./.venv -cf - . | (cd "$SNAP" && tar -xf -)
-  nvidia-smi --query-gpu=name,memory.used --format=csv,noheader 2>/dev/null || true
-  (cd "$SNAP" && $PY -m sera data textcraft --split val --n "$VAL" --seed 0 --difficulty easy --out "$K/val.jsonl" \
-     && $PY -m sera data textcraft --split train --n 8 --seed 0 --difficulty easy --out "$K/train8.jsonl") > "$K/data.log" 2>&1 \
-     || { cat "$K/data.log"; exit 1; }
-  first=1
-  IFS='|' read -ra VS <<< "$VARIANTS"
-  for v in "${VS[@]}"; do
-    name=${v%%:*}; flags=${v#*:}
-    run "tiny/$name" --method rao --tasks "$K/train8.jsonl" --steps "$TINY_STEPS" --save-every 1000 $flags
-    [ $first = 1 ] && [ "${DRY:-0}" != 1 ] && sleep 40  # the first converts the GGUF and merges the adapter once
-    first=0
-  done
-  for s in $SEEDS; do for m in $METHODS; do run "rl_$m/s$s" $(cmp_flags $m $s); done; done
-  sleep 20; summary
-  ;;
-resume)  # comparison runs from carried checkpoints: DIR holds rl_<m>_s<seed>_step_NNNNNN.pt files
+start) start ;;
+resume)  # a later window: put carried checkpoints in place, then start (both drivers resume what exists)
   for f in "${2:?DIR}"/rl_*_s*_step_*.pt; do
-    b=$(basename "$f" .pt); m=$(echo "$b" | cut -d_ -f2); s=$(echo "$b" | cut -d_ -f3 | tr -d s)
-    step=$(echo "$b" | sed 's/.*_step_//'); mkdir -p "$K/rl_$m/s$s/checkpoints/step_$step"
-    cp "$f" "$K/rl_$m/s$s/checkpoints/step_$step/state.pt"
-    run "rl_$m/s$s" $(cmp_flags "$m" "$s") --resume
+    b=$(basename "$f" .pt); m=$(echo "$b" | cut -d_ -f2); s=$(echo "$b" | cut -d_ -f3)
+    step=$(echo "$b" | sed 's/.*_step_//'); mkdir -p "$K/cmp/rl_$m/$s/checkpoints/step_$step"
+    cp "$f" "$K/cmp/rl_$m/$s/checkpoints/step_$step/state.pt"
   done
-  ;;
-stop)
-  pkill -TERM -f "[m] sera train" ; sleep 15; summary; pack
-  ;;
+  start ;;
 watch)
   S=${2:-540}; T0=$(date +%s)
-  while [ $(( $(date +%s) - T0 + 60 )) -le "$S" ]; do sleep 60; echo "--- $(( $(date +%s) - T0 )) s"; summary; done
-  summary; pack
-  ;;
+  while [ $(( $(date +%s) - T0 + 75 )) -le "$S" ]; do sleep 60; echo "--- $(( $(date +%s) - T0 )) s"; summary; done
+  summary; pack ;;
+*) echo "usage: $0 start | watch S | resume DIR" >&2; exit 2 ;;
 esac

@@ -345,6 +345,28 @@ def stat_cell(run: dict[str, Any], key: str, how: str) -> str:
 # ---------------------------------------------------------------------------------------------- markdown
 
 
+def departures_lines(configs: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown lines listing what the runs take from outside the paper (each run's ``config.json``
+    "departures", written by ``sera train``): the ones every run shares once, then each run's own.
+
+    >>> departures_lines({"a": {"departures": ["--lr: 1e-05 (paper: 3e-06)", "--lora-rank: 4 (paper: 0)"]},
+    ...                   "b": {"departures": ["--lr: 1e-05 (paper: 3e-06)"]}})[2:]
+    ['- every run: --lr: 1e-05 (paper: 3e-06)', '- a also: --lora-rank: 4 (paper: 0)']
+    """
+    lists = {k: c.get("departures") for k, c in configs.items() if c.get("departures") is not None}
+    if not lists:
+        return ["## Departures from the paper", "", "- not recorded (no run's config.json lists them)"]
+    common = [d for d in next(iter(lists.values())) if all(d in v for v in lists.values())]
+    lines = ["## Departures from the paper", ""]
+    lines += [f"- every run: {'; '.join(common)}"] if common else []
+    lines += [
+        f"- {k} also: {'; '.join(extra)}"
+        for k, v in lists.items()
+        if (extra := [d for d in v if d not in common])
+    ]
+    return lines
+
+
 def pct(v: float) -> str:
     return f"{100 * v:.1f} %" if finite(v) else "n/a"
 
@@ -486,6 +508,12 @@ def markdown(res: dict[str, dict[int, dict[str, Any]]], out: Path) -> str:
         f"only; seeds per method: {', '.join(f'{METHODS.get(m, m)} {n}' for m, n in n_seeds.items()) or 'none'}); "
         "the training curves' bands treat the rollouts of a round as independent draws.",
     ]
+    configs = {
+        f"{METHODS.get(m, m)} s{seed}": run["config"]
+        for m, runs in res.items()
+        for seed, run in sorted(runs.items())
+    }
+    lines += ["", *departures_lines(configs)]
     return "\n".join(lines) + "\n"
 
 

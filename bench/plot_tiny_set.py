@@ -24,7 +24,16 @@ import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: plot_learning's helpers
 
-from plot_learning import finite, load_run, mean, per_round, pyplot_or_note, train_curve, wilson  # noqa: E402
+from plot_learning import (
+    departures_lines,
+    finite,
+    load_run,
+    mean,
+    per_round,
+    pyplot_or_note,
+    train_curve,
+    wilson,
+)  # noqa: E402
 
 
 def variants(out: Path) -> list[tuple[str, str]]:
@@ -69,6 +78,7 @@ def summarise(run: dict[str, Any], target: float, window: int) -> dict[str, Any]
         "grad_norm": (mean(gn), max(gn)) if gn else None,
         "ratio_max": max(vals("loss/ratio_max")) if vals("loss/ratio_max") else None,
         "zero_adv": mean(vals("batch/zero_adv_frac")) if vals("batch/zero_adv_frac") else None,
+        "config": run["config"],
     }
 
 
@@ -123,6 +133,7 @@ def markdown(
         else:
             said.append(f"- {name}: the rolling mean did not reach {target:g} in {s['steps']} steps ({how}).")
     lines += ["", *said]
+    lines += ["", *departures_lines({name: s["config"] for name, _, s in rows if s is not None})]
     return "\n".join(lines) + "\n"
 
 

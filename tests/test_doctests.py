@@ -17,6 +17,10 @@ MODULES = [
     "common.run.metrics",
     "common.envs.textcraft.prompts",
     "common.policy.warmstart",
+    "common.run.setup",
+    "common.run.evaluation",
+    "common.train_config",
+    "level1_batched.vllm_engine",
 ]
 
 

@@ -169,7 +169,7 @@ def paper_departures(cfg: TrainConfig) -> list[str]:
     >>> paper = dict(paper_profile("textcraft"), model="Qwen/Qwen3-4B-Instruct-2507", init_adapter="none")
     >>> paper_departures(TrainConfig.make(**paper))
     []
-    >>> paper_departures(TrainConfig.make(**paper, lr=1e-5, lora_rank=8, steps=60))
+    >>> paper_departures(TrainConfig.make(**{**paper, "lr": 1e-5, "lora_rank": 8, "steps": 60}))
     ['--lr: 1e-05 (paper: 3e-06)', '--lora-rank: 8 (paper: 0, every weight trains)', '--steps: 60 (paper: 250)']
     """
     from common.train_config import OptimConfig, paper_profile
@@ -194,9 +194,11 @@ def paper_departures(cfg: TrainConfig) -> list[str]:
     preset = get_preset(cfg.method)
     if cfg.schedule and Schedule.parse(cfg.schedule) != Schedule.parse(preset.schedule):
         out.append(f"--schedule: {cfg.schedule} (paper: {preset.schedule})")
+    if cfg.tasks:  # a task file replaces the generated pool (--difficulty, --n-tasks do not apply)
+        out.append(f"--tasks: {cfg.tasks} (paper: its training mix)")
     for key, paper in paper_profile(cfg.env).items():
-        if key == "dtype":
-            continue  # resolved per machine: bf16 where the hardware computes it
+        if key == "dtype" or (cfg.tasks and key in ("difficulty", "n_tasks")):
+            continue  # dtype: resolved per machine (bf16 where the hardware computes it)
         differ(key, paper)
     return out
 

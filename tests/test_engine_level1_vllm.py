@@ -15,7 +15,7 @@ random Llama with head size 64 (vLLM's CPU attention rejects ``tiny``'s 16), flo
    of a fixed sequence equal the trainer's final model's), while parts 1 and 3 run it in this process.
 3. ``sera eval --engine vllm`` (``EvalConfig(engine="vllm")``): an ``hf:PATH`` policy evaluates on the
    vllm engine without errors.
-4. LoRA RL (``--lora-rank 4``, issue #39): the engine serves the trainer's adapter UNMERGED, a new version
+4. LoRA RL (``--lora-rank 4``, issue #39; with the fast trainer, the GPU default): the engine serves the trainer's adapter UNMERGED, a new version
    after every optimizer step (``LoRARequest`` id = version + 1); after two steps its log-probs of a fixed
    sequence equal the trained adapter's (rebuilt from the checkpoint, which holds only ``lora_A``/``lora_B``),
    and every trained step's ``loss/abs_log_ratio`` is ~0 (the engine sampled with the adapter the trainer
@@ -123,7 +123,7 @@ cfg = TrainConfig.make(
     score_noise=0.3, difficulty="medium", n_tasks=16, max_task_replacements=3, max_idle_rounds=6, lr=3e-2,
     dtype="float32", max_batch_size=8, lora_rank=4,
 )
-hist = train(cfg, Level1Config(engine="vllm"), progress=False)
+hist = train(cfg, Level1Config(engine="vllm", fast_trainer=True), progress=False)  # the GPU default trainer
 engine = made[0]
 out["lora"] = {
     "version": engine.version, "lora_id": engine.lora.lora_int_id if engine.lora is not None else None,

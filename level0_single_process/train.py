@@ -52,6 +52,7 @@ from common.rl.loss import cispo_loss, token_logprobs
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.evaluation import InRunEval
+from common.run.memory import release_memory
 from common.run.metrics import (
     NO_UPDATE,
     MetricsWriter,
@@ -96,7 +97,7 @@ def datum_logprobs(model, datum) -> torch.Tensor:
     output tokens and the last one; the LM head over a 1.5K-token prompt would be most of the memory."""
     ids = torch.tensor([datum.prompt_ids + datum.output_ids], device=model.device)
     T = len(datum.output_ids)
-    logits = model(input_ids=ids, logits_to_keep=T + 1).logits  # [1, T+1, V]
+    logits = model(input_ids=ids, logits_to_keep=T + 1, use_cache=False).logits  # [1, T+1, V]
     return token_logprobs(logits[:, :-1], ids[:, ids.shape[1] - T :])  # [1, T]: position t predicts token t+1
 
 
@@ -131,6 +132,25 @@ def accumulate_gradients(
         total += loss.item()
         clipped += m["loss/clip_frac"] * sum(d.loss_mask)
     return {"loss/cispo": total, "loss/tokens": float(n_tokens), "loss/clip_frac": clipped / max(1, n_tokens)}
+
+
+def lean_training(model, optimizer) -> None:
+    """What keeps level 0's peak memory near its weights and optimizer state (issue #38.7: the quick start
+    peaked at 7.1 GB RSS, mostly one ~2K-token datum's activations, 1-2 GB, kept beside everything else):
+
+    * activation checkpointing of every decoder layer (transformers' ``activation_checkpointing_enable``,
+      non-reentrant): the backward pass recomputes a layer's activations instead of keeping all of them; it
+      acts in ``model.train()`` only, so generation (``model.eval()``) is untouched. The same gradients, bit
+      for bit on a CPU (``tests/test_quickstart_cost.py``); the forward runs twice, so a training step takes
+      longer (the step is a small part of a quick-start round);
+    * each parameter's gradient moved into its fp32 master as soon as it is complete
+      (:meth:`~common.run.optim.MasterWeightAdamW.grads_to_masters_in_backward`)."""
+    if getattr(model, "supports_gradient_checkpointing", False):
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.25 (the old name warns)
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    optimizer.grads_to_masters_in_backward()
 
 
 def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float]:
@@ -168,7 +188,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
         train_policy(cfg, model, tokenizer, max_batch_size=cfg.max_batch_size), stats
     )  # the calls in flight together (siblings, the group's rollouts) run as one batch
     optimizer = make_optimizer(model, cfg.optim)
-    ckpt = TorchCheckpointer(out)
+    lean_training(model, optimizer)  # activation checkpointing; gradients onto the masters as they come
+    ckpt = TorchCheckpointer(out, keep=cfg.keep_checkpoints)
     state = (ckpt.load_latest(model, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
     truncate_logs(out, state.round)
     env, sampler = (
@@ -198,6 +219,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
             cfg, stage, state.round, sampler, env, policy, judge, preset, dropped
         )
         t_roll = time.perf_counter() - t0
+        release_memory()  # the rollouts' caches, freed on the engine's thread, back to the OS before training
         trees = [t for g in groups for t in g]
         # 2. Rewards -> LOO advantages -> datums of this stage (common/rl: rewards.py, datums.py, weights.py).
         batch = build_stage_batch(
@@ -213,6 +235,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
         updated = batch.takes_step(cfg.min_trainable_datums)  # public decide_sync_action (paper: 8)
         train_metrics = train_on_batch(model, optimizer, batch, cfg) if updated else dict(NO_UPDATE)
         t_train = time.perf_counter() - t1
+        release_memory()  # the step's activations, before the next rollouts
         # 4. Log (first), checkpoint (second): a run killed in between redoes this round.
         metrics = step_metrics(
             round=state.round, step=state.step, stage=stage, trees=trees, batch=batch, train=train_metrics,

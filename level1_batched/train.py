@@ -257,7 +257,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         train_policy(cfg, model, tokenizer, max_batch_size=cfg.max_batch_size, engine=engine), stats
     )
     optimizer = make_optimizer(model, cfg.optim)
-    ckpt = TorchCheckpointer(out)
+    ckpt = TorchCheckpointer(out, keep=cfg.keep_checkpoints)
     state = (ckpt.load_latest(model, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
     if engine is not None:
         sync_weights(engine, model, state.step)  # the engine started before a resumed checkpoint loaded

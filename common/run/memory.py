@@ -1,0 +1,50 @@
+"""Memory a run gives back between its phases (issue #38.7).
+
+A level-0 round has two phases that each need a few hundred MB for a while: the rollouts (prefills and KV
+caches, on the engine's worker thread) and the training step (activations, on the main thread). glibc's
+malloc keeps what a thread frees in that thread's arena for later; memory freed on the worker thread is not
+reused by the main thread, so without help the two peaks add up in the resident set, and so does every
+round's fragmentation. :func:`release_memory` (``malloc_trim(0)``: every arena's free pages go back to the
+operating system) at each phase boundary keeps the process's peak near that of its largest phase. A no-op
+where the C library has no ``malloc_trim`` (macOS, musl).
+
+    >>> release_memory() in (True, False)
+    True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import resource
+import sys
+from functools import cache
+from typing import Any
+
+
+@cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_memory() -> bool:
+    """Collect garbage and return the C heap's free pages to the OS. True where ``malloc_trim`` ran."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident set size so far, in GB (10^9 bytes; ``ru_maxrss``: kB on Linux, bytes on
+    macOS): what ``/usr/bin/time -v`` reports as "Maximum resident set size" for the run's main process."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e9 if sys.platform == "darwin" else peak * 1e3 / 1e9

@@ -52,7 +52,7 @@ from common.rl.loss import cispo_loss, token_logprobs
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.evaluation import InRunEval
-from common.run.memory import release_memory
+from common.run.memory import large_blocks_to_the_os, release_memory
 from common.run.metrics import (
     NO_UPDATE,
     MetricsWriter,
@@ -67,7 +67,7 @@ from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import collect_groups as collect_task_groups
 from common.run.rollout import make_env_with_prompts, rollout_in_flight
-from common.run.setup import idle_hint, method_and_schedule, train_policy
+from common.run.setup import idle_hint, method_and_schedule, stages_note, train_policy
 from common.train_config import TrainConfig
 
 
@@ -174,6 +174,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     from common.policy.warmstart import resolve_init
 
     init = resolve_init(cfg.init_adapter, cfg.model, cfg.env, cfg.seed)  # a mismatched adapter fails here
+    large_blocks_to_the_os()  # weights in conversion, KV caches, activations: unmapped when freed (memory.py)
     out = Path(cfg.out)
     prepare_out(out, cfg.resume)
     seed_everything(cfg.seed)
@@ -203,6 +204,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     print(
         f"[level0] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | steps {state.step}->{cfg.steps}"
     )
+    stages = stages_note(schedule, state.step, cfg.steps)  # the quick start: Execution-stage steps only
+    if stages:
+        print(stages)
     stats.stuck_path = out / "stuck_calls.jsonl"  # what was in flight when a deadline fired
     bar = RunProgress(progress, cfg.steps, state.step, stats)  # + a heartbeat line every 30 s of a slow round
     held_out = InRunEval(cfg)  # --eval-tasks: held-out success of the current policy at step 0 and every N
@@ -265,6 +269,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     writer.close()
     if history:
         plot_curves(out / "metrics.jsonl", out / "curves.png")
+    if stages:
+        print(stages)  # said again at the end, beside what the run wrote
     print(closing_line(out, state.step, state.round))
     return RunHistory(history, stopped=stopped)
 

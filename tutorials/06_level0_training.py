@@ -1,10 +1,14 @@
 # %% [markdown]
 # # Tutorial 6 — a level-0 training run, end to end
 #
-# `level0_single_process/train.py` is the whole algorithm in one file. Here we run it for two optimizer
-# steps with the random-init `tiny` model. A random model never succeeds, so RL has no signal; the
-# `oracle_mix` option lets the scripted oracle write some replies that are teacher-forced through the
-# model (off-policy) so every stage produces datums. For the real thing run `sera train` (SmolLM2).
+# `level0_single_process/train.py` is the whole algorithm in one file. Here we run it for three optimizer
+# steps with the random-init `tiny` model, one of each stage: Execution (every agent's own reward),
+# Delegation (a parent's choice to delegate) and Rubric (the rubric writer, ranked on counterfactual
+# branches). A random model never succeeds, so RL has no signal; the `oracle_mix` option lets the scripted
+# oracle write some replies that are teacher-forced through the model (off-policy) and `score_noise` flips
+# some of its scores, so every stage produces datums. For the real thing run `sera train` (SmolLM2): its two
+# steps are both Execution-stage steps (the default cycle is execution:16,delegation:2,rubric:2), which is
+# why this tutorial is where the other two stages train.
 
 # %%
 import json
@@ -17,8 +21,10 @@ from level0_single_process.train import train
 
 WORK = tempfile.TemporaryDirectory(prefix="sera_tutorial06_")  # deleted when Python exits
 out = Path(WORK.name) / "run"
-cfg = TrainConfig.make(model="tiny", steps=2, out=str(out), schedule="execution:1,delegation:1", difficulty="medium",
-                  tasks_per_step=1, rollouts_per_task=2, max_steps=3, max_new_tokens=16, oracle_mix=0.7)
+cfg = TrainConfig.make(model="tiny", steps=3, out=str(out), schedule="execution:1,delegation:1,rubric:1",
+                  difficulty="medium", n_tasks=16, tasks_per_step=2, rollouts_per_task=2, max_steps=3,
+                  max_new_tokens=16, rubric_max_new_tokens=16, oracle_mix=0.7, score_noise=0.3,
+                  max_task_replacements=3, max_idle_rounds=6)
 history = train(cfg, progress=False)
 
 # %% [markdown]
@@ -33,7 +39,7 @@ for r in rows:
           f"grad_norm {r['grad_norm']:.4f} root_success {r['reward/root_success']:.2f}")  # fmt: skip
 assert len(rows) == len(history) and all(name in rows[0] for name in METRIC_NAMES)
 updated = [r for r in rows if r["loss/tokens"] > 0]  # a round without a trained token makes no step
-assert [r["stage"] for r in updated] == ["execution", "delegation"]  # the schedule: one step of each
+assert [r["stage"] for r in updated] == ["execution", "delegation", "rubric"]  # the schedule: one of each
 assert all(r["grad_norm"] > 0 and r["loss/cispo"] == r["loss/cispo"] for r in updated)  # finite, non-zero
 
 # %% [markdown]
@@ -43,7 +49,8 @@ assert all(r["grad_norm"] > 0 and r["loss/cispo"] == r["loss/cispo"] for r in up
 png = (out / "curves.png").read_bytes()
 print(f"curves.png: {len(png):,} bytes")
 assert png[:8] == b"\x89PNG\r\n\x1a\n"
-print(f"TUTORIAL06 steps {len(updated)} last_loss {updated[-1]['loss/cispo']:.4f}")
+print(f"TUTORIAL06 steps {len(updated)} stages {','.join(r['stage'] for r in updated)} "
+      f"last_loss {updated[-1]['loss/cispo']:.4f}")
 
 # %% [markdown]
 # ## GPU notes

@@ -94,8 +94,10 @@ class MasterWeightAdamW:
             return
 
         def move(p: torch.nn.Parameter, m: torch.Tensor) -> None:
-            g = p.grad.detach().float()
-            m.grad = g if m.grad is None else m.grad.add_(g)
+            if m.grad is None:
+                m.grad = p.grad.detach().float()
+            else:  # bf16 -> fp32 inside the add (exact), no fp32 copy of the whole gradient first
+                m.grad.add_(p.grad.detach())
             p.grad = None
 
         for p, m in zip(self.params, self.masters, strict=True):

@@ -196,16 +196,24 @@ def test_resume_may_change_how_many_checkpoints_are_kept():
     assert config_differences({"lr": 1e-3}, {"lr": 1e-3, "keep_checkpoints": 1}) == []  # a run from before it
 
 
-def test_a_level0_run_keeps_one_checkpoint_and_resumes_from_it(tmp_path):
-    """Two steps of the test model: one checkpoint left (step 2); --resume with --steps 3 continues it."""
+def test_a_level0_run_keeps_one_checkpoint_and_resumes_from_it(tmp_path, capsys):
+    """Two steps of the test model with the quick start's schedule: one checkpoint left (step 2), and the run
+    says (first and last) that its steps were Execution-stage steps only and where all three stages train;
+    --resume with --steps 3 continues it."""
     from common.train_config import TrainConfig
     from level0_single_process.train import train
 
-    flat = dict(model="tiny", out=str(tmp_path / "run"), schedule="execution:1", max_steps=2, max_new_tokens=8,
+    flat = dict(model="tiny", out=str(tmp_path / "run"), max_steps=2, max_new_tokens=8,
                 oracle_mix=0.7, difficulty="medium", n_tasks=8, max_task_replacements=3, max_idle_rounds=6,
                 max_batch_size=1)  # fmt: skip
     train(TrainConfig.make(steps=2, **flat), progress=False)
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000002"]
+    lines = capsys.readouterr().out.splitlines()
+    note = [i for i, line in enumerate(lines) if "Execution-stage steps only" in line]
+    assert len(note) == 2 and lines[note[0] - 1].startswith("[level0]"), lines
+    assert note[1] == len(lines) - 2 and lines[-1].startswith("done: 2 optimizer steps")  # beside the outputs
+    assert "steps 0-1 are Execution-stage steps only" in lines[note[1]]
+    assert "tutorials/06_level0_training.py" in lines[note[1]] and (ROOT / "tutorials/06_level0_training.py").is_file()
     train(TrainConfig.make(steps=3, resume=True, keep_checkpoints=2, **flat), progress=False)
     left = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert left == ["step_000002", "step_000003"]

@@ -6,12 +6,14 @@ malloc keeps what a thread frees in that thread's arena for later; memory freed 
 reused by the main thread, so without help the two peaks add up in the resident set, and so does every
 round's fragmentation (continuous batching allocates and frees a KV cache at every merge). Two settings:
 
-* :func:`large_blocks_to_the_os` (``mallopt(M_MMAP_THRESHOLD, 1 MiB)``): every block of 1 MiB or more (KV
-  caches, prefill activations, logits) is its own mapping, returned to the OS the moment it is freed.
+* :func:`large_blocks_to_the_os` (``mallopt(M_MMAP_THRESHOLD, 4 MiB)``): every block of 4 MiB or more (KV
+  caches, prefill and training activations) is its own mapping, returned to the OS the moment it is freed.
   glibc's default threshold starts at 128 KiB but rises with every large block freed, up to 32 MiB, after
   which such blocks stay in the heap. 8 SmolLM2 agents x 2 turns (1.2-1.6K-token prompts, bf16, continuous
   batching) left the process at 1.47 GB RSS by default, 1.15 GB with a 4 MiB threshold and 0.84 GB with
-  1 MiB, of which 0.72 GB live (bench/RESULTS.md, "The quick start's cost");
+  1 MiB, of which 0.72 GB live; but at 1 MiB every decode step's logits-sized temporaries (1-2 MB) are
+  mapped and faulted in afresh: a whole quick start took 81 M minor page faults and 239 s of system time
+  instead of 4.7 M and 48 s (bench/RESULTS.md, "The quick start's cost");
 * :func:`release_memory` (``malloc_trim(0)``: every arena's free pages go back to the OS) at each phase
   boundary, for the smaller blocks.
 
@@ -45,7 +47,7 @@ def _malloc_trim() -> Any:
 M_MMAP_THRESHOLD = -3
 """glibc's ``mallopt`` parameter number for the mmap threshold (malloc.h)."""
 
-MMAP_THRESHOLD = 2**20
+MMAP_THRESHOLD = 4 * 2**20
 """Blocks of this many bytes or more are mapped on their own and unmapped when freed."""
 
 

@@ -28,7 +28,7 @@ def stages_note(schedule: Schedule, start: int, steps: int) -> str | None:
     they train, where the others begin, and where to see them all; None when every stage gets a step.
 
     >>> print(stages_note(Schedule.parse("execution:16,delegation:2,rubric:2"), 0, 2))
-    steps 0-1 are Execution-stage steps only (the cycle execution:16,delegation:2,rubric:2 reaches delegation at step 16, rubric at step 18): this run trains no delegation and no rubric writing. All stages: --schedule execution:1,delegation:1,rubric:1 --steps 3 asks for a step of each; tutorials/06_level0_training.py trains all three in about a minute
+    steps 0-1 are Execution-stage steps only (the cycle execution:16,delegation:2,rubric:2 reaches delegation at step 16, rubric at step 18): this run trains no delegation and no rubric writing. All stages: --schedule execution:1,delegation:1,rubric:1 --steps 3 asks for a step of each; tutorials/06_level0_training.py takes one step of each in about a minute
     >>> stages_note(Schedule.parse("execution:1,delegation:1,rubric:1"), 0, 3) is None
     True
     """
@@ -46,7 +46,7 @@ def stages_note(schedule: Schedule, start: int, steps: int) -> str | None:
     return (
         f"{span} {which}-stage steps only (the cycle {schedule} reaches {reach}): this run trains {no}. "
         f"All stages: --schedule {every} --steps {len(order)} asks for a step of each; {ALL_STAGES_TUTORIAL} "
-        "trains all three in about a minute"
+        "takes one step of each in about a minute"
     )
 
 

@@ -221,6 +221,11 @@ class TrainConfig:
     Rubric round has one datum per mixed counterfactual group: often fewer than 8)."""
     save_every: int = 1
     """Checkpoint every N optimizer steps."""
+    keep_checkpoints: int = 1
+    """Checkpoints kept in `out/checkpoints/` (levels 0 and 1): the newest N; an older one is deleted only
+    after the newer one is wholly written (0 = keep all). One SmolLM2-135M checkpoint is 1.9 GB (bf16
+    weights, fp32 master weights and AdamW moments: what an exact --resume needs). 2 keeps one to fall back
+    to when the newest is damaged; level 2's sharded checkpoints keep their own last 2."""
     seed: int = 0
     """Seed of task sampling, rollouts and model init (tiny)."""
     codeact_executor: str = "worker"
@@ -275,6 +280,7 @@ class TrainConfig:
                 ("rollouts_per_task", self.rollouts_per_task, 1),
                 ("n_tasks", self.n_tasks, 1),
                 ("save_every", self.save_every, 1),
+                ("keep_checkpoints", self.keep_checkpoints, 0),
                 ("max_batch_size", self.max_batch_size, 1),
                 ("max_idle_rounds", self.max_idle_rounds, 1),
                 ("min_trainable_datums", self.min_trainable_datums, 1),

@@ -53,6 +53,7 @@ from common.rl.loss import RatioStats, cispo_loss, token_logprobs
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.evaluation import InRunEval
+from common.run.memory import large_blocks_to_the_os, release_memory
 from common.run.metrics import (
     NO_UPDATE,
     MetricsWriter,
@@ -67,7 +68,14 @@ from common.run.optim import make_optimizer
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import collect_groups as collect_task_groups
 from common.run.rollout import make_env_with_prompts, rollout_in_flight
-from common.run.setup import departures_line, idle_hint, method_and_schedule, paper_departures, train_policy
+from common.run.setup import (
+    departures_line,
+    idle_hint,
+    method_and_schedule,
+    paper_departures,
+    stages_note,
+    train_policy,
+)
 from common.train_config import TrainConfig
 
 
@@ -97,7 +105,7 @@ def datum_logprobs(model, datum) -> torch.Tensor:
     output tokens and the last one; the LM head over a 1.5K-token prompt would be most of the memory."""
     ids = torch.tensor([datum.prompt_ids + datum.output_ids], device=model.device)
     T = len(datum.output_ids)
-    logits = model(input_ids=ids, logits_to_keep=T + 1).logits  # [1, T+1, V]
+    logits = model(input_ids=ids, logits_to_keep=T + 1, use_cache=False).logits  # [1, T+1, V]
     return token_logprobs(logits[:, :-1], ids[:, ids.shape[1] - T :])  # [1, T]: position t predicts token t+1
 
 
@@ -140,6 +148,25 @@ def accumulate_gradients(
     }
 
 
+def lean_training(model, optimizer) -> None:
+    """What keeps level 0's peak memory near its weights and optimizer state (issue #38.7: the quick start
+    peaked at 7.1 GB RSS, mostly one ~2K-token datum's activations, 1-2 GB, kept beside everything else):
+
+    * activation checkpointing of every decoder layer (transformers' ``activation_checkpointing_enable``,
+      non-reentrant): the backward pass recomputes a layer's activations instead of keeping all of them; it
+      acts in ``model.train()`` only, so generation (``model.eval()``) is untouched. The same gradients, bit
+      for bit on a CPU (``tests/test_quickstart_cost.py``); the forward runs twice, so a training step takes
+      longer (the step is a small part of a quick-start round);
+    * each parameter's gradient moved into its fp32 master as soon as it is complete
+      (:meth:`~common.run.optim.MasterWeightAdamW.grads_to_masters_in_backward`)."""
+    if getattr(model, "supports_gradient_checkpointing", False):
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.25 (the old name warns)
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    optimizer.grads_to_masters_in_backward()
+
+
 def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float]:
     """One optimizer step: gradients of the whole batch, global-norm clip, AdamW (fp32 master weights).
     Only the datums with a gradient run (``batch.with_gradient()``: a zero advantage gives an exactly zero
@@ -161,6 +188,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     from common.policy.warmstart import resolve_init
 
     init = resolve_init(cfg.init_adapter, cfg.model, cfg.env, cfg.seed)  # a mismatched adapter fails here
+    large_blocks_to_the_os()  # weights in conversion, KV caches, activations: unmapped when freed (memory.py)
     out = Path(cfg.out)
     prepare_out(out, cfg.resume)
     seed_everything(cfg.seed)
@@ -177,7 +205,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
         train_policy(cfg, model, tokenizer, max_batch_size=cfg.max_batch_size), stats
     )  # the calls in flight together (siblings, the group's rollouts) run as one batch
     optimizer = make_optimizer(model, cfg.optim)
-    ckpt = TorchCheckpointer(out)
+    lean_training(model, optimizer)  # activation checkpointing; gradients onto the masters as they come
+    ckpt = TorchCheckpointer(out, keep=cfg.keep_checkpoints)
     trained = checkpointed(model)  # what a checkpoint holds: the model, or a LoRA run's adapter only
     state = (ckpt.load_latest(trained, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
     truncate_logs(out, state.round)
@@ -196,6 +225,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     print(
         f"[level0] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | steps {state.step}->{cfg.steps}"
     )
+    stages = stages_note(schedule, state.step, cfg.steps)  # the quick start: Execution-stage steps only
+    if stages:
+        print(stages)
     stats.stuck_path = out / "stuck_calls.jsonl"  # what was in flight when a deadline fired
     bar = RunProgress(progress, cfg.steps, state.step, stats)  # + a heartbeat line every 30 s of a slow round
     held_out = InRunEval(cfg)  # --eval-tasks: held-out success of the current policy at step 0 and every N
@@ -212,6 +244,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
             cfg, stage, state.round, sampler, env, policy, judge, preset, dropped
         )
         t_roll = time.perf_counter() - t0
+        release_memory()  # the rollouts' caches, freed on the engine's thread, back to the OS before training
         trees = [t for g in groups for t in g]
         # 2. Rewards -> LOO advantages -> datums of this stage (common/rl: rewards.py, datums.py, weights.py).
         batch = build_stage_batch(
@@ -228,6 +261,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
         updated = batch.takes_step(cfg.min_trainable_datums)  # public decide_sync_action (paper: 8)
         train_metrics = train_on_batch(model, optimizer, batch, cfg) if updated else dict(NO_UPDATE)
         t_train = time.perf_counter() - t1
+        release_memory()  # the step's activations, before the next rollouts
         # 4. Log (first), checkpoint (second): a run killed in between redoes this round.
         metrics = step_metrics(
             round=state.round, step=state.step, stage=stage, trees=trees, batch=batch, train=train_metrics,
@@ -257,6 +291,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     writer.close()
     if history:
         plot_curves(out / "metrics.jsonl", out / "curves.png")
+    if stages:
+        print(stages)  # said again at the end, beside what the run wrote
     print(closing_line(out, state.step, state.round))
     return RunHistory(history, stopped=stopped)
 

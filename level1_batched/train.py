@@ -274,7 +274,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         train_policy(cfg, model, tokenizer, max_batch_size=cfg.max_batch_size, engine=engine), stats
     )
     optimizer = make_optimizer(model, cfg.optim)
-    ckpt = TorchCheckpointer(out)
+    ckpt = TorchCheckpointer(out, keep=cfg.keep_checkpoints)
     trained = checkpointed(model)  # what a checkpoint holds: the model, or a LoRA run's adapter only
     state = (ckpt.load_latest(trained, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
     if engine is not None:

@@ -95,10 +95,16 @@ def model_dir(name: str) -> str:
 
 def save_model(model: Any, tokenizer: Any, directory: str | Path | None = None) -> str:
     """Write a transformers ``model`` + ``tokenizer`` where vLLM can load them (a fresh temp directory by
-    default): how an engine starts from exactly the trainer's weights."""
+    default, deleted when this process exits: a copy of the weights as big as the model, which every level-1
+    ``--engine vllm`` run used to leave in /tmp): how an engine starts from exactly the trainer's weights."""
+    import atexit
+    import shutil
     import tempfile
 
-    target = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="sera-engine-"))
+    if directory is None:
+        directory = tempfile.mkdtemp(prefix="sera-engine-")
+        atexit.register(shutil.rmtree, directory, True)  # the engine has loaded it long before
+    target = Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)

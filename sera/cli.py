@@ -45,8 +45,15 @@ from common.run.entry import ENTRY_ENV
 # option names ("--rollouts-per-t…"), so help falls back to click's plain layout, which wraps the text
 # instead and always prints every option name whole.
 HELP_MARKUP = "rich" if shutil.get_terminal_size().columns >= 100 else None
+APP_HELP = (
+    "SERA: recursive agents that write, freeze and learn rubrics.\n\n"
+    "Start with `sera train`: a short SERA run of the bundled SmolLM2-135M on TextCraft, on this machine's "
+    "CPU (about 10 minutes on 2 cores); its last line names what it wrote in runs/level0/. Then `sera view "
+    "runs/level0/trees.jsonl --html trees.html` draws the trees it grew. `sera COMMAND --help` for the rest."
+)
+"""``sera --help``: what the tool is and what to run first."""
 app = typer.Typer(
-    help="SERA: recursive agents that write, freeze and learn rubrics.",
+    help=APP_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -72,7 +79,6 @@ def main(
         False, "--version", callback=_version, is_eager=True, help="Print the version."
     ),
 ) -> None:
-    """SERA: recursive agents that write, freeze and learn rubrics."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time: no hub retries
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     stop_on_signals()
@@ -691,6 +697,13 @@ SFT_PANELS: dict[str, tuple[str, ...]] = {
     ),
     "Checkpoints": ("save_every",),
 }
+TRAIN_EXAMPLES = (
+    "\b\nExamples:\n"
+    "  sera train    # start here: SmolLM2-135M from the shipped warm start, TextCraft, 2 steps on a CPU\n"
+    "  sera train --paper --model Qwen/Qwen3-4B-Instruct-2507 --level 1 --engine vllm   # the paper's sizes, GPU"
+)
+"""What ``sera train --help`` opens with: the quick start and the paper's run (README "Commands" has more)."""
+
 RESUMING = (
     "Interrupted (Ctrl-C, a kill, a crash), a run continues from its last checkpoint with the same command "
     "plus --resume; a directory that already holds a run is never replaced without --overwrite."
@@ -961,7 +974,7 @@ def _register_train() -> None:
         TRAIN_PANELS,
         _panel_by_group(TrainConfig, {"rollout": ROLLOUT_PANEL, "optim": RL_PANEL}, RUN_PANEL),
     )
-    cmd.__doc__ = f"Train a policy with SERA (or an ablation preset).\n\n{RESUMING}"
+    cmd.__doc__ = f"Train a policy with SERA (or an ablation preset).\n\n{TRAIN_EXAMPLES}\n\n{RESUMING}"
     app.command("train", cls=PanelCommand)(cmd)
 
 

@@ -13,6 +13,9 @@ each module on one of them. Tests that start Ray start a cluster of their own (`
 joining one that another worker started. (``--dist loadgroup``, which would keep the vLLM and the Ray
 modules on one worker each, does nothing with pytest 9.2 and pytest-xdist 3.8: xdist writes the group into
 ``item._nodeid``, which pytest 9 no longer reads.)
+
+Temporary files: the whole session writes under one directory of its own, deleted when every test passed
+(tests/session_tmp.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 from pathlib import Path
 
 import pytest
+from session_tmp import pytest_configure, pytest_sessionfinish  # noqa: F401 - the session's own TMPDIR
 
 OFFLINE = {
     "HF_HUB_OFFLINE": "1",

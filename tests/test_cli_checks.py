@@ -92,6 +92,8 @@ RANGE_CASES = [
     (["train", "--step-timeout-s", "0"], "--step-timeout-s must be > 0"),
     (["train", "--cancel-grace-s", "-1"], "--cancel-grace-s must be >= 0"),
     (["train", "--seed", "-1"], "--seed must be >= 0"),
+    (["train", "--keep-checkpoints", "-1"], "--keep-checkpoints must be >= 0 (got -1)"),
+    (["train", "--level", "1", "--keep-checkpoints", "-2"], "--keep-checkpoints must be >= 0 (got -2)"),
     (["train", "--oracle-mix", "-0.1", "--score-noise", "1.5"], "--oracle-mix must be in [0, 1] (got -0.1); --score-noise"),
     (["train", "--level", "1", "--gpu-memory-utilization", "0"], "--gpu-memory-utilization must be in (0, 1]"),
     (["train", "--level", "2", "--collective-timeout-s", "0"], "--collective-timeout-s must be > 0"),
@@ -189,7 +191,7 @@ def saved_run(out: Path, steps: int = 2):
     from common.run.checkpoint import RunState, TorchCheckpointer
 
     model, opt = small_model_and_optimizer(0)
-    ckpt = TorchCheckpointer(out)
+    ckpt = TorchCheckpointer(out, keep=2)  # the default keeps only the newest: nothing to fall back to
     weights = {}
     for step in range(1, steps + 1):
         with torch.no_grad():
@@ -249,7 +251,8 @@ def test_resume_of_a_run_with_a_damaged_checkpoint_continues(tmp_path):
     args = ["train", "--model", "tiny", "--out", str(run), "--max-steps", "3", "--max-new-tokens", "16",
             "--rubric-max-new-tokens", "16", "--oracle-mix", "0.7", "--score-noise", "0.3", "--difficulty",
             "medium", "--n-tasks", "16", "--max-task-replacements", "3", "--tasks-per-step", "2",
-            "--schedule", "execution:1,delegation:1,rubric:1", "--max-idle-rounds", "6"]  # fmt: skip
+            "--schedule", "execution:1,delegation:1,rubric:1", "--max-idle-rounds", "6",
+            "--keep-checkpoints", "2"]  # fmt: skip
     first = sera(*args, "--steps", "2")
     assert first.returncode == 0, first.stderr[-3000:]
     assert (run / "checkpoints" / "step_000002").is_dir(), first.stdout[-2000:]

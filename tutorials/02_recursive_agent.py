@@ -13,7 +13,7 @@
 
 # %%
 import asyncio
-import tempfile
+import os
 from pathlib import Path
 
 from common.agent.runtime import RuntimeConfig, run_root
@@ -63,12 +63,14 @@ print("TUTORIAL02 children", len(children), "mean_score", sum(c.score for c in c
 # ## The viewer
 # `write_html` writes one self-contained page: click a node to read its messages, rubric and score. The
 # CLI does the same: `sera rollout ... --log runs/r.jsonl` then `sera view runs/r.jsonl --html r.html`.
+# The page stays after the script ends (`runs/` is the repository's ignored output folder;
+# `SERA_TUTORIAL_OUT=DIR` puts it elsewhere): open it in a browser.
 
 # %%
-WORK = tempfile.TemporaryDirectory(prefix="sera_tutorial02_")  # deleted when Python exits
-page = write_html([tree], Path(WORK.name) / "tree.html")
+OUT = Path(os.environ.get("SERA_TUTORIAL_OUT", "runs/tutorials"))
+page = write_html([tree], OUT / "02_tree.html")
 html = page.read_text()
-print(page, f"{len(html):,} bytes")
+print(f"TUTORIAL02 wrote {page} ({len(html):,} bytes): open it in a browser")
 assert html.lstrip().lower().startswith("<!doctype html")
 assert all(c.node_id in html for c in children) and "goal_completed" in html
 

@@ -1,10 +1,14 @@
 # %% [markdown]
 # # Tutorial 6 — a level-0 training run, end to end
 #
-# `level0_single_process/train.py` is the whole algorithm in one file. Here we run it for two optimizer
-# steps with the random-init `tiny` model. A random model never succeeds, so RL has no signal; the
-# `oracle_mix` option lets the scripted oracle write some replies that are teacher-forced through the
-# model (off-policy) so every stage produces datums. For the real thing run `sera train` (SmolLM2).
+# `level0_single_process/train.py` is the whole algorithm in one file. Here we run it for three optimizer
+# steps with the random-init `tiny` model, one of each stage: Execution (every agent's own reward),
+# Delegation (a parent's choice to delegate) and Rubric (the rubric writer, ranked on counterfactual
+# branches). A random model never succeeds, so RL has no signal; the `oracle_mix` option lets the scripted
+# oracle write some replies that are teacher-forced through the model (off-policy) and `score_noise` flips
+# some of its scores, so every stage produces datums. For the real thing run `sera train` (SmolLM2): its two
+# steps are both Execution-stage steps (the default cycle is execution:16,delegation:2,rubric:2), which is
+# why this tutorial is where the other two stages train.
 
 # %%
 import json
@@ -17,8 +21,17 @@ from level0_single_process.train import train
 
 WORK = tempfile.TemporaryDirectory(prefix="sera_tutorial06_")  # deleted when Python exits
 out = Path(WORK.name) / "run"
-cfg = TrainConfig.make(model="tiny", steps=2, out=str(out), schedule="execution:1,delegation:1", difficulty="medium",
-                  tasks_per_step=1, rollouts_per_task=2, max_steps=3, max_new_tokens=16, oracle_mix=0.7)
+# One task per step; sibling agents act on their shared world in one fixed order (`worker-ordered`), so the
+# run repeats exactly: a Rubric round needs a counterfactual group whose branches differ, which takes a few
+# rounds here (a round without a trained token does not move the clock; the stage is retried). The Rubric
+# step this run takes has one such group, and a group's leave-one-out advantage needs another group to
+# compare with: it is 0, so that step's gradient is zero (AdamW still decays the weights). Tutorial 9 takes
+# Rubric steps on two tasks per step, with a gradient and the rubric pair accuracy; tutorial 4 builds the
+# rubric datums of a mixed group by hand.
+cfg = TrainConfig.make(model="tiny", steps=3, out=str(out), schedule="execution:1,delegation:1,rubric:1",
+                  difficulty="medium", n_tasks=16, tasks_per_step=1, rollouts_per_task=2, max_steps=3,
+                  max_new_tokens=16, rubric_max_new_tokens=16, oracle_mix=0.7, score_noise=0.3,
+                  max_task_replacements=3, max_idle_rounds=4, codeact_executor="worker-ordered")
 history = train(cfg, progress=False)
 
 # %% [markdown]
@@ -32,9 +45,10 @@ for r in rows:
     print(f"round {r['round']} step {r['step']} {r['stage']:<10} loss {r['loss/cispo']:.4f} "
           f"grad_norm {r['grad_norm']:.4f} root_success {r['reward/root_success']:.2f}")  # fmt: skip
 assert len(rows) == len(history) and all(name in rows[0] for name in METRIC_NAMES)
-updated = [r for r in rows if r["loss/tokens"] > 0]  # a round without a trained token makes no step
-assert [r["stage"] for r in updated] == ["execution", "delegation"]  # the schedule: one step of each
-assert all(r["grad_norm"] > 0 and r["loss/cispo"] == r["loss/cispo"] for r in updated)  # finite, non-zero
+updated = [r for r in rows if not r["train/skipped"]]  # a round without a trained token makes no step
+assert [r["stage"] for r in updated] == ["execution", "delegation", "rubric"]  # the schedule: one of each
+assert all(r["loss/tokens"] > 0 and r["loss/cispo"] == r["loss/cispo"] for r in updated)  # trained, finite
+assert any(r["grad_norm"] > 0 for r in updated)
 
 # %% [markdown]
 # `curves.png` plots every metric against the step (open it in any image viewer):
@@ -43,7 +57,8 @@ assert all(r["grad_norm"] > 0 and r["loss/cispo"] == r["loss/cispo"] for r in up
 png = (out / "curves.png").read_bytes()
 print(f"curves.png: {len(png):,} bytes")
 assert png[:8] == b"\x89PNG\r\n\x1a\n"
-print(f"TUTORIAL06 steps {len(updated)} last_loss {updated[-1]['loss/cispo']:.4f}")
+print(f"TUTORIAL06 steps {len(updated)} stages {','.join(r['stage'] for r in updated)} "
+      f"last_loss {updated[-1]['loss/cispo']:.4f}")
 
 # %% [markdown]
 # ## GPU notes

@@ -357,6 +357,9 @@ class HFPolicy(Engine):
             k = aligned(ka.transpose(2, 3), kb.transpose(2, 3)).transpose(2, 3)
             v = aligned(va.transpose(2, 3), vb.transpose(2, 3)).transpose(2, 3)
             cache.update(k.contiguous(), v.contiguous(), layer)
+            del ka, va, kb, vb, k, v
+            for old in (a.cache.layers[layer], b.cache.layers[layer]):  # a and b end here: free as we go,
+                old.keys = old.values = None  # so the merge holds one cache and a layer, not two caches
         return _Batch(rows, cache, aligned(a.mask, b.mask), T)
 
     def _step(self, batch: _Batch, feed: Any) -> None:

@@ -213,12 +213,14 @@ def prepare_out(out: Path, resume: bool, overwrite: bool = False) -> None:
         print(note, flush=True)
 
 
+RESUMABLE_CHANGES = ("steps", "resume", "max_idle_rounds", "init_adapter", "keep_checkpoints")
+"""Settings a --resume may change: the step target, the resume flag, the idle limit, --init-adapter (the
+starting weights of a resumed run are its checkpoint's) and how many checkpoints are kept."""
+
+
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """The config keys that must match on --resume (the step target and the resume flag may change; so may
-    --init-adapter: the starting weights of a resumed run are its checkpoint's)."""
-    return {
-        k: v for k, v in config.items() if k not in ("steps", "resume", "max_idle_rounds", "init_adapter")
-    }
+    """The config keys that must match on --resume (all but :data:`RESUMABLE_CHANGES`)."""
+    return {k: v for k, v in config.items() if k not in RESUMABLE_CHANGES}
 
 
 def _fsync(path: Path) -> None:
@@ -257,13 +259,17 @@ def config_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 
 class TorchCheckpointer:
-    """``out/checkpoints/step_NNNNNN/state.pt`` via torch.save; keeps the last ``keep``.
+    """``out/checkpoints/step_NNNNNN/state.pt`` via torch.save; keeps the newest ``keep`` (0 = all;
+    ``--keep-checkpoints``, default 1).
 
     Written to ``.tmp_step_NNNNNN/`` (flushed to the disk) and renamed, so a crash while writing leaves the
-    checkpoints before it whole; on --resume a damaged newest checkpoint (a truncated file, a disk error) is
-    named and the newest intact one before it is used."""
+    checkpoints before it whole; older ones are deleted only after that rename (for a moment the disk holds
+    one more). On --resume a damaged newest checkpoint (a truncated file, a disk error) is named and the
+    newest intact one before it is used (there is one with ``keep`` >= 2)."""
 
-    def __init__(self, out: Path, keep: int = 2):
+    def __init__(self, out: Path, keep: int = 1):
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0 (0 = keep every checkpoint), got {keep}")
         self.dir, self.keep = out / "checkpoints", keep
 
     def save(self, state: RunState, model: Any, optimizer: Any, config: dict[str, Any]) -> None:
@@ -288,9 +294,10 @@ class TorchCheckpointer:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync(self.dir)
-        for old in sorted(self.dir.glob("step_*"))[: -self.keep]:
-            shutil.rmtree(old)
+        _fsync(self.dir)  # the new checkpoint is whole on the disk: only now do older ones go
+        if self.keep:
+            for old in sorted(self.dir.glob("step_*"))[: -self.keep]:
+                shutil.rmtree(old)
 
     def load_latest(self, model: Any, optimizer: Any, config: dict[str, Any]) -> RunState | None:
         ckpts = sorted(self.dir.glob("step_*"))

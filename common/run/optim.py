@@ -16,6 +16,19 @@ Gradients are reduced in fp32 as well: ``accumulate_model_grads`` adds the model
 datum or micro-batch into the fp32 master gradient and clears it, so a step's per-datum gradients sum in
 fp32 (the public trainer accumulates and reduces in fp32; summed in bf16 instead, six datums were 1-1.6 %
 off the fp32 sum). The global-norm clip is computed on, and applied to, the fp32 master gradients.
+
+Memory (issue #38.7: the quick start's 7.1 GB peak RSS): a 135M-parameter model in bf16 holds 0.27 GB of
+weights, 0.54 GB of fp32 masters and 1.08 GB of AdamW moments whatever we do; three things keep the rest
+from piling up on top of them:
+
+* ``grads_to_masters_in_backward()`` (level 0) moves each parameter's bf16 gradient into its master the moment
+  the backward pass has finished it, so one datum's gradient never exists for every parameter at once
+  (the same fp32 sum as ``accumulate_model_grads``, bit for bit: the hook runs after all of a tied
+  parameter's contributions have been added, as ``accumulate_model_grads`` would see them);
+* on a CPU (no fused kernel) ``clip_and_step`` steps one master at a time and frees its gradient right after
+  its update, so the moments AdamW creates at the first step do not coexist with every gradient (the same
+  single-tensor AdamW arithmetic, parameter by parameter, as one ``step()`` over all of them);
+* the gradients are freed after every step (``zero_grad``), not kept through the next round's rollouts.
 """
 
 from __future__ import annotations
@@ -44,6 +57,8 @@ class MasterWeightAdamW:
             else self.params
         )
         kw: dict[str, Any] = {"fused": True} if fused else {}
+        self.fused = fused
+        self._hooks: list[Any] = []
         self.inner = torch.optim.AdamW(
             self.masters, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2), **kw
         )
@@ -68,9 +83,50 @@ class MasterWeightAdamW:
             m.grad = g if m.grad is None else m.grad.add_(g)
             p.grad = None
 
+    def grads_to_masters_in_backward(self) -> None:
+        """Move every parameter's gradient into its fp32 master as soon as the backward pass has finished it
+        (``register_post_accumulate_grad_hook``), instead of after the whole backward
+        (:meth:`accumulate_model_grads`, which then finds nothing left to move). The same fp32 sums; less
+        memory: the model's gradients of one datum never all exist at once. A no-op in fp32 (the masters
+        are the parameters). Not for data-parallel wrappers that reduce the model's gradients after the
+        backward (DDP): only for a single process (level 0)."""
+        if not self.low_precision or self._hooks:
+            return
+
+        def move(p: torch.nn.Parameter, m: torch.Tensor) -> None:
+            if m.grad is None:
+                m.grad = p.grad.detach().float()
+            else:  # bf16 -> fp32 inside the add (exact), no fp32 copy of the whole gradient first
+                m.grad.add_(p.grad.detach())
+            p.grad = None
+
+        for p, m in zip(self.params, self.masters, strict=True):
+            self._hooks.append(p.register_post_accumulate_grad_hook(lambda p, m=m: move(p, m)))
+
+    def _step(self) -> None:
+        """AdamW on the masters, then the masters written back into the model (rounded to its dtype), and
+        the gradients freed. Fused (CUDA): one ``step()``. Otherwise one master at a time (the same
+        single-tensor AdamW arithmetic; torch's CPU AdamW runs it per tensor anyway), each gradient freed
+        right after its update: at the first step AdamW's moments are created while the gradients go."""
+        group = self.inner.param_groups[0]
+        every = group["params"]
+        batches = [every] if self.fused or len(self.inner.param_groups) > 1 else [[m] for m in every]
+        try:
+            for part in batches:
+                group["params"] = part
+                self.inner.step()
+                for m in part:
+                    m.grad = None
+        finally:
+            group["params"] = every
+        if self.low_precision:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters, strict=True):
+                    p.copy_(m)  # rounds to the model's dtype
+
     def clip_and_step(self, grad_clip: float) -> float:
-        """Global-norm clip (computed in fp32 on the masters' grads), AdamW, write back. Returns the
-        pre-clip gradient norm. Gradients still on the model are added to the masters' first. A step in
+        """Global-norm clip (computed in fp32 on the masters' grads), AdamW, write back, gradients freed
+        (model and masters: the next step starts from none). Returns the pre-clip gradient norm. Gradients still on the model are added to the masters' first. A step in
         which no backward ran (every datum had a zero advantage: trainers skip those) has a zero gradient,
         not none: AdamW still decays the weights and follows its momentum, as after computing the zeros."""
         self.accumulate_model_grads()
@@ -78,17 +134,14 @@ class MasterWeightAdamW:
             for m in self.masters:
                 m.grad = torch.zeros_like(m)
         norm = torch.nn.utils.clip_grad_norm_(self.masters, grad_clip)
-        self.inner.step()
-        if self.low_precision:
-            with torch.no_grad():
-                for p, m in zip(self.params, self.masters, strict=True):
-                    p.copy_(m)  # rounds to the model's dtype
+        self._step()
+        self.zero_grad()  # not kept through the next round's rollouts
         return float(norm)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"inner": self.inner.state_dict()}
         if self.low_precision:
-            state["masters"] = [m.detach().clone() for m in self.masters]
+            state["masters"] = [m.detach() for m in self.masters]  # references, as inner's state (no copy)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

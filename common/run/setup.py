@@ -18,6 +18,38 @@ def method_and_schedule(cfg: TrainConfig) -> tuple[MethodPreset, Schedule]:
     return preset, schedule
 
 
+ALL_STAGES_TUTORIAL = "tutorials/06_level0_training.py"
+"""The tutorial whose run trains all three stages (the test model, in about a minute on a CPU)."""
+
+
+def stages_note(schedule: Schedule, start: int, steps: int) -> str | None:
+    """One line when optimizer steps ``start`` .. ``steps - 1`` do not reach every stage of ``schedule`` (the
+    quick start's 2 steps are both Execution-stage steps of ``execution:16,delegation:2,rubric:2``): the stages
+    they train, where the others begin, and where to see them all; None when every stage gets a step.
+
+    >>> print(stages_note(Schedule.parse("execution:16,delegation:2,rubric:2"), 0, 2))
+    steps 0-1 are Execution-stage steps only (the cycle execution:16,delegation:2,rubric:2 reaches delegation at step 16, rubric at step 18): this run trains no delegation and no rubric writing. All stages: --schedule execution:1,delegation:1,rubric:1 --steps 3 asks for a step of each; tutorials/06_level0_training.py takes one step of each in about a minute
+    >>> stages_note(Schedule.parse("execution:1,delegation:1,rubric:1"), 0, 3) is None
+    True
+    """
+    order = list(dict.fromkeys(name for name, _ in schedule.cycle))
+    trained = [schedule.stage_at(k) for k in range(start, steps)]
+    missing = [name for name in order if name not in trained]
+    if not trained or not missing:
+        return None
+    first = [next(k for k in range(steps, steps + schedule.period) if schedule.stage_at(k) == m) for m in missing]
+    span = f"steps {start}-{steps - 1} are" if steps - start > 1 else f"step {start} is"
+    which = "/".join(s.capitalize() for s in order if s in trained)
+    reach = ", ".join(f"{m} at step {k}" for m, k in zip(missing, first, strict=True))
+    no = " and ".join("no rubric writing" if m == "rubric" else f"no {m}" for m in missing)
+    every = ",".join(f"{name}:1" for name in order)
+    return (
+        f"{span} {which}-stage steps only (the cycle {schedule} reaches {reach}): this run trains {no}. "
+        f"All stages: --schedule {every} --steps {len(order)} asks for a step of each; {ALL_STAGES_TUTORIAL} "
+        "takes one step of each in about a minute"
+    )
+
+
 def train_policy(
     cfg: TrainConfig, model: Any, tokenizer: Any, max_batch_size: int, engine: Any = None
 ) -> Any:

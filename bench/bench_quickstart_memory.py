@@ -2,7 +2,7 @@
 
     python bench/bench_quickstart_memory.py --part training    # 2 optimizer steps x 2 datums of ~2.3K tokens
     python bench/bench_quickstart_memory.py --part rollouts    # 8 agents x 2 turns through HFPolicy
-    MALLOC_MMAP_THRESHOLD_=1048576 python bench/bench_quickstart_memory.py --part rollouts --no-mallopt
+    MALLOC_MMAP_THRESHOLD_=1048576 python bench/bench_quickstart_memory.py --part rollouts   # glibc's knob
 
 ``training`` runs level 0's own pieces (``lean_training``, ``datum_logprobs``, ``clip_and_step``,
 ``release_memory``) on SmolLM2 with the shipped warm start, in the quick start's dtype; ``--plain`` leaves out
@@ -108,17 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--part", choices=["training", "rollouts"], required=True)
     p.add_argument("--plain", action="store_true", help="training: no activation checkpointing, no hooks")
-    p.add_argument("--no-mallopt", action="store_true", help="leave glibc's mmap threshold as it is")
     p.add_argument("--datums", type=int, default=2)
     p.add_argument("--prompt-tokens", type=int, default=2048)
     p.add_argument("--agents", type=int, default=8)
     p.add_argument("--turns", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=32)
     args = p.parse_args(argv)
-    from common.run.memory import large_blocks_to_the_os
-
-    if not args.no_mallopt:
-        large_blocks_to_the_os()  # as level 0 does
     if args.part == "training":
         training(args.plain, args.datums, args.prompt_tokens)
     else:

@@ -53,7 +53,7 @@ from common.rl.loss import RatioStats, cispo_loss, token_logprobs
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.evaluation import InRunEval
-from common.run.memory import large_blocks_to_the_os, release_memory
+from common.run.memory import release_memory
 from common.run.metrics import (
     NO_UPDATE,
     MetricsWriter,
@@ -188,7 +188,6 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     from common.policy.warmstart import resolve_init
 
     init = resolve_init(cfg.init_adapter, cfg.model, cfg.env, cfg.seed)  # a mismatched adapter fails here
-    large_blocks_to_the_os()  # weights in conversion, KV caches, activations: unmapped when freed (memory.py)
     out = Path(cfg.out)
     prepare_out(out, cfg.resume)
     seed_everything(cfg.seed)

@@ -48,8 +48,9 @@ HELP_MARKUP = "rich" if shutil.get_terminal_size().columns >= 100 else None
 APP_HELP = (
     "SERA: recursive agents that write, freeze and learn rubrics.\n\n"
     "Start with `sera train`: a short SERA run of the bundled SmolLM2-135M on TextCraft, on this machine's "
-    "CPU (about 10 minutes on 2 cores); its last line names what it wrote in runs/level0/. Then `sera view "
-    "runs/level0/trees.jsonl --html trees.html` draws the trees it grew. `sera COMMAND --help` for the rest."
+    "CPU (10-25 minutes on 2 cores, peak memory about 4 GB); its last line names what it wrote in "
+    "runs/level0/. Then `sera view runs/level0/trees.jsonl --html trees.html` draws the trees it grew. "
+    "`sera COMMAND --help` for the rest."
 )
 """``sera --help``: what the tool is and what to run first."""
 app = typer.Typer(

@@ -4,20 +4,19 @@ A level-0 round has two phases that each need a few hundred MB for a while: the 
 caches, on the engine's worker thread) and the training step (activations, on the main thread). glibc's
 malloc keeps what a thread frees in that thread's arena for later; memory freed on the worker thread is not
 reused by the main thread, so without help the two peaks add up in the resident set, and so does every
-round's fragmentation (continuous batching allocates and frees a KV cache at every merge). Two settings:
+round's fragmentation (continuous batching allocates and frees a KV cache at every merge). Hence:
 
-* :func:`large_blocks_to_the_os` (``mallopt(M_MMAP_THRESHOLD, 4 MiB)``): every block of 4 MiB or more (KV
-  caches, prefill and training activations) is its own mapping, returned to the OS the moment it is freed.
-  glibc's default threshold starts at 128 KiB but rises with every large block freed, up to 32 MiB, after
-  which such blocks stay in the heap. 8 SmolLM2 agents x 2 turns (1.2-1.6K-token prompts, bf16, continuous
-  batching) left the process at 1.47 GB RSS by default, 1.15 GB with a 4 MiB threshold and 0.84 GB with
-  1 MiB, of which 0.72 GB live; but at 1 MiB every decode step's logits-sized temporaries (1-2 MB) are
-  mapped and faulted in afresh: a whole quick start took 81 M minor page faults and 239 s of system time
-  instead of 4.7 M and 48 s (bench/RESULTS.md, "The quick start's cost");
 * :func:`release_memory` (``malloc_trim(0)``: every arena's free pages go back to the OS) at each phase
-  boundary, for the smaller blocks.
+  boundary.
 
-Both are no-ops where the C library has neither (macOS, musl).
+Tried and not kept: a fixed glibc mmap threshold (``mallopt(M_MMAP_THRESHOLD, ...)``, so that every large
+block is unmapped when freed). 8 SmolLM2 agents x 2 turns left the process at 1.15 GB RSS with 4 MiB and
+0.84 GB with 1 MiB instead of 1.47 GB (0.72 GB live), but whole quick starts did not peak lower (4.13 GB
+with 4 MiB vs 3.97 GB without, the same trajectory) and at 1 MiB every decode step's logits-sized
+temporaries were faulted in afresh: 81 M minor page faults and 239 s of system time instead of 4.7 M and
+48 s (bench/RESULTS.md, "The quick start's cost").
+
+A no-op where the C library has no ``malloc_trim`` (macOS, musl).
 
     >>> release_memory() in (True, False)
     True
@@ -42,25 +41,6 @@ def _malloc_trim() -> Any:
         return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return None
-
-
-M_MMAP_THRESHOLD = -3
-"""glibc's ``mallopt`` parameter number for the mmap threshold (malloc.h)."""
-
-MMAP_THRESHOLD = 4 * 2**20
-"""Blocks of this many bytes or more are mapped on their own and unmapped when freed."""
-
-
-def large_blocks_to_the_os() -> bool:
-    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` (it also stops the threshold's growth). True
-    where ``mallopt`` ran and accepted it; call it once, early (it applies to blocks allocated after it)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 def release_memory() -> bool:

@@ -256,7 +256,7 @@ class TrainConfig:
     """0: train every weight (the paper). R > 0: LoRA RL, a rank-R adapter on every attention and MLP
     projection over the (warm-started) model, served unmerged by the vllm engine; checkpoints hold the
     adapter and its optimizer state (~30 MB at rank 8 for SmolLM2). Levels 0 and 1. Use ~10x full
-    fine-tuning's --lr ("LoRA Without Regret"); recorded as a departure."""
+    fine-tuning's learning rate ("LoRA Without Regret"); recorded as a departure."""
     lora_alpha: float = 32.0
     """With --lora-rank: LoRA's scale numerator (the update is alpha / rank x B A)."""
     depth_weight_cap: float = 0.0

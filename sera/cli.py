@@ -700,8 +700,8 @@ SFT_PANELS: dict[str, tuple[str, ...]] = {
 }
 TRAIN_EXAMPLES = (
     "\b\nExamples:\n"
-    "  sera train    # start here: SmolLM2-135M from the shipped warm start, TextCraft, 2 steps on a CPU\n"
-    "  sera train --paper --model Qwen/Qwen3-4B-Instruct-2507 --level 1 --engine vllm   # the paper's sizes, GPU"
+    "sera train   # start here: SmolLM2-135M + its warm start, TextCraft, 2 steps\n"
+    "sera train --paper --level 1 --engine vllm --model Qwen/Qwen3-4B-Instruct-2507"
 )
 """What ``sera train --help`` opens with: the quick start and the paper's run (README "Commands" has more)."""
 

@@ -58,8 +58,7 @@ PHASES=${PHASES:-"data rl_sera rl_rao"}
 if [ "$ENGINE" = vllm ]; then PARALLEL=${PARALLEL:-1}; else PARALLEL=${PARALLEL:-0}; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY=${PYTHON:-python3}; SERA="$PY -m sera"
-T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
-log() { echo "[$(el) s] $*" | tee -a "$O/times.txt"; }
+source "$(dirname "$0")/phase.sh"  # el, log, run_phase
 # The agent's sizes, the same in training and every evaluation: the ones the shipped warm start was made with
 # (common/assets/warmstart/smollm2-textcraft/README.md; TextCraft easy tasks need 1-3 crafts).
 AGENT=${AGENT:-"--max-steps 3 --max-depth 3 --max-new-tokens 256 --max-prompt-tokens 2048"}
@@ -76,17 +75,9 @@ RL="$SERA train --level 1 --model $MODEL --init-adapter $INIT_ADAPTER --tasks-pe
 # and so does rc 3 (`sera train` stopped before --steps: --max-idle-rounds rounds without an optimizer step;
 # the log says why; its checkpoints are whole and the figure shows it as it is).
 phase() {
-  local group=$1 name=$2; shift 2
+  local group=$1; shift
   [[ " $PHASES " == *" $group "* ]] || return 0
-  [ -e "$O/$name.done" ] && { log "$name: done earlier"; return 0; }
-  local left=$(( BUDGET_S - $(el) ))
-  [ "$left" -lt 30 ] && { log "$name: not started (budget: ${left} s left)"; return 0; }
-  log "$name: start (at most ${left} s): $*"
-  # --foreground: the phase stays in this script's process group, so a Ctrl-C or a kill of the group
-  # reaches it (plain timeout would move it to a group of its own, where it outlives the script)
-  timeout --foreground "$left" "$@" >> "$O/$name.log" 2>&1; local rc=$?
-  { [ $rc -eq 0 ] || [ $rc -eq 3 ]; } && touch "$O/$name.done"
-  log "$name: rc=$rc$([ $rc -eq 124 ] && echo ' (budget: the next call resumes it)')$([ $rc -eq 3 ] && echo ' (stopped before --steps: see its log)')"
+  run_phase "$@"
 }
 
 phase data data_train $SERA data textcraft --split train --n "$N_TASKS" --seed 0 --difficulty easy --out "$TRAIN_TASKS"

@@ -44,8 +44,7 @@ VARIANTS=${VARIANTS:-"full_1e-5:--lr 1e-5|full_clip:--lr 1e-5 --grad-clip 0.05|l
 if [ "$ENGINE" = vllm ]; then PARALLEL=${PARALLEL:-1}; else PARALLEL=${PARALLEL:-0}; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY=${PYTHON:-python3}; SERA="$PY -m sera"
-T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
-log() { echo "[$(el) s] $*" | tee -a "$O/times.txt"; }
+source "$(dirname "$0")/phase.sh"  # el, log, run_phase
 AGENT=${AGENT:-"--max-steps 3 --max-depth 3 --max-new-tokens 256 --max-prompt-tokens 2048"}
 CALLS=${CALLS:-"--rubric-max-new-tokens 320 --score-max-new-tokens 256 --counterfactual-k 4"}
 TASKS="$O/train$N_TRAIN.jsonl"
@@ -57,16 +56,7 @@ RL="$SERA train --level 1 --model $MODEL --init-adapter $INIT_ADAPTER --method $
 
 # phase NAME CMD...: as in bench/learning.sh (skipped once OUT/NAME.done exists; never past BUDGET_S; rc 0
 # or 3 marks it done).
-phase() {
-  local name=$1; shift
-  [ -e "$O/$name.done" ] && { log "$name: done earlier"; return 0; }
-  local left=$(( BUDGET_S - $(el) ))
-  [ "$left" -lt 30 ] && { log "$name: not started (budget: ${left} s left)"; return 0; }
-  log "$name: start (at most ${left} s): $*"
-  timeout --foreground "$left" "$@" >> "$O/$name.log" 2>&1; local rc=$?
-  { [ $rc -eq 0 ] || [ $rc -eq 3 ]; } && touch "$O/$name.done"
-  log "$name: rc=$rc$([ $rc -eq 124 ] && echo ' (budget: the next call resumes it)')$([ $rc -eq 3 ] && echo ' (stopped before --steps: see its log)')"
-}
+phase() { run_phase "$@"; }
 
 # Parse VARIANTS first: a bad name stops the call before anything runs.
 IFS='|' read -r -a specs <<< "$VARIANTS"

@@ -32,16 +32,6 @@ ray = pytest.importorskip("ray", reason="level 2 needs Ray: pip install 'ray[def
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
-    yield ray
-    ray.shutdown()
-
-
 def gone(pid: int) -> bool:
     from level2_distributed.reaper import _stat
 

@@ -27,16 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "rl_fixture.json"
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})  # fmt: skip
-    yield ray
-    ray.shutdown()
-
-
 def stage(name: str):
     st = json.loads(FIXTURE.read_text())["stages"][name]
     return [Datum(**d) for d in st["datums"]], st["weights"]
@@ -80,7 +70,7 @@ def test_plan_buckets_splits_in_order_and_gives_big_tensors_their_own():
 
 
 @pytest.mark.timeout(300)
-def test_bucketed_bf16_broadcast_and_bf16_disk_sync_at_world_2(cluster, tmp_path):
+def test_bucketed_bf16_broadcast_and_bf16_disk_sync_at_world_2(local_ray, tmp_path):
     from safetensors import safe_open
 
     from level2_distributed.servers import HFServer
@@ -122,7 +112,7 @@ def test_bucketed_bf16_broadcast_and_bf16_disk_sync_at_world_2(cluster, tmp_path
 
 
 @pytest.mark.timeout(300)
-def test_accumulated_gradients_stay_sharded_and_match_world_1(cluster):
+def test_accumulated_gradients_stay_sharded_and_match_world_1(local_ray):
     one, two = gang(1), gang(2)
     try:
         for name in ("execution", "rubric"):

@@ -389,6 +389,9 @@ def test_a_run_that_stops_before_its_steps_exits_3_with_the_reason(tmp_path):
 
 
 def test_the_learning_driver_counts_exit_3_as_stopped_early_not_failed():
-    for script in ("bench/learning.sh", "bench/h200_warmstart_call.sh"):
+    # learning.sh and tiny_set.sh run their phases through bench/phase.sh's run_phase
+    for script in ("bench/phase.sh", "bench/h200_warmstart_call.sh"):
         text = (ROOT / script).read_text()
         assert "[ $rc -eq 3 ]" in text and "stopped before --steps" in text, script
+    for script in ("bench/learning.sh", "bench/tiny_set.sh"):
+        assert 'source "$(dirname "$0")/phase.sh"' in (ROOT / script).read_text(), script

@@ -74,6 +74,13 @@ class OptimConfig:
     paper trains; a CPU with AVX512-BF16 or AMX, where a SmolLM2 training step is ~2x faster than in
     float32), float32 elsewhere and always for the random-init test models (exact CPU tests); resolved
     when the TrainConfig is built (:func:`resolve_dtype`)."""
+    optimizer_state: Literal["auto", "memory", "disk"] = "auto"
+    """Where the fp32 master weights and AdamW moments of a bfloat16 model live between optimizer steps.
+    memory: in RAM (1.6 GB for SmolLM2-135M). disk: in files under OUT/optimizer_state, read and rewritten
+    one parameter at a time in each step (the same arithmetic, bit for bit; ~1.6 GB read and written per
+    step), so the quick start fits a laptop's RAM. auto: disk at levels 0 and 1 on a CPU, memory on a GPU
+    and at level 2 (FSDP2 shards it). With float32 weights there is nothing to keep (the masters are the
+    weights)."""
 
     def __post_init__(self) -> None:
         check_choices(self)

@@ -64,7 +64,7 @@ from common.run.metrics import (
     plot_curves,
     step_metrics,
 )
-from common.run.optim import make_optimizer
+from common.run.optim import make_optimizer, place_optimizer_state
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import collect_groups as collect_task_groups
 from common.run.rollout import make_env_with_prompts, rollout_in_flight
@@ -205,6 +205,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     )  # the calls in flight together (siblings, the group's rollouts) run as one batch
     optimizer = make_optimizer(model, cfg.optim)
     lean_training(model, optimizer)  # activation checkpointing; gradients onto the masters as they come
+    place_optimizer_state(optimizer, cfg.optim.optimizer_state, out / "optimizer_state", device)  # CPU: on disk
     ckpt = TorchCheckpointer(out, keep=cfg.keep_checkpoints)
     trained = checkpointed(model)  # what a checkpoint holds: the model, or a LoRA run's adapter only
     state = (ckpt.load_latest(trained, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
@@ -288,6 +289,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     held_out.log_if_due(policy, state.round, state.step, writer, lambda line: bar.log(line, state.step))
     bar.close()
     writer.close()
+    optimizer.close()  # --optimizer-state disk: the working files go (the checkpoint has its own)
     if history:
         plot_curves(out / "metrics.jsonl", out / "curves.png")
     if stages:

@@ -80,7 +80,7 @@ from common.run.metrics import (
     plot_curves,
     step_metrics,
 )
-from common.run.optim import make_optimizer
+from common.run.optim import make_optimizer, place_optimizer_state
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import make_env_with_prompts
 from common.run.setup import departures_line, idle_hint, method_and_schedule, paper_departures, train_policy
@@ -274,6 +274,8 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         train_policy(cfg, model, tokenizer, max_batch_size=cfg.max_batch_size, engine=engine), stats
     )
     optimizer = make_optimizer(model, cfg.optim)
+    state_dir = out / ("optimizer_state" if rank == 0 else f"optimizer_state_rank{rank}")
+    place_optimizer_state(optimizer, cfg.optim.optimizer_state, state_dir, device.type)  # CPU: on disk
     ckpt = TorchCheckpointer(out, keep=cfg.keep_checkpoints)
     trained = checkpointed(model)  # what a checkpoint holds: the model, or a LoRA run's adapter only
     state = (ckpt.load_latest(trained, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
@@ -390,6 +392,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             break
     evaluate_now()  # the last step's policy
     bar.close()
+    optimizer.close()  # --optimizer-state disk: the working files go (the checkpoint has its own)
     if rank == 0:
         writer.close()
         if history:

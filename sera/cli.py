@@ -663,6 +663,7 @@ TRAIN_PANELS: dict[str, tuple[str, ...]] = {
         "beta2",
         "grad_clip",
         "dtype",
+        "optimizer_state",
         "max_idle_rounds",
         "min_trainable_datums",
     ),
@@ -819,6 +820,8 @@ def _train(
     if level01:  # the stability knobs and LoRA RL of issue #39 are built at levels 0 and 1
         names = ", ".join("--" + k.replace("_", "-") for k in level01)
         raise ValueError(f"{names}: levels 0 and 1 only for now (level 2 trains every weight, the paper's way)")
+    if level == 2 and cfg.optim.optimizer_state == "disk":
+        raise ValueError("--optimizer-state disk: levels 0 and 1 only (level 2's FSDP2 shards the state in memory)")
     if paper:  # the profile first, the user's own flags on top
         typed = {k: v for k, v in flatten(cfg).items() if k in given}
         cfg = build_config(TrainConfig, TrainConfig.make(**paper_profile(cfg.env)), **typed)

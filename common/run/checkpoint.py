@@ -213,14 +213,17 @@ def prepare_out(out: Path, resume: bool, overwrite: bool = False) -> None:
         print(note, flush=True)
 
 
-RESUMABLE_CHANGES = ("steps", "resume", "max_idle_rounds", "init_adapter", "keep_checkpoints")
+RESUMABLE_CHANGES = ("steps", "resume", "max_idle_rounds", "init_adapter", "keep_checkpoints", "optimizer_state")
 """Settings a --resume may change: the step target, the resume flag, the idle limit, --init-adapter (the
-starting weights of a resumed run are its checkpoint's) and how many checkpoints are kept."""
+starting weights of a resumed run are its checkpoint's), how many checkpoints are kept and where the
+optimizer's state lives (either checkpoint form loads into either)."""
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """The config keys that must match on --resume (all but :data:`RESUMABLE_CHANGES`)."""
-    return {k: v for k, v in config.items() if k not in RESUMABLE_CHANGES}
+    """The config keys that must match on --resume (all but :data:`RESUMABLE_CHANGES`, at any depth)."""
+    return {
+        k: _comparable(v) if isinstance(v, dict) else v for k, v in config.items() if k not in RESUMABLE_CHANGES
+    }
 
 
 def _fsync(path: Path) -> None:
@@ -276,10 +279,11 @@ class TorchCheckpointer:
         final, tmp = self.dir / f"step_{state.step:06d}", self.dir / f".tmp_step_{state.step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        offloaded = getattr(optimizer, "offload_dir", None) is not None  # --optimizer-state disk
         torch.save(
             {
                 "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
+                "optimizer": optimizer.state_dict(into=tmp) if offloaded else optimizer.state_dict(),
                 "run": asdict(state),
                 "config": config,
                 "rng": {
@@ -291,6 +295,10 @@ class TorchCheckpointer:
             tmp / "state.pt",
         )
         _fsync(tmp / "state.pt")
+        if offloaded:  # the optimizer's files, linked into the checkpoint: on the disk before the rename
+            for f in sorted((tmp / "optimizer_state").iterdir()):
+                _fsync(f)
+            _fsync(tmp / "optimizer_state")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -308,6 +316,9 @@ class TorchCheckpointer:
             try:
                 state = torch.load(path / "state.pt", weights_only=False)
                 run = RunState(**state["run"])
+                for name, size in state["optimizer"].get("files", {}).items():  # --optimizer-state disk
+                    if (path / name).stat().st_size != size:
+                        raise OSError(f"{name} has {(path / name).stat().st_size} bytes, not {size}")
             except Exception as e:  # noqa: BLE001 - a truncated zip, an unpickling error, a missing file
                 reason = (str(e).strip().splitlines() or [""])[0][:160]
                 print(f"--resume: {path / 'state.pt'} is damaged ({type(e).__name__}: {reason})", flush=True)
@@ -329,7 +340,10 @@ class TorchCheckpointer:
         if differences:
             raise SystemExit("--resume: the config differs from the checkpoint's:\n" + "\n".join(differences))
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        if "offloaded" in state["optimizer"]:
+            optimizer.load_state_dict(state["optimizer"], path)
+        else:
+            optimizer.load_state_dict(state["optimizer"])
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])

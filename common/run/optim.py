@@ -29,10 +29,19 @@ from piling up on top of them:
   its update, so the moments AdamW creates at the first step do not coexist with every gradient (the same
   single-tensor AdamW arithmetic, parameter by parameter, as one ``step()`` over all of them);
 * the gradients are freed after every step (``zero_grad``), not kept through the next round's rollouts.
+
+What is left is the optimizer's own state: 1.6 GB of masters and moments that only a step and a checkpoint
+read. ``offload(directory)`` (``--optimizer-state disk``, the default at levels 0 and 1 on a CPU) keeps them
+in files between steps: a step reads one parameter's master and moments, runs the same AdamW on them, writes
+them to a new file that replaces the old one, and lets them go; a checkpoint hard-links those files (they are
+never rewritten in place), so saving one costs no copy.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,6 +67,7 @@ class MasterWeightAdamW:
         )
         kw: dict[str, Any] = {"fused": True} if fused else {}
         self.fused = fused
+        self.offload_dir: Path | None = None  # offload(): masters and moments in files between steps
         self._hooks: list[Any] = []
         self.inner = torch.optim.AdamW(
             self.masters, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.beta1, cfg.beta2), **kw
@@ -112,14 +122,20 @@ class MasterWeightAdamW:
         every = group["params"]
         batches = [every] if self.fused or len(self.inner.param_groups) > 1 else [[m] for m in every]
         try:
-            for part in batches:
+            for i, part in enumerate(batches):
+                if self.offload_dir is not None:
+                    self._bring_in(i)
                 group["params"] = part
                 self.inner.step()
                 for m in part:
                     m.grad = None
+                if self.offload_dir is not None:
+                    with torch.no_grad():
+                        self.params[i].copy_(part[0])  # rounds to the model's dtype
+                    self._send_out(i)
         finally:
             group["params"] = every
-        if self.low_precision:
+        if self.low_precision and self.offload_dir is None:
             with torch.no_grad():
                 for p, m in zip(self.params, self.masters, strict=True):
                     p.copy_(m)  # rounds to the model's dtype
@@ -138,19 +154,157 @@ class MasterWeightAdamW:
         self.zero_grad()  # not kept through the next round's rollouts
         return float(norm)
 
-    def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"inner": self.inner.state_dict()}
-        if self.low_precision:
-            state["masters"] = [m.detach() for m in self.masters]  # references, as inner's state (no copy)
-        return state
+    # ---- --optimizer-state disk: masters and moments in files between steps ------------------------------
+    def offload(self, directory: Path) -> None:
+        """Keep each master and its AdamW moments in ``directory/NNNN.bin`` (raw fp32: master, then
+        exp_avg and exp_avg_sq once a step has made them) between steps, not in RAM. A step then holds
+        one parameter's state at a time. A no-op with fp32 weights (the masters are the weights) and with
+        the fused CUDA step (a GPU has the memory; its step runs over every tensor at once)."""
+        if not self.low_precision or self.fused or self.offload_dir is not None:
+            return
+        if len(self.inner.param_groups) > 1:
+            raise ValueError("offload() steps one master at a time: one parameter group only")
+        shutil.rmtree(directory, ignore_errors=True)  # a killed run's files: the checkpoint is the truth
+        directory.mkdir(parents=True)
+        self.offload_dir = directory
+        for i in range(len(self.masters)):
+            self._send_out(i)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def close(self) -> None:
+        """The end of a run: an offloaded optimizer's working files go (its checkpoint keeps its own links)."""
+        if self.offload_dir is not None:
+            shutil.rmtree(self.offload_dir, ignore_errors=True)
+
+    def _file(self, i: int) -> Path:
+        assert self.offload_dir is not None
+        return self.offload_dir / f"{i:04d}.bin"
+
+    def _pieces(self, i: int) -> list[torch.Tensor]:
+        m = self.masters[i]
+        st = self.inner.state.get(m, {})
+        return [m.data] + [st[k] for k in ("exp_avg", "exp_avg_sq") if k in st]
+
+    def _send_out(self, i: int) -> None:
+        """Write master ``i`` (and its moments) to a new file that replaces the old one (so a checkpoint's
+        hard link keeps the old contents), then leave only a shell of the right shape in RAM: a zero-stride
+        view of one float, to which gradients can still be assigned."""
+        path, tmp = self._file(i), self._file(i).with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            for t in self._pieces(i):
+                f.write(memoryview(t.detach().contiguous().numpy()).cast("B"))
+        os.replace(tmp, path)
+        self._shell(i)
+
+    def _shell(self, i: int) -> None:
+        m = self.masters[i]
+        shell = torch.zeros(1, dtype=torch.float32).expand(m.shape)
+        m.data = shell
+        st = self.inner.state.get(m, {})
+        for k in ("exp_avg", "exp_avg_sq"):
+            if k in st:
+                st[k] = shell
+
+    def _bring_in(self, i: int) -> None:
+        """Read master ``i`` and its moments back from its file (the step after this writes them out)."""
+        m = self.masters[i]
+        st = self.inner.state.get(m, {})
+        names = ["master"] + [k for k in ("exp_avg", "exp_avg_sq") if k in st]
+        with open(self._file(i), "rb") as f:
+            for name in names:
+                t = torch.empty(m.shape, dtype=torch.float32)
+                if f.readinto(memoryview(t.numpy()).cast("B")) != t.numel() * 4:
+                    raise OSError(f"{self._file(i)} is shorter than {len(names)} x {t.numel()} floats")
+                if name == "master":
+                    m.data = t
+                else:
+                    st[name] = t
+
+    def state_dict(self, into: Path | None = None) -> dict[str, Any]:
+        """The optimizer's state for a checkpoint. Offloaded, with ``into`` (the checkpoint's directory):
+        the files are hard-linked (copied where links fail) into ``into/optimizer_state`` and the dict holds
+        the step counts, the hyperparameters and each file's size (a damaged file is found on --resume)."""
+        if self.offload_dir is None:
+            state: dict[str, Any] = {"inner": self.inner.state_dict()}
+            if self.low_precision:
+                state["masters"] = [m.detach() for m in self.masters]  # references, as inner's (no copy)
+            return state
+        if into is None:
+            raise ValueError("an offloaded optimizer's state_dict needs the checkpoint directory (into=)")
+        (into / "optimizer_state").mkdir(parents=True, exist_ok=True)
+        files = {}
+        for i in range(len(self.masters)):
+            name = f"optimizer_state/{self._file(i).name}"
+            try:
+                os.link(self._file(i), into / name)
+            except OSError:  # another filesystem
+                shutil.copyfile(self._file(i), into / name)
+            files[name] = (into / name).stat().st_size
+        steps = {
+            i: {"step": self.inner.state[m]["step"]}
+            for i, m in enumerate(self.masters)
+            if m in self.inner.state
+        }
+        inner = {"state": steps, "param_groups": self.inner.state_dict()["param_groups"]}
+        return {"inner": inner, "offloaded": "optimizer_state", "files": files}
+
+    def load_state_dict(self, state: dict[str, Any], from_dir: Path | None = None) -> None:
+        """Load either form of :meth:`state_dict` into either kind of optimizer (in RAM or offloaded);
+        an offloaded state's files are read from ``from_dir`` (the checkpoint's directory)."""
+        if "offloaded" in state:
+            if from_dir is None:
+                raise ValueError("an offloaded optimizer state needs its checkpoint directory (from_dir=)")
+            self._load_files(state, from_dir / state["offloaded"])
+            return
+        offload_dir, self.offload_dir = self.offload_dir, None
+        if offload_dir is not None:  # bring every master in to load the saved ones, then out again
+            for i in range(len(self.masters)):
+                self.masters[i].data = torch.empty(self.masters[i].shape, dtype=torch.float32)
         self.inner.load_state_dict(state["inner"])
         if self.low_precision:
             with torch.no_grad():
                 for m, saved, p in zip(self.masters, state["masters"], self.params, strict=True):
                     m.copy_(saved)
                     p.copy_(m)
+        if offload_dir is not None:
+            self.offload_dir = offload_dir
+            for i in range(len(self.masters)):
+                self._send_out(i)
+
+    def _load_files(self, state: dict[str, Any], source: Path) -> None:
+        groups = state["inner"]["param_groups"]
+        for group, saved in zip(self.inner.param_groups, groups, strict=True):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self.inner.state.clear()
+        offload_dir = self.offload_dir
+        for i, m in enumerate(self.masters):
+            st = state["inner"]["state"].get(i)
+            if st is not None:  # placeholders: _bring_in reads the moments the state names
+                self.inner.state[m] = {"step": st["step"].clone(), "exp_avg": m.data, "exp_avg_sq": m.data}
+            if offload_dir is not None:  # the checkpoint's file is never rewritten in place: link it
+                tmp = self._file(i).with_suffix(".tmp")
+                tmp.unlink(missing_ok=True)
+                try:
+                    os.link(source / f"{i:04d}.bin", tmp)
+                except OSError:  # another filesystem
+                    shutil.copyfile(source / f"{i:04d}.bin", tmp)
+                os.replace(tmp, self._file(i))
+            self.offload_dir = source if offload_dir is None else offload_dir
+            try:
+                self._bring_in(i)
+            finally:
+                self.offload_dir = offload_dir
+            with torch.no_grad():
+                self.params[i].copy_(m)  # rounds to the model's dtype
+            if offload_dir is not None:
+                self._shell(i)
+
+
+def place_optimizer_state(optimizer: MasterWeightAdamW, where: str, directory: Path, device: str) -> None:
+    """``--optimizer-state``: disk (and auto on a CPU) keeps the masters and moments in files in
+    ``directory`` between steps (:meth:`MasterWeightAdamW.offload`; a no-op for fp32 weights); call it
+    before a checkpoint is loaded into the optimizer."""
+    if where == "disk" or (where == "auto" and device == "cpu"):
+        optimizer.offload(directory)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> MasterWeightAdamW:

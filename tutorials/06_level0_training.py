@@ -63,7 +63,8 @@ print(f"TUTORIAL06 steps {len(updated)} stages {','.join(r['stage'] for r in upd
 # %% [markdown]
 # ## GPU notes
 # On a laptop GPU, `sera train` (SmolLM2-135M) puts the model on the GPU by itself; `--dtype bfloat16`
-# halves memory (fp32 master weights stay in the optimizer). On this CPU one SmolLM2 round takes 100-250 s
+# halves memory (fp32 master weights stay in the optimizer; on a CPU they and AdamW's moments wait in files
+# under the run's optimizer_state/ between steps, `--optimizer-state`). On this CPU one SmolLM2 round takes 100-250 s
 # and a training step on ~20 datums ~20 s (bench/RESULTS.md, "Level 0 with SmolLM2 on CPU"). For more than
 # a few steps use level 1 (tutorial 7): on one H200 its rollouts run 8.9x faster than level 0's with the
 # tiny model (bench/RESULTS.md, "Level 0 vs level 1"). The paper's sizes: `sera train --paper` (GPU).

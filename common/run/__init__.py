@@ -4,7 +4,7 @@
 |-----------------|-----------------------------------------------------------------------------------|
 | `data.py`       | seeding, the task pool, the checkpointed task sampler, per-rollout seeds          |
 | `rollout.py`    | the runtime settings of one rollout; the group-acceptance rule (replace or keep)  |
-| `optim.py`      | AdamW with fp32 master weights under bf16 compute                                 |
+| `optim.py`      | AdamW with fp32 master weights under bf16 compute; on a CPU their state on disk    |
 | `metrics.py`    | the metrics line (the same names in every tier), metrics.jsonl, TensorBoard, plots |
 | `progress.py`   | a live display inside a step (agents, model calls, tokens/s) and the step bar     |
 | `memory.py`     | what a run gives back between rollouts and training (malloc_trim), its peak RSS       |

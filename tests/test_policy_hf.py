@@ -69,6 +69,25 @@ def test_static_cache_generates_what_the_dynamic_cache_does(tiny):
         HFPolicy(tiny.model, tiny.tokenizer, kv_cache="paged")
 
 
+def test_a_bounded_prefill_generates_what_one_prefill_does(tiny):
+    """``prefill_tokens`` (4096 on a CPU: a prefill's activations are ~70 MB per 1K SmolLM2 tokens) cuts
+    requests that arrive together into several prefill forwards merged into one batch; the same tokens."""
+    chunked = HFPolicy(tiny.model, tiny.tokenizer, max_batch_size=8, max_wait_ms=20, prefill_tokens=64)
+    assert tiny.prefill_tokens == 4096  # the CPU default
+    rows = [r for r in (chunked._make_row(i, _req(p)) for i, p in enumerate(PROMPTS))]
+    chunks = chunked._prefill_chunks(rows)
+    assert len(chunks) > 2 and [r for c in chunks for r in c] == rows  # every row once, in order
+    assert all(len(c) == 1 or len(c) * max(len(r.prompt_ids) for r in c) <= 64 for c in chunks)
+    reqs = [_req(p, n=4 + 3 * i, temperature=0.0 if i % 2 else 1.0, seed=i) for i, p in enumerate(PROMPTS)]
+    before = tiny.stats["batches"], chunked.stats["batches"]
+    a, b = tiny.generate_batch(reqs), chunked.generate_batch(reqs)
+    forwards = tiny.stats["batches"] - before[0], chunked.stats["batches"] - before[1]
+    assert forwards[1] > forwards[0]  # the bounded one really prefilled in more forwards
+    for x, y in zip(a, b, strict=True):
+        assert x.output_ids == y.output_ids and x.finish_reason == y.finish_reason
+        assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+
+
 def test_greedy_logprobs_equal_teacher_forced(tiny):
     for comp in tiny.generate_batch([_req(p, n=16, temperature=0.0) for p in PROMPTS[:4]]):
         forced = tiny.score_logprobs(comp.prompt_ids, comp.output_ids)

@@ -54,6 +54,7 @@ import torch
 from common.policy.base import Completion, GenerationRequest, SamplingParams
 from common.policy.engine import Engine, ListFeed, find_stop, prompt_for
 from common.policy.models import DEFAULT_MODEL, load_model
+from common.run.memory import trim_memory_every
 
 __all__ = ["HFPolicy", "find_stop", "named_tensors"]
 
@@ -144,6 +145,7 @@ class HFPolicy(Engine):
         adapter: str | None = None,
         kv_cache: str = "auto",
         continuous: bool = True,
+        prefill_tokens: int | None = None,
     ) -> None:
         """``model``: a name for ``models.load_model`` (``smollm2``, ``tiny``, HF id, path) or a loaded model
         (then ``tokenizer`` is required); ``adapter``: with a name, a warm-start LoRA adapter directory merged
@@ -152,7 +154,10 @@ class HFPolicy(Engine):
         tokens) or ``auto``: static on a CPU, where it was measured faster (bench/bench_cpu_quickstart.py),
         dynamic on a GPU (a static cache would reserve every row's whole reply budget up front);
         ``continuous=False``: a batch runs to its last row and later requests wait for the next batch (the
-        run-to-completion batching this replaced; bench/bench_cpu_quickstart.py compares). ``dtype`` defaults to bfloat16 (generation on CPU is fine in
+        run-to-completion batching this replaced; bench/bench_cpu_quickstart.py compares); ``prefill_tokens``:
+        the most (padded) prompt tokens one prefill forward takes, further rows that arrived together are
+        prefilled in the next forwards and merged (bounds a prefill's activations, ~70 MB per 1K tokens for
+        SmolLM2; default 4096 on a CPU, where RAM is the limit, no bound on a GPU). ``dtype`` defaults to bfloat16 (generation on CPU is fine in
         bf16 on AVX512-BF16 machines; pass ``float32`` for exact tests). ``max_context_tokens`` defaults
         to the model's ``max_position_embeddings``."""
         if device is None:
@@ -172,6 +177,7 @@ class HFPolicy(Engine):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
+        self.prefill_tokens = prefill_tokens or (4096 if self.device.type == "cpu" else None)
         super().__init__(max_batch_size, max_wait_ms)
         if not continuous:
             self.queue.run_continuous = None
@@ -279,9 +285,9 @@ class HFPolicy(Engine):
         while True:
             if batch is not None and not batch.rows:  # every row left at the last step (its cache with them)
                 batch = None
-            rows = self._admissible(incoming, feed)
-            if rows:
-                batch = self._admit(batch, rows, feed)  # None or a batch with rows
+            for chunk in self._prefill_chunks(self._admissible(incoming, feed)):
+                batch = self._admit(batch, chunk, feed)  # None or a batch with rows
+                trim_memory_every(2.0)  # the merge freed two caches: their pages back to the OS (CPU RSS)
             if batch is None:
                 incoming = feed.take(self.max_batch_size)
                 if not incoming:
@@ -307,6 +313,19 @@ class HFPolicy(Engine):
             rows.append(row)
         self.stats["requests"] += len(incoming)
         return rows
+
+    def _prefill_chunks(self, rows: list[_Row]) -> list[list[_Row]]:
+        """``rows`` in arrival order, cut so that each chunk's padded prompt (rows x longest) stays within
+        ``prefill_tokens`` (a chunk has at least one row)."""
+        chunks: list[list[_Row]] = []
+        for r in rows:
+            last = chunks[-1] if chunks else None
+            width = max([len(x.prompt_ids) for x in last or []] + [len(r.prompt_ids)])
+            if last and (self.prefill_tokens is None or (len(last) + 1) * width <= self.prefill_tokens):
+                last.append(r)
+            else:
+                chunks.append([r])
+        return chunks
 
     def _admit(self, batch: _Batch | None, rows: list[_Row], feed: Any) -> _Batch | None:
         """Prefill ``rows`` (left-padded, explicit positions), sample their first tokens, and merge the rows

@@ -28,6 +28,7 @@ import ctypes
 import gc
 import resource
 import sys
+import time
 from functools import cache
 from typing import Any
 
@@ -49,6 +50,22 @@ def release_memory() -> bool:
     trim = _malloc_trim()
     if trim is None:
         return False
+    trim(0)
+    return True
+
+
+_last_trim = [0.0]
+
+
+def trim_memory_every(seconds: float) -> bool:
+    """``malloc_trim(0)`` unless one ran in the last ``seconds`` (no garbage collection): what the engine's
+    thread calls after a continuous-batching merge has freed two KV caches, so the rollouts' resident set
+    follows what is live instead of the largest caches so far. True where it ran."""
+    now = time.monotonic()
+    trim = _malloc_trim()
+    if trim is None or now - _last_trim[0] < seconds:
+        return False
+    _last_trim[0] = now
     trim(0)
     return True
 

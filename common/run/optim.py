@@ -18,7 +18,7 @@ fp32 (the public trainer accumulates and reduces in fp32; summed in bf16 instead
 off the fp32 sum). The global-norm clip is computed on, and applied to, the fp32 master gradients.
 
 Memory (issue #38.7: the quick start's 7.1 GB peak RSS): a 135M-parameter model in bf16 holds 0.27 GB of
-weights, 0.54 GB of fp32 masters and 1.08 GB of AdamW moments whatever we do; three things keep the rest
+weights, 0.54 GB of fp32 masters and 1.08 GB of AdamW moments (in RAM unless offloaded, below); three things keep the rest
 from piling up on top of them:
 
 * ``grads_to_masters_in_backward()`` (level 0) moves each parameter's bf16 gradient into its master the moment

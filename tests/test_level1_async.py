@@ -148,15 +148,16 @@ def test_one_round_ahead_tags_versions_and_bounds_staleness(tmp_path: Path, monk
             return real(*a, **k)
 
         monkeypatch.setattr(level1, "train_on_shard", slow_train)
-    else:  # every decode step 40 ms: the step ends first, the weights reach the copy mid-round
+    else:  # every decode step 5 ms more: the step ends first, the weights reach the copy mid-round
         real_step = HFPolicy._step
 
         def slow_step(self, *a, **k):
-            time.sleep(0.04)
+            time.sleep(0.005)
             return real_step(self, *a, **k)
 
         monkeypatch.setattr(HFPolicy, "_step", slow_step)
-    cfg = TrainConfig.make(**SMALL, out=str(tmp_path / "run"), steps=3)
+    schedule = SMALL["schedule"] if slow == "trainer" else "execution:3"  # Rubric rounds: many slow calls
+    cfg = TrainConfig.make(**{**SMALL, "schedule": schedule}, out=str(tmp_path / "run"), steps=3)
     history = level1.train(cfg, level1.Level1Config(max_staleness=1), progress=False)
 
     check_clock(history, cfg.schedule)  # each round's stage is the schedule's at the version that trains it

@@ -1,8 +1,23 @@
-"""Level-1 RL rounds, side by side in one run: today's default path vs the fast path (issue #21).
+"""Level-1 RL rounds side by side: the old path vs the fast path (issue #21), or synchronous rounds vs one
+round ahead (``--compare staleness``, issue #42).
 
     python bench/bench_rounds.py --model runs/learning/sft/model --rounds 2     # one H200, vLLM installed
     python bench/bench_rounds.py --model DIR --paths after,after_mp            # only the engine-process question
     python bench/bench_rounds.py --model tiny-dir --rounds 1 --tasks 1 --rollouts 2 --max-new-tokens 16  # CPU
+    python bench/bench_rounds.py --compare staleness --model tiny --steps 6    # CPU: --max-staleness 0 vs 1
+    python bench/bench_rounds.py --compare staleness --model runs/learning/sft/model --steps 12 \
+        --tasks 8 --rollouts 8 -- --engine vllm --env textcraft     # one H200, 8 x 8, the warm start
+
+``--compare staleness`` runs ``sera train --level 1`` (``python -m level1_batched.train``) once per
+``--max-staleness`` value, one process after the other (each alone on the device), with the same tasks,
+seeds and settings (arguments after ``--`` go to every run), and reads each run's metrics.jsonl. The first
+round (start-up, compilation, and no round ahead yet) is left out of every number. Per run: mean and p90
+round seconds (all rounds and Execution rounds), generated tokens per wall second of the rounds, train
+tokens per second of the steps, the trainer's wait for rollouts, the off-policy gap, the GPU busy fraction
+(nvidia-smi's utilization sampled every 0.2 s over the rounds; "n/a" on a CPU), and the learning signal
+per optimizer step (``reward/exec_mean``, ``loss/abs_log_ratio``); then the ratios.
+
+The default comparison (``--compare paths``):
 
 One process, one vLLM engine, the same tasks and seeds for both paths, the level-1 functions the loop uses
 (``collect_groups_in_flight``, ``build_stage_batch``, ``train_on_shard``, ``sync_weights``):
@@ -27,7 +42,13 @@ engines' start-up seconds are printed.
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -86,17 +107,130 @@ def run_round(cfg, stage, rnd, model, optimizer, engine, l1, env) -> dict[str, f
     }
 
 
+class GpuBusy:
+    """Samples nvidia-smi's utilization.gpu every ``period_s`` while ``counting()`` is true; ``fraction()`` is
+    the mean (0-1), None without nvidia-smi (a CPU run)."""
+
+    def __init__(self, counting, period_s: float = 0.2) -> None:
+        self.samples: list[float] = []
+        self.counting, self.period_s = counting, period_s
+        self.stop = threading.Event()
+        self.smi = shutil.which("nvidia-smi")
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        if self.smi:
+            self.thread.start()
+
+    def _run(self) -> None:
+        query = [self.smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "--id=0"]
+        while not self.stop.wait(self.period_s):
+            if self.counting():
+                out = subprocess.run(query, capture_output=True, text=True).stdout.strip()
+                if out:
+                    self.samples.append(float(out.splitlines()[0]) / 100)
+
+    def fraction(self) -> float | None:
+        self.stop.set()
+        if self.smi:
+            self.thread.join()
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """The ``q`` quantile of ``xs`` (nearest rank).
+
+    >>> percentile([1.0, 2.0, 3.0, 4.0, 10.0], 0.9)
+    10.0
+    """
+    xs = sorted(xs)
+    return xs[max(0, math.ceil(q * len(xs)) - 1)] if xs else float("nan")
+
+
+def summarize(rows: list[dict], busy: float | None) -> dict[str, float | None]:
+    """The bench's numbers of one run from its metrics rows (round 0 left out)."""
+    rounds = [r for r in rows if "time/round_s" in r and r["round"] > 0]
+    if not rounds:
+        raise SystemExit("a run logged no round after its first: raise --steps")
+    execution = [r["time/round_s"] for r in rounds if r["stage"] == "execution"]
+    gen = sum(r["tokens_per_s"] * r["time/rollout_s"] for r in rounds)  # tokens generated
+    steps = [r for r in rounds if not r["train/skipped"]]
+    nan = float("nan")
+    return {
+        "rounds": len(rounds),
+        "round_mean_s": sum(r["time/round_s"] for r in rounds) / len(rounds),
+        "round_p90_s": percentile([r["time/round_s"] for r in rounds], 0.9),
+        "exec_mean_s": sum(execution) / len(execution) if execution else nan,
+        "exec_p90_s": percentile(execution, 0.9),
+        "gen_tok_per_s": gen / sum(r["time/round_s"] for r in rounds),
+        "train_tok_per_s": sum(r.get("train/packed_tokens", 0.0) for r in steps)
+        / max(sum(r["time/train_s"] for r in steps), 1e-9),
+        "wait_s": sum(r.get("time/rollout_wait_s", r["time/rollout_s"]) for r in rounds) / len(rounds),
+        "gap_mean": sum(r.get("offpolicy/gap_mean", 0.0) for r in rounds) / len(rounds),
+        "gpu_busy": busy,
+        "exec_reward_per_step": sum(r["reward/exec_mean"] for r in steps) / len(steps) if steps else nan,
+        "abs_log_ratio": sum(r.get("loss/abs_log_ratio", nan) for r in steps) / len(steps) if steps else nan,
+    }
+
+
+def compare_staleness(args, train_args: list[str]) -> None:
+    """``--max-staleness`` 0 and 1 (``--staleness``) side by side: one ``sera train --level 1`` process each."""
+    root = Path(args.out)
+    results = {}
+    for n in [int(x) for x in args.staleness.split(",")]:
+        out = root / f"staleness{n}"
+        command = [
+            sys.executable, "-m", "level1_batched.train", "--model", args.model, "--out", str(out), "--overwrite",
+            "--steps", str(args.steps), "--tasks-per-step", str(args.tasks), "--rollouts-per-task",
+            str(args.rollouts), "--max-steps", str(args.max_steps), "--max-new-tokens", str(args.max_new_tokens),
+            "--max-staleness", str(n), *train_args,
+        ]  # fmt: skip
+        print("$", " ".join(command), flush=True)
+        metrics = out / "metrics.jsonl"
+
+        def counting(metrics=metrics) -> bool:  # after the first round: start-up and compilation left out
+            return metrics.exists() and metrics.stat().st_size > 0
+
+        busy = GpuBusy(counting)
+        t0 = time.perf_counter()
+        proc = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        fraction = busy.fraction()
+        if proc.returncode not in (0, 3):
+            raise SystemExit(f"--max-staleness {n}: the run failed (exit {proc.returncode})")
+        rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+        results[n] = summarize([r for r in rows if "time/round_s" in r], fraction)
+        print(f"max-staleness {n}: {time.perf_counter() - t0:.0f} s in all", flush=True)
+    keys = list(next(iter(results.values())))
+    print("\n| --max-staleness | " + " | ".join(keys) + " |")
+    print("|---" * (len(keys) + 1) + "|")
+    for n, m in results.items():
+        cells = ["n/a" if v is None else f"{v:.4g}" for v in m.values()]
+        print(f"| {n} | " + " | ".join(cells) + " |")
+    if {0, 1} <= set(results):
+        a, b = results[0], results[1]
+        print(f"N=1 vs N=0: round {a['round_mean_s'] / b['round_mean_s']:.2f}x faster (mean), "
+              f"Execution round {a['exec_mean_s'] / b['exec_mean_s']:.2f}x, "
+              f"generated tok/s {b['gen_tok_per_s'] / a['gen_tok_per_s']:.2f}x")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="a model directory (e.g. the SFT warm start)")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--compare", choices=("paths", "staleness"), default="paths")
+    ap.add_argument("--rounds", type=int, default=2, help="paths: rounds per method")
     ap.add_argument("--tasks", type=int, default=4)
     ap.add_argument("--rollouts", type=int, default=4)
     ap.add_argument("--max-steps", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=320)
     ap.add_argument("--max-batch-size", type=int, default=256)
     ap.add_argument("--paths", default="before,after,after_mp")
-    args = ap.parse_args()
+    ap.add_argument("--staleness", default="0,1", help="staleness: the --max-staleness values, in this order")
+    ap.add_argument("--steps", type=int, default=6, help="staleness: optimizer steps per run")
+    ap.add_argument("--out", default="/tmp/bench_rounds", help="staleness: the runs' directory")
+    argv = sys.argv[1:]
+    train_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if args.compare == "staleness":
+        compare_staleness(args, train_args)
+        return
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     base = TrainConfig.make(

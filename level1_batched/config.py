@@ -64,6 +64,14 @@ class Level1Config:
     uncompiled; Qwen3-4B shape 47.8% MFU vs 29.5% for plain HF (bench/RESULTS.md). Default: on with the
     fast trainer on CUDA, off elsewhere (--no-compile-layers turns it off)."""
 
+    max_staleness: int = 0
+    """Rounds ahead: 0 = synchronous rounds (each round rolls out with the weights it trains; the paper's
+    setting). 1 = one-step-off-policy: the next round's task groups roll out while this round's batch
+    trains, on the policy one optimizer step older; every tree and datum records the policy version that
+    sampled it, no datum more than 1 version old is trained, and CISPO's ratio against the behaviour
+    log-probs corrects the lag. The hf engine then rolls out on a copy of the model (synced after every
+    step); vLLM takes the new weights between its steps. One rank only for now (level1_batched/overlap.py)."""
+
     def resolved(self, cuda: bool) -> Level1Config:
         """The settings a run uses on this device: every ``None`` default filled in (see each field).
 
@@ -109,6 +117,11 @@ class Level1Config:
             raise ValueError(f"--kv-cache-gib must be > 0, got {self.kv_cache_gib}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_staleness not in (0, 1):
+            raise ValueError(
+                f"--max-staleness must be 0 or 1, got {self.max_staleness} (level 1 rolls out at most one round "
+                "ahead; a deeper pipeline is not built yet)"
+            )
         if (self.max_tokens_per_microbatch or 1) < 1:
             raise ValueError(
                 f"--max-tokens-per-microbatch must be >= 1, got {self.max_tokens_per_microbatch}"

@@ -8,6 +8,7 @@ agents' calls go to the inference servers through its router instead of the trai
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -38,14 +39,23 @@ def collect_groups_in_flight(
     rank: int = 0,
     world: int = 1,
     dropped: list[list[Any]] | None = None,
+    version: Callable[[], int] | None = None,
 ) -> tuple[list[list[Any]], int]:
     """Level 0's ``collect_groups`` in waves: every group still missing (plus its spares) rolled out at once,
     each rank its share, then judged in draw order (:func:`common.run.rollout.collect_groups`). Same tasks,
     seeds and acceptance rule as level 0 (the sampler and its cursor are identical on every rank); only the
-    schedule differs."""
+    schedule differs. ``version`` (``--max-staleness 1``): read as each wave starts, the policy version of
+    the engine's weights then, recorded in every tree of the wave as ``meta["policy_version"]`` (weights
+    that change during the wave are newer, so it is the oldest version any of its calls saw)."""
 
     def roll(jobs):
+        v = None if version is None else int(version())
         mine = asyncio.run(rollout_in_flight(jobs[rank::world], env, policy, judge))
-        return gather_groups(mine, len(jobs), world)
+        groups = gather_groups(mine, len(jobs), world)
+        if v is not None:
+            for trees in groups:
+                for t in trees:
+                    t.meta["policy_version"] = v
+        return groups
 
     return collect_groups(cfg, stage, rnd, sampler, preset, roll, per_wave=None, dropped=dropped)

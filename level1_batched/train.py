@@ -40,7 +40,9 @@ starts once per run, batches continuously (each agent's next turn joins the runn
 during the optimizer step and gets the new weights copied in place; on CUDA the trainer then defaults to
 the fast path (Level1Config.resolved: bf16 compute with fp32 masters, varlen attention, 32K-token rows).
 ``--eval-tasks FILE --eval-every N`` evaluates the current policy on held-out tasks on the same engine
-(common/run/evaluation.py) and logs ``eval/success`` beside the rounds.
+(common/run/evaluation.py) and logs ``eval/success`` beside the rounds. ``--max-staleness 1``
+(level1_batched/overlap.py) rolls the next round out while this round's batch trains (one optimizer step
+off-policy, every datum tagged with the version that sampled it); 0, the default, is the loop as it was.
 
 What it simplifies: with the hf engine no continuous batching (a wave of rollouts ends when its slowest
 tree ends; TextCraft's replacement tasks run in a second wave) and generation on the training model itself
@@ -78,6 +80,7 @@ from common.run.metrics import (
     log_deadline_groups,
     log_line,
     plot_curves,
+    staleness_metrics,
     step_metrics,
 )
 from common.run.optim import make_optimizer, place_optimizer_state
@@ -86,6 +89,7 @@ from common.run.rollout import make_env_with_prompts
 from common.run.setup import departures_line, idle_hint, method_and_schedule, paper_departures, train_policy
 from common.train_config import TrainConfig
 from level1_batched.config import Level1Config
+from level1_batched.overlap import Rollouts, RoundAhead, collect_round, fresh_groups, rollout_copy, tag_datums
 from level1_batched.packing import (  # noqa: F401 - re-exported: tests and level-1 users import them from here
     accumulate_gradients_packed,
     check_packing,
@@ -228,6 +232,8 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     init = resolve_init(cfg.init_adapter, cfg.model, cfg.env, cfg.seed)  # a mismatched adapter fails here
     rank, world, device = init_distributed()
     l1 = (l1 or Level1Config()).resolved(cuda=device.type == "cuda")  # the device's defaults filled in
+    if l1.max_staleness and world > 1:
+        raise ValueError(f"--max-staleness {l1.max_staleness} runs on one rank for now (torchrun started {world})")
     out = Path(cfg.out)
     if rank == 0:
         prepare_out(out, cfg.resume)
@@ -262,7 +268,9 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         )  # from the base weights; with --lora-rank it serves the adapter unmerged (sync_weights)
     if cfg.lora_rank:  # --lora-rank: only a LoRA adapter over those weights trains (the paper: every weight)
         model = add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed)
-    if engine is not None:
+    if l1.max_staleness and engine is None:  # hf: the trainer steps while the next round rolls out on a copy
+        engine = rollout_copy(model, tokenizer, cfg.max_batch_size, cfg.seed)
+    elif engine is not None:
         if l1.fast_trainer:
             from level1_batched.efficiency import apply_efficiency
 
@@ -280,6 +288,8 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     trained = checkpointed(model)  # what a checkpoint holds: the model, or a LoRA run's adapter only
     state = (ckpt.load_latest(trained, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
     if engine is not None:
+        from level1_batched.vllm_engine import sync_weights
+
         sync_weights(engine, model, state.step)  # the engine started before a resumed checkpoint loaded
     if rank == 0:
         truncate_logs(out, state.round)
@@ -315,19 +325,35 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
                 policy, state.round, state.step, writer, lambda line: bar.log(line, state.step)
             )
 
+    def roll_round(rnd: int, stage: str) -> Rollouts:  # --max-staleness 1: on RoundAhead's thread, mostly
+        return collect_round(rnd, stage, sampler, lambda dropped: collect_groups_in_flight(
+            cfg, stage, rnd, sampler, env, policy, judge, preset, rank, world, dropped,
+            version=lambda: engine.version,  # the weights the engine holds as a wave starts
+        ))  # fmt: skip
+
+    ahead = RoundAhead(roll_round) if l1.max_staleness else None  # the next round, rolling out during a step
     history: list[dict[str, Any]] = []
     idle = 0
     stopped: str | None = None  # why the run ends before --steps, if it does (sera train exits 3)
     while state.step < cfg.steps:
-        evaluate_now()
         stage = schedule.stage_at(state.step)  # the clock is the policy version
-        bar.phase(f"{stage} rollouts")
-        t0 = time.perf_counter()
-        dropped: list[list[Any]] = []  # groups cut by a deadline (replaced; logged, never trained)
-        groups, replaced = collect_groups_in_flight(
-            cfg, stage, state.round, sampler, env, policy, judge, preset, rank, world, dropped
-        )
-        t_roll = time.perf_counter() - t0
+        if ahead is None:  # --max-staleness 0 (the paper): this round rolls out now, with this policy
+            evaluate_now()
+            bar.phase(f"{stage} rollouts")
+            t0 = time.perf_counter()
+            dropped: list[list[Any]] = []  # groups cut by a deadline (replaced; logged, never trained)
+            groups, replaced = collect_groups_in_flight(
+                cfg, stage, state.round, sampler, env, policy, judge, preset, rank, world, dropped
+            )
+            t_roll = time.perf_counter() - t0
+            cursor = sampler.cursor
+        else:  # --max-staleness 1: most likely rolled out during the last step (overlap.py)
+            bar.phase(f"{stage} rollouts (ahead)")
+            t0 = time.perf_counter()
+            got = ahead.take(state.round, stage)
+            evaluate_now()  # no rollout in flight now
+            groups, stale = fresh_groups(got.groups, state.step, l1.max_staleness)
+            replaced, dropped, t_roll, cursor = got.replaced, got.dropped, got.seconds, got.end_task
         trees = [t for g in groups for t in g]
         batch = build_stage_batch(  # the same batch on every rank
             stage,
@@ -343,6 +369,11 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         t1 = time.perf_counter()
         n_tokens = float(batch.num_trained_tokens)  # |M| counts every datum (the same batch on every rank)
         updated = batch.takes_step(cfg.min_trainable_datums)  # public decide_sync_action (paper: 8)
+        if ahead is not None:
+            versions = tag_datums(batch, groups)
+            goes_on = state.step + updated < cfg.steps and (updated or idle + 1 < cfg.max_idle_rounds)
+            if goes_on:  # the next round's stage is known now: this batch's takes_step moves the clock
+                ahead.start(state.round + 1, schedule.stage_at(state.step + int(updated)))
         train_metrics = (
             train_on_shard(
                 model,
@@ -371,8 +402,10 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             "engine/update_s": t_sync,
             "time/round_s": t_round,
         }  # fmt: skip
+        if ahead is not None:
+            metrics.update(staleness_metrics(versions, state.step, stale, ahead.wait_s, got.first_task, cursor))
         history.append(metrics)
-        state.round, state.cursor = state.round + 1, sampler.cursor
+        state.round, state.cursor = state.round + 1, cursor  # never past an in-flight round's draws
         state.step += int(updated)
         idle = 0 if updated else idle + 1
         if rank == 0:
@@ -390,6 +423,8 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             stopped = f"{idle} rounds in a row without an optimizer step (--max-idle-rounds)"
             bar.log(f"stopping: {stopped}")
             break
+    if ahead is not None:
+        ahead.close()  # nothing should be running (no round starts past the last): a safety net
     evaluate_now()  # the last step's policy
     bar.close()
     optimizer.close()  # --optimizer-state disk: the working files go (the checkpoint has its own)

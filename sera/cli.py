@@ -612,6 +612,10 @@ def setup(model: str = typer.Option("smollm2", help="Model alias or path to prep
 # ------------------------------------------------------------------------------------------------------
 TIER_PANEL = "Level 1 (--level 1 only)"
 TIER2_PANEL = "Level 2 (--level 2 only)"
+TIERS_PANEL = "Levels 1 and 2"
+SHARED_TIER_OPTIONS = ("max_staleness",)
+"""Fields of both Level1Config and Level2Config: one option, handed to the tier that runs (the same bound,
+each tier's own mechanism: level1_batched/overlap.py, level2_distributed/README.md)."""
 RUN_PANEL = "Run"
 ROLLOUT_PANEL = "Model and rollout"
 RL_PANEL = "RL and optimizer"
@@ -806,13 +810,17 @@ def _train(
 
     if level not in (0, 1, 2):
         raise ValueError(f"--level {level} is not available; levels 0, 1 and 2 are")
+    shared = sorted(k for k in given if k in SHARED_TIER_OPTIONS and level not in (1, 2))
+    if shared:
+        names = ", ".join("--" + k.replace("_", "-") for k in shared)
+        raise ValueError(f"{names} only apply to --level 1 and 2 (you asked for --level {level})")
     l2_names = {f.name for f in fields(Level2Config)}
-    stray2 = sorted(k for k in given if k in l2_names and level != 2)
+    stray2 = sorted(k for k in given if k in l2_names and level != 2 and not (k in SHARED_TIER_OPTIONS and level == 1))
     if stray2:
         names = ", ".join("--" + k.replace("_", "-") for k in stray2)
         raise ValueError(f"{names} only apply to --level 2 (you asked for --level {level})")
     l1_names = {f.name for f in fields(Level1Config)}
-    stray = sorted(k for k in given if k in l1_names and level != 1)
+    stray = sorted(k for k in given if k in l1_names and level != 1 and not (k in SHARED_TIER_OPTIONS and level == 2))
     if stray:
         names = ", ".join("--" + k.replace("_", "-") for k in stray)
         raise ValueError(f"{names} only apply to --level 1 (you asked for --level {level})")
@@ -829,8 +837,8 @@ def _train(
         cfg = TrainConfig.make(cfg, out="runs/level1")
     if "out" not in given and level == 2:
         cfg = TrainConfig.make(cfg, out="runs/level2")
-    l1 = Level1Config(**{k: tier_opts[k] for k in l1_names})
-    l2 = Level2Config(**{k: tier_opts[k] for k in l2_names})
+    l1 = Level1Config(**{k: tier_opts[k] for k in l1_names if level == 1 or k not in SHARED_TIER_OPTIONS})
+    l2 = Level2Config(**{k: tier_opts[k] for k in l2_names if level == 2 or k not in SHARED_TIER_OPTIONS})
     if print_config:
         console.print_json(
             json.dumps(
@@ -958,7 +966,11 @@ def _register_train() -> None:
                 f.name,
                 inspect.Parameter.KEYWORD_ONLY,
                 annotation=option_type(Level1Config, f.name),
-                default=typer.Option(f.default, help=docs.get(f.name, ""), rich_help_panel=TIER_PANEL),
+                default=typer.Option(
+                    f.default,
+                    help=docs.get(f.name, "") + (f" Level 2: {docs2[f.name]}" if f.name in SHARED_TIER_OPTIONS else ""),
+                    rich_help_panel=TIERS_PANEL if f.name in SHARED_TIER_OPTIONS else TIER_PANEL,
+                ),
             )
             for f in fields(Level1Config)
         ],
@@ -970,6 +982,7 @@ def _register_train() -> None:
                 default=typer.Option(f.default, help=docs2.get(f.name, ""), rich_help_panel=TIER2_PANEL),
             )
             for f in fields(Level2Config)
+            if f.name not in SHARED_TIER_OPTIONS  # registered once, above
         ],
     ]
     cmd = friendly(dataclass_command(TrainConfig, _train, extra=extra))

@@ -111,6 +111,18 @@ print(f"TUTORIAL07 max_loss_diff {worst['loss']:.1e} max_grad_norm_rel_diff {wor
 # ## Running level 1
 #     sera train --level 1 --model tiny --steps 3                          # one process
 #     torchrun --nproc_per_node 2 -m level1_batched.train --model tiny     # 2 ranks (gloo on CPU, nccl on GPUs)
+#     sera train --level 1 --model tiny --steps 3 --max-staleness 1     # the next round rolls out during the step
+#
+# ## One round ahead (`--max-staleness 1`)
+# A synchronous round leaves the engine idle during the optimizer step and the trainer idle during the
+# rollouts. With `--max-staleness 1` the next round's rollouts start as soon as this round's batch is built
+# and run while it trains (`level1_batched/overlap.py`): they are sampled by weights one optimizer step old,
+# and CISPO's ratio `pi_theta / pi_behaviour` against the behaviour log-probs recorded with every token is
+# exactly the correction that takes. Each tree and datum records the version that sampled it
+# (`meta["policy_version"]`); nothing more than one version behind is trained; the stage of the round ahead
+# is known before it starts, and a checkpoint never counts an in-flight round's tasks, so a resumed run redoes
+# that round once. `offpolicy/gap_mean` in metrics.jsonl is the mean lag (1 for a round rolled out during a
+# step, 0 after a round without an update). Default 0: the paper's synchronous rounds, bit for bit today's loop.
 #
 # ## GPU notes
 # On a laptop GPU `sera train --level 1` batches generation on the GPU; `--engine vllm` uses an in-process

@@ -122,6 +122,34 @@ def step_metrics(
     }
 
 
+def staleness_metrics(
+    versions: list[int], step: int, stale_groups: int, wait_s: float, first_task: int, end_task: int
+) -> dict[str, float]:
+    """The metrics of a round rolled out ahead of its training (level 1's ``--max-staleness 1``): the policy
+    ``versions`` that sampled its datums (one per datum) against ``step``, the version that trains them.
+    ``offpolicy/gap_mean`` and ``offpolicy/gap_max`` are the mean and largest lag (0 = on-policy; level 2
+    logs the same names per completion), ``batch/stale_groups`` the task groups dropped for a lag over the
+    bound, ``time/rollout_wait_s`` the seconds the trainer waited for the round's rollouts
+    (``time/rollout_s`` is their own time, mostly spent while the previous batch trained), ``tasks/first``
+    and ``tasks/end`` the sampler's cursor before and after the round's draws (a run's rounds draw
+    ``[first, end)`` back to back: none lost or repeated).
+
+    >>> m = staleness_metrics([3, 3, 4], step=4, stale_groups=0, wait_s=0.5, first_task=8, end_task=10)
+    >>> round(m["offpolicy/gap_mean"], 3), m["offpolicy/gap_max"], m["offpolicy/datums"], m["tasks/end"]
+    (0.667, 1.0, 3.0, 10.0)
+    """
+    gaps = [step - v for v in versions]
+    return {
+        "offpolicy/gap_mean": sum(gaps) / len(gaps) if gaps else 0.0,
+        "offpolicy/gap_max": float(max(gaps, default=0)),
+        "offpolicy/datums": float(len(gaps)),
+        "batch/stale_groups": float(stale_groups),
+        "time/rollout_wait_s": float(wait_s),
+        "tasks/first": float(first_task),
+        "tasks/end": float(end_task),
+    }
+
+
 def log_deadline_groups(out: Path, dropped: list[list[Any]], step: int, round: int) -> None:
     """Append the trees of task groups dropped for a deadline to ``out/deadline_trees.jsonl`` (each with
     its ``meta["deadline"]`` reason), so a cut tree is on record, never trained and never lost."""

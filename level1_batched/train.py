@@ -294,6 +294,8 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     if rank == 0:
         truncate_logs(out, state.round)
         departures = paper_departures(cfg)  # the settings this run takes from outside the paper
+        if l1.max_staleness:  # level 1's own: rollouts one optimizer step behind (the paper: synchronous)
+            departures.append(f"--max-staleness: {l1.max_staleness} (paper: 0, synchronous on-policy rounds)")
         (out / "config.json").write_text(
             json.dumps(
                 {**asdict(cfg), "level1": asdict(l1), "world_size": world, "init_weights": init.record(),

@@ -186,6 +186,10 @@ class VLLMEngine(Engine):
         self.log_stats = bool(log_stats)
         if kv_cache_memory_bytes is not None:
             kw["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
+        if not cuda:  # vLLM's CPU runner rewinds a seeded request's generator after a partial prefill step
+            # (gpu_model_runner: `gen.set_offset(...)`), which a CPU generator refuses ("CPU Generator does not
+            # use offset"): every prefill in one step, never chunked
+            kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max(int(max_model_len), 8192))
         if cuda:  # with a fixed KV cache vLLM still checks this share of the GPU is free at start-up
             kw["gpu_memory_utilization"] = float(gpu_memory_utilization)
         if self.supports_sleep:

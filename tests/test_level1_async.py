@@ -164,6 +164,8 @@ def test_one_round_ahead_tags_versions_and_bounds_staleness(tmp_path: Path, monk
     rows = _rows(Path(cfg.out))
     _check_back_to_back(rows)
     assert sum(not h["train/skipped"] for h in history) == 3
+    departures = json.loads((Path(cfg.out) / "config.json").read_text())["departures"]
+    assert any(d.startswith("--max-staleness: 1 (paper: 0") for d in departures), departures
     trees = [json.loads(x) for x in (Path(cfg.out) / "trees.jsonl").read_text().splitlines()]
     lagged = 0  # rounds whose every tree was sampled by the version before the one that trained it
     for prev, h in zip([None, *history], history, strict=False):

@@ -204,16 +204,18 @@ class MasterWeightAdamW:
             if k in st:
                 st[k] = shell
 
-    def _bring_in(self, i: int) -> None:
-        """Read master ``i`` and its moments back from its file (the step after this writes them out)."""
+    def _bring_in(self, i: int, path: Path | None = None) -> None:
+        """Read master ``i`` and its moments back from ``path`` (default: its working file; the step after
+        this writes them out)."""
         m = self.masters[i]
         st = self.inner.state.get(m, {})
         names = ["master"] + [k for k in ("exp_avg", "exp_avg_sq") if k in st]
-        with open(self._file(i), "rb") as f:
+        path = path or self._file(i)
+        with open(path, "rb") as f:
             for name in names:
                 t = torch.empty(m.shape, dtype=torch.float32)
                 if f.readinto(memoryview(t.numpy()).cast("B")) != t.numel() * 4:
-                    raise OSError(f"{self._file(i)} is shorter than {len(names)} x {t.numel()} floats")
+                    raise OSError(f"{path} is shorter than {len(names)} x {t.numel()} floats")
                 if name == "master":
                     m.data = t
                 else:
@@ -234,10 +236,7 @@ class MasterWeightAdamW:
         files = {}
         for i in range(len(self.masters)):
             name = f"optimizer_state/{self._file(i).name}"
-            try:
-                os.link(self._file(i), into / name)
-            except OSError:  # another filesystem
-                shutil.copyfile(self._file(i), into / name)
+            _link_or_copy(self._file(i), into / name)
             files[name] = (into / name).stat().st_size
         steps = {
             i: {"step": self.inner.state[m]["step"]}
@@ -275,28 +274,29 @@ class MasterWeightAdamW:
         for group, saved in zip(self.inner.param_groups, groups, strict=True):
             group.update({k: v for k, v in saved.items() if k != "params"})
         self.inner.state.clear()
-        offload_dir = self.offload_dir
         for i, m in enumerate(self.masters):
             st = state["inner"]["state"].get(i)
             if st is not None:  # placeholders: _bring_in reads the moments the state names
                 self.inner.state[m] = {"step": st["step"].clone(), "exp_avg": m.data, "exp_avg_sq": m.data}
-            if offload_dir is not None:  # the checkpoint's file is never rewritten in place: link it
+            saved = source / f"{i:04d}.bin"
+            if self.offload_dir is not None:  # the checkpoint's file is never rewritten in place: link it
                 tmp = self._file(i).with_suffix(".tmp")
                 tmp.unlink(missing_ok=True)
-                try:
-                    os.link(source / f"{i:04d}.bin", tmp)
-                except OSError:  # another filesystem
-                    shutil.copyfile(source / f"{i:04d}.bin", tmp)
+                _link_or_copy(saved, tmp)
                 os.replace(tmp, self._file(i))
-            self.offload_dir = source if offload_dir is None else offload_dir
-            try:
-                self._bring_in(i)
-            finally:
-                self.offload_dir = offload_dir
+            self._bring_in(i, saved)
             with torch.no_grad():
                 self.params[i].copy_(m)  # rounds to the model's dtype
-            if offload_dir is not None:
+            if self.offload_dir is not None:
                 self._shell(i)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link (no copy: offloaded files are replaced, never rewritten), a copy across filesystems."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def place_optimizer_state(optimizer: MasterWeightAdamW, where: str, directory: Path, device: str) -> None:

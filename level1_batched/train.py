@@ -251,7 +251,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     stats = LiveStats()
     engine = None  # --engine vllm: a separate rollout engine, synced after every optimizer step
     if l1.engine != "hf":
-        from level1_batched.vllm_engine import make_rollout_engine, sync_weights
+        from level1_batched.vllm_engine import make_rollout_engine
 
         engine = make_rollout_engine(
             l1.engine,

@@ -815,12 +815,12 @@ def _train(
         names = ", ".join("--" + k.replace("_", "-") for k in shared)
         raise ValueError(f"{names} only apply to --level 1 and 2 (you asked for --level {level})")
     l2_names = {f.name for f in fields(Level2Config)}
-    stray2 = sorted(k for k in given if k in l2_names and level != 2 and not (k in SHARED_TIER_OPTIONS and level == 1))
+    stray2 = sorted(k for k in given if k in l2_names - set(SHARED_TIER_OPTIONS) and level != 2)
     if stray2:
         names = ", ".join("--" + k.replace("_", "-") for k in stray2)
         raise ValueError(f"{names} only apply to --level 2 (you asked for --level {level})")
     l1_names = {f.name for f in fields(Level1Config)}
-    stray = sorted(k for k in given if k in l1_names and level != 1 and not (k in SHARED_TIER_OPTIONS and level == 2))
+    stray = sorted(k for k in given if k in l1_names - set(SHARED_TIER_OPTIONS) and level != 1)
     if stray:
         names = ", ".join("--" + k.replace("_", "-") for k in stray)
         raise ValueError(f"{names} only apply to --level 1 (you asked for --level {level})")

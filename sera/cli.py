@@ -227,17 +227,45 @@ def rank() -> int:
 def interrupted(saved: str, again: str) -> None:
     """Ctrl-C: say what was saved and the exact command that continues, then exit 130 (128 + SIGINT).
 
-    A Ctrl-C between creating a coroutine and running it (``asyncio.run`` still building its loop) leaves one
-    that is never awaited; its RuntimeWarning would print after these lines, at exit. It is noise here: it is
-    silenced and the garbage collected first, so the resume command stays the last line."""
+    A Ctrl-C while ``asyncio.run`` builds its loop leaves half-made objects behind: a coroutine never awaited
+    (its RuntimeWarning) or an event loop whose ``__init__`` stopped before its self-pipe existed (its
+    ``__del__`` raises "AttributeError: ... no attribute '_ssock'"). Both are freed when the KeyboardInterrupt's
+    traceback is, after these lines, and Python would print them there ("Exception ignored in ..."). They are
+    noise here: such warnings and every destructor's error from now on are dropped and the garbage collected
+    first, so the resume command stays the last line."""
     import gc
     import warnings
 
     warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
+    sys.unraisablehook = lambda unraisable: None  # the teardown's destructor errors (see above)
     gc.collect()
     err.print(f"\ninterrupted: {saved}", highlight=False, soft_wrap=True, markup=False)
     err.print(f"resume with: {again}", highlight=False, soft_wrap=True, markup=False)
+    exit_at_once_on_another_signal()
     raise typer.Exit(130)
+
+
+def exit_at_once_on_another_signal(code: int = 130) -> None:
+    """After the resume line everything is saved: another Ctrl-C (or SIGTERM) during the teardown (worker
+    processes, threads, the interpreter's own shutdown) ends the process at once with the same ``code``, its
+    output flushed. Python's own handler would raise a second KeyboardInterrupt there: a traceback, or the
+    process killed by SIGINT (exit -2) instead of 130."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # signals belong to the main thread
+        return
+
+    def now(signum, frame):  # noqa: ARG001 - signal handler signature
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed or broken: nothing more to say
+                pass
+        os._exit(code)
+
+    signal.signal(signal.SIGINT, now)
+    signal.signal(signal.SIGTERM, now)
 
 
 class PanelCommand(typer.core.TyperCommand):
@@ -765,6 +793,7 @@ def _interrupted_run(out: Path, command: str, curves: bool = True) -> None:
     from common.run.checkpoint import has_checkpoint, logged_rounds
 
     if rank() != 0:
+        exit_at_once_on_another_signal()
         raise typer.Exit(130)
     rounds = logged_rounds(out)
     logs = f"{rounds} logged round{'s' if rounds != 1 else ''} in {out / 'metrics.jsonl'}"

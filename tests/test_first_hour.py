@@ -357,6 +357,26 @@ def interrupt(args: list[str], ready, timeout: float = 90, program: tuple[str, .
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_another_signal_after_the_resume_line_still_exits_130_with_its_output(sig):
+    """After the resume line (``interrupted``) a second Ctrl-C or SIGTERM in the teardown ends the process at
+    once with exit 130 and its buffered output written, not a traceback or death by SIGINT (-2)."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from sera.cli import exit_at_once_on_another_signal\n"
+        "sys.stdout.write('buffered, not flushed')\n"  # stdout is a pipe: block-buffered
+        "exit_at_once_on_another_signal()\n"
+        f"os.kill(os.getpid(), signal.{sig})\n"
+        "time.sleep(30)\n"
+        "print('never')\n"
+    )
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    assert r.returncode == 130 and time.time() - t0 < 20, (r.returncode, r.stderr[-2000:])
+    assert r.stdout == "buffered, not flushed" and "Traceback" not in r.stderr
+
+
 def test_ctrl_c_of_a_short_train_run_prints_the_resume_command(tmp_path):
     out = tmp_path / "run"
     args = ["train", "--model", "tiny", "--steps", "50", "--max-new-tokens", "8", "--codeact-executor",
@@ -403,6 +423,28 @@ def test_a_coroutine_left_unstarted_by_ctrl_c_does_not_follow_the_resume_command
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip().splitlines()[-1] == "resume with: sera train --resume", done.stderr
     assert "never awaited" not in done.stderr
+
+
+def test_a_half_built_event_loop_freed_after_the_resume_line_prints_nothing():
+    """Seen in CI: Ctrl-C inside ``asyncio.run``'s loop constructor left a loop without its self-pipe; freed with
+    the KeyboardInterrupt's traceback, after the resume line, its ``__del__`` printed "Exception ignored in ...
+    AttributeError: '_UnixSelectorEventLoop' object has no attribute '_ssock'" as the last line."""
+    code = (
+        "import asyncio, typer\n"
+        "from sera.cli import interrupted\n"
+        "def run():\n"
+        "    loop = object.__new__(asyncio.SelectorEventLoop)  # its __init__ stopped before the self-pipe:\n"
+        "    asyncio.base_events.BaseEventLoop.__init__(loop)  # the base part ran, no _ssock\n"
+        "    interrupted('nothing', 'sera train --resume')\n"
+        "try:\n    run()\nexcept typer.Exit as e:\n    code = e.exit_code  # leaving this block frees run()'s frame\n"
+        "raise SystemExit(code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "resume with: sera train --resume", done.stderr
+    assert "Exception ignored" not in done.stderr and "_ssock" not in done.stderr, done.stderr
 
 
 def test_ctrl_c_message_names_the_checkpoint(tmp_path, capsys):

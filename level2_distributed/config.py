@@ -76,7 +76,8 @@ class Level2Config:
     before it fails. A rank stuck past it (a hung NCCL call, a lost node) fails its call, and the driver
     restarts the actors from the last checkpoint as for a dead actor."""
     trainer_gpus: float = -1.0
-    """GPUs per trainer actor (-1 = 1 when the Ray cluster has GPUs, else 0; 0.5 shares a GPU)."""
+    """GPUs per trainer actor (-1 = 1 when the Ray cluster has GPUs, else 0; 0.5 shares a GPU, which split
+    mode allows only with --weight-sync disk: NCCL refuses two ranks of one group on one device)."""
     server_gpus: float = -1.0
     """GPUs per server actor (-1 = 1 when the Ray cluster has GPUs, else 0; 0.5 shares a GPU)."""
     colocate: bool = False
@@ -117,6 +118,14 @@ class Level2Config:
             if getattr(self, name) != -1 and not getattr(self, name) >= 0:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be -1 (auto) or >= 0 (got {getattr(self, name)})")
+        shared = [n for n in ("trainer_gpus", "server_gpus") if 0.0 < getattr(self, n) < 1.0]
+        if shared and not self.colocate and self.weight_sync == "broadcast":
+            flags = " ".join(f"--{n.replace('_', '-')} {getattr(self, n):g}" for n in shared)
+            raise ValueError(
+                f"{flags}: a trainer rank and a server could share a GPU, and the broadcast sync group would then "
+                "hold two ranks on one device, which NCCL refuses; use --weight-sync disk, --colocate (a rank "
+                "and its engine in one process), or whole GPUs"
+            )
         if not 0.0 < self.server_gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"--server-gpu-memory-utilization must be in (0, 1] (got {self.server_gpu_memory_utilization})"

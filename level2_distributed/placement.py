@@ -9,12 +9,13 @@
   with GPU resources declared, no GPUs).
 * Colocated mode (``--colocate``): one actor per GPU holds a trainer rank AND its engine, so only the
   trainers' groups exist.
-* No placement groups when the actors take no whole GPU (a CPU run, or ``--single-node 1``'s halves):
-  Ray's default scheduling then.
+* No placement groups when the actors take no whole GPU (a CPU run, or fractional GPUs with
+  ``--weight-sync disk``): Ray's default scheduling then.
 
 :func:`actor_env`: the driver's NCCL / gloo / InfiniBand / UCX settings (``NCCL_*``, ``TORCH_NCCL_*``,
-``GLOO_*``, ``UCX_*``, ``NVSHMEM_*``, ``CUDA_DEVICE_MAX_CONNECTIONS``) and the project's own variables go to
-every actor (Ray starts actor processes with the raylet's environment, not the driver's).
+``GLOO_*``, ``UCX_*``, ``NVSHMEM_*``, ``CUDA_DEVICE_MAX_CONNECTIONS``), the engines' knobs (``VLLM_*``,
+``SGLANG_*``, but not the driver node's addresses), the HF cache / offline / token variables and the project's
+own go to every actor (Ray starts actor processes with the raylet's environment, not the driver's).
 
 What it simplifies: one node size is assumed for packing (the largest); no topology inside a node (which
 GPUs share an NVSwitch or a NIC) is taken into account.
@@ -27,13 +28,15 @@ import os
 from typing import Any
 
 PASS_ENV = ("SERA_L2_FAULT", "SERA_L2_THREADS", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-            "SERA_CACHE", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "VLLM_CPU_KVCACHE_SPACE",
-            "SGLANG_RETURN_ORIGINAL_LOGPROB")  # fmt: skip
+            "HF_TOKEN", "SERA_CACHE", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF")  # fmt: skip
 """Variables the actors inherit from the driver (fault injection, threads, model caches and offline mode: a
-hub id resolves to the cache's snapshot on every node, engine knobs)."""
-PASS_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "UCX_", "NVSHMEM_", "TORCH_DIST")
-"""Prefixes of the collective-communication settings the actors inherit (NCCL_IB_HCA, NCCL_SOCKET_IFNAME,
-GLOO_SOCKET_IFNAME, ...)."""
+hub id resolves to the cache's snapshot on every node; the CUDA allocator)."""
+PASS_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "UCX_", "NVSHMEM_", "TORCH_DIST", "VLLM_", "SGLANG_")
+"""Prefixes of the settings the actors inherit: collective communication (NCCL_IB_HCA, NCCL_SOCKET_IFNAME,
+GLOO_SOCKET_IFNAME, ...) and the engines' knobs (VLLM_USE_FLASHINFER_SAMPLER, SGLANG_...). On a cluster an actor
+on another node sees that node's raylet environment, not the driver's, unless it is passed here."""
+NODE_LOCAL = ("VLLM_HOST_IP", "VLLM_PORT", "VLLM_DP_MASTER_IP", "VLLM_DP_MASTER_PORT")
+"""Addresses that belong to the driver's node: never passed (an actor elsewhere would bind another node's IP)."""
 
 
 def actor_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -41,9 +44,12 @@ def actor_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
     >>> actor_env({"NCCL_IB_HCA": "mlx5", "HOME": "/root", "SERA_CACHE": "/c", "GLOO_SOCKET_IFNAME": "eth0"})
     {'NCCL_IB_HCA': 'mlx5', 'SERA_CACHE': '/c', 'GLOO_SOCKET_IFNAME': 'eth0'}
+    >>> actor_env({"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_HOST_IP": "10.0.0.1", "HF_TOKEN": "t", "PATH": "/bin"})
+    {'VLLM_USE_FLASHINFER_SAMPLER': '0', 'HF_TOKEN': 't'}
     """
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if k in PASS_ENV or k.startswith(PASS_PREFIXES)}
+    return {k: v for k, v in env.items()
+            if (k in PASS_ENV or k.startswith(PASS_PREFIXES)) and k not in NODE_LOCAL}  # fmt: skip
 
 
 def group_sizes(

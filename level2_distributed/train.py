@@ -119,6 +119,44 @@ def needs_sync(version: int, served: int, max_staleness: int) -> bool:
     return version - served > max_staleness
 
 
+SHARED_OUT_MARKER = ".sera_shared_out"
+"""The file :func:`check_shared_out` writes under --out and reads back on every actor's node."""
+
+
+def _sees_marker(_actor: Any, path: str, token: str) -> tuple[str, bool]:
+    """Run inside an actor (``__ray_call__``): its node, and whether it reads the driver's marker there."""
+    import ray
+
+    p = Path(path)
+    return ray.util.get_node_ip_address(), p.is_file() and p.read_text() == token
+
+
+def check_shared_out(actors: list[Any], out: Path, timeout_s: float = 120.0) -> None:
+    """Every actor that writes or reads under --out (trainer ranks: DCP's shards, the HF export; servers with
+    --weight-sync disk: the weights file) must see the driver's directory, or a checkpoint is scattered over
+    node-local disks and a resume finds a part of it. A marker written here, read on every actor's node:
+    ValueError naming the nodes that do not see it (one line at the CLI), before the first round; Ray's
+    GetTimeoutError when an actor does not answer within ``timeout_s``."""
+    import secrets
+
+    import ray
+
+    marker = out / SHARED_OUT_MARKER
+    token = secrets.token_hex(8)
+    marker.write_text(token)
+    try:  # a file read per actor: seconds; the deadline only guards against an actor that never answers
+        seen = ray.get([a.__ray_call__.remote(_sees_marker, str(marker), token) for a in actors], timeout=timeout_s)
+    finally:
+        marker.unlink(missing_ok=True)
+    blind = sorted({ip for ip, ok in seen if not ok})
+    if blind:
+        raise ValueError(
+            f"--out {out} is not shared with node(s) {', '.join(blind)}: their actors do not see the file this "
+            "driver wrote there (DCP writes every rank's shards under --out, and a resume reads them all); put "
+            "--out on storage every node mounts at the same path"
+        )
+
+
 def actor_gpus(requested: float) -> float:
     import ray
 
@@ -380,6 +418,12 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
     ray_init(l2)
     system = System(actors_cfg, l2, load_tokenizer(actors_cfg.model), checkpoint_config=asdict(cfg))
     system.start()
+    try:
+        disk = l2.weight_sync == "disk" and not l2.colocate  # servers read the weights file under --out
+        check_shared_out(system.trainers + (system.servers if disk else []), out)
+    except Exception:
+        system.stop()  # no actor outlives a run that cannot start
+        raise
     state = (system.load(out) if cfg.resume else None) or RunState()
     truncate_logs(out, state.round)
     init_record = {**init.record(), "merged_model_dir": actors_cfg.model if init.adapter else None}

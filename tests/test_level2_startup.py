@@ -102,6 +102,20 @@ def test_paper_cluster_keeps_the_users_server_engine():
     assert (r.server_engine, r.trainers, r.servers, r.ray_address) == ("sglang", 8, 8, "auto")
 
 
+def test_a_shared_gpu_in_split_mode_needs_disk_sync():
+    """``--trainer-gpus 0.5 --server-gpus 0.5`` can put a trainer rank and a server on one GPU; the broadcast
+    group would then hold two ranks on one device (NCCL refuses): one clear error, the ways out named."""
+    from level2_distributed.config import Level2Config
+
+    with pytest.raises(ValueError, match=r"--trainer-gpus 0.5 --server-gpus 0.5: .*--weight-sync disk"):
+        Level2Config(trainer_gpus=0.5, server_gpus=0.5)
+    with pytest.raises(ValueError, match=r"^--server-gpus 0.25: "):
+        Level2Config(trainer_gpus=1, server_gpus=0.25)
+    Level2Config(trainer_gpus=0.5, server_gpus=0.5, weight_sync="disk")  # no NCCL group: allowed
+    Level2Config(trainer_gpus=0.5, colocate=True)  # one process per GPU: no group between ranks
+    Level2Config(trainer_gpus=1, server_gpus=1)
+
+
 def test_cli_refuses_paper_clusters_sglang_before_ray_starts(tmp_path, monkeypatch):
     """``--paper-cluster`` resolves to SGLang servers; without SGLang in this interpreter and without
     ``--server-python`` the CLI stops with one line before Ray starts (the pre-flight check reads the

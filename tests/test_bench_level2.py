@@ -77,11 +77,11 @@ def test_both_tiers_get_the_same_trainer_settings(bench_module, compiled):
     from types import SimpleNamespace
 
     b = bench_module("bench_level2")
-    args = SimpleNamespace(
-        trainers=1, servers=1, single_node=0, weight_sync="disk", batch=8, server_python=None, colocate=True,
-        sync_check=False, microbatch_tokens=32768, no_activation_checkpointing=False, fast_trainer=True,
-        checkpoint_fraction=0.0, compile_layers=compiled, engine_process=False, gpu_memory_utilization=0.5,
-    )  # fmt: skip
+    args = SimpleNamespace(**{
+        **vars(b.parser().parse_args([])),  # every option's default, then the comparison's settings
+        **dict(weight_sync="disk", batch=8, colocate=True, microbatch_tokens=32768, fast_trainer=True,
+               checkpoint_fraction=0.0, compile_layers=compiled, gpu_memory_utilization=0.5),
+    })  # fmt: skip
     l1 = b.level1_config(args, "vllm").resolved(cuda=True)
     l2 = b.level2_config(args, "vllm")
     assert l1.compile_layers is compiled and l2.trainer_compile_layers is compiled

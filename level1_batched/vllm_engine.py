@@ -339,6 +339,18 @@ class VLLMEngine(Engine):
                 self.llm.apply_model(lambda model: model.load_weights(iter(pairs)))
             self.llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
 
+    def weights_fingerprint(self) -> tuple[int, float, float] | None:
+        """``engine.weights_fingerprint`` of vLLM's model parameters (fused ``qkv_proj`` / ``gate_up_proj``
+        hold the same values as the trainer's tensors, so the fingerprints compare). None where they are not
+        the policy's plain weights: the ``reload`` path (vLLM's CPU backend repacks linear weights into oneDNN
+        handles and drops the tensors) and an unmerged LoRA adapter (the base weights are not the policy)."""
+        from common.policy.engine import weights_fingerprint
+
+        if self.weight_sync == "reload" or self.lora is not None:
+            return None
+        with self._lock:
+            return self.llm.apply_model(lambda model: weights_fingerprint(model.parameters()))[0]
+
     def sleep(self) -> None:
         if self.supports_sleep and not self.asleep:
             with self._lock:

@@ -102,6 +102,10 @@ class ColocatedRank(TrainerRank):
         of this async actor would run on its event loop and stall the generations in flight."""
         return await asyncio.to_thread(self.engine.score_logprobs, prompt_ids, output_ids)
 
+    async def engine_fingerprint(self) -> tuple[int, float, float] | None:
+        """``engine.weights_fingerprint`` of this rank's engine (the sync check), in a thread."""
+        return await asyncio.to_thread(self.engine.weights_fingerprint)
+
     def trainer_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
         """The trainer's (FSDP) log-probs: a collective, every rank must call it."""
         return TrainerRank.score_logprobs(self, prompt_ids, output_ids)

@@ -40,7 +40,10 @@ class Level2Config:
     ask for them. The hf engine is unaffected."""
     sync_check: bool = False
     """After every weight sync, score a probe sequence on server 0 and on the trainer and report the largest
-    log-prob gap as sync/logprob_gap (a cheap end-to-end check that the servers hold the trainer's weights)."""
+    log-prob gap as sync/logprob_gap (a cheap end-to-end check that the servers hold the trainer's weights;
+    kernel noise enters it), and compare the weights themselves by fingerprint (elements, sum, sum of squares in
+    float64) as sync/weight_gap: 0 up to float64 rounding when server 0 holds exactly what the sync sent, NaN
+    where its weights cannot be read (an engine process, SGLang, vLLM's CPU backend)."""
     weight_sync: str = "broadcast"
     """After an optimizer step: broadcast (trainer rank 0 broadcasts every full tensor to the servers over
     a separate NCCL/gloo group) or disk (rank 0 writes safetensors, the servers reload them: the fallback)."""

@@ -116,6 +116,11 @@ class HFServer:
         self.version = version
         return time.perf_counter() - t0
 
+    async def engine_fingerprint(self) -> tuple[int, float, float] | None:
+        """``engine.weights_fingerprint`` of the weights this server serves (None where they cannot be read:
+        vLLM's CPU backend), in a thread: the sync check compares it with the trainer's."""
+        return await asyncio.to_thread(self.engine.weights_fingerprint)
+
     def weights(self) -> dict[str, Any]:
         """The served weights on CPU (tests compare them with the trainer's, bit for bit). vLLM: its own
         parameter names and layout (fused ``qkv_proj`` / ``gate_up_proj``), not the trainer's."""
@@ -204,6 +209,11 @@ class _ProcessServer:
                     ) from None
                 time.sleep(1)
         raise RuntimeError(f"{' '.join(cmd[:3])} did not become healthy in {timeout_s:.0f} s")
+
+    async def engine_fingerprint(self) -> None:
+        """None: the engine's weights live in another process (``engine_server`` or SGLang) and are not read
+        here; the sync check's ``sync/weight_gap`` is NaN for these servers (``sync/logprob_gap`` still runs)."""
+        return None
 
     def engine_process(self) -> dict[str, int]:
         """Process ids of the engine and of its watcher, and the engine's port (the tests' look at them)."""

@@ -305,7 +305,19 @@ class System:
                              self.cfg.optim.dtype, self.l2.sync_bucket_mb)  # fmt: skip
         if self.l2.sync_check:
             m["sync/logprob_gap"] = self.logprob_gap()
+            m["sync/weight_gap"] = self.weight_gap()
         return m
+
+    def weight_gap(self) -> float:
+        """Server 0's weights against the trainer's in the serving dtype, by fingerprint (``common.policy.engine
+        .fingerprint_gap``: 0 up to float64 rounding when the engine holds exactly the weights the sync sent,
+        NaN where its weights cannot be read). Unlike the log-prob gap, kernel noise does not enter it."""
+        import ray
+
+        from common.policy.engine import fingerprint_gap
+
+        want = get_all([t.weights_fingerprint.remote(self.cfg.optim.dtype) for t in self.trainers])[0]
+        return fingerprint_gap(ray.get(self.servers[0].engine_fingerprint.remote()), want)
 
     def logprob_gap(self) -> float:
         """Largest |server 0 - trainer| log-prob over a fixed probe sequence (teacher-forced)."""

@@ -500,6 +500,20 @@ class TrainerRank:
                 out[n] = t.detach().to("cpu", copy=True)
         return out if self.rank == 0 else None
 
+    def weights_fingerprint(self, dtype: str) -> tuple[int, float, float] | None:
+        """``engine.weights_fingerprint`` of the full weights cast to ``dtype`` (the serving dtype: what a
+        sync sends); every rank takes part (one all-gather per tensor), rank 0 returns it, the others None.
+        Parameters only, each once (a tied head is the embedding), as an engine's own parameters are."""
+        from common.policy.engine import weights_fingerprint
+
+        target = getattr(torch, dtype)
+        full = (_full(p.detach().to(target)) for p in self.model.parameters())
+        if self.rank == 0:
+            return weights_fingerprint(full)
+        for _ in full:  # the other ranks take part in each gather
+            pass
+        return None
+
     def join_sync_group(self, host: str, port: int, size: int, group_name: str = "") -> bool:
         """Rank 0 joins the weight-sync group (itself = member 0, the servers 1..size-1); with
         ``group_name`` (SGLang servers) the group is built as SGLang builds it (``sync.init_named_group``).

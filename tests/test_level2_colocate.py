@@ -90,8 +90,11 @@ def test_colocated_level2_run(local_ray, tmp_path):
                            rollouts_per_task=2, max_steps=2, max_new_tokens=8, rubric_max_new_tokens=8,
                            oracle_mix=0.7, score_noise=0.3, difficulty="medium", n_tasks=8, max_idle_rounds=4,
                            codeact_executor="worker-ordered", out=str(tmp_path / "run"))  # fmt: skip
-    l2 = Level2Config(trainers=1, colocate=True, server_batch_size=2, activation_checkpointing=False)
+    l2 = Level2Config(trainers=1, colocate=True, server_batch_size=2, activation_checkpointing=False,
+                      sync_check=True)  # fmt: skip
     history = train(cfg, l2, progress=False)
+    checks = [h["sync/weight_gap"] for h in history if "sync/weight_gap" in h]
+    assert checks and all(g == 0.0 for g in checks)  # the engine holds the trainer's weights, bit for bit
     assert history and history[-1]["step"] == 0 and history[-1]["offpolicy/gap_max"] == 0.0
     assert history[-1]["servers"] == 1 and history[-1]["offpolicy/completions"] > 0
     assert (tmp_path / "run" / "model" / "model.safetensors").exists()  # the HF export

@@ -181,9 +181,10 @@ def test_blocking_server_methods_are_coroutines():
     from level2_distributed.servers import EngineProcessServer, HFServer, SGLangServer
 
     for cls in (HFServer, EngineProcessServer, SGLangServer):
-        for name in ("generate", "score_logprobs", "join_sync_group", "receive_broadcast", "load_from_disk"):
+        for name in ("generate", "score_logprobs", "join_sync_group", "receive_broadcast", "load_from_disk",
+                     "engine_fingerprint"):
             assert inspect.iscoroutinefunction(getattr(cls, name)), (cls.__name__, name)
-    for name in ("generate", "score_logprobs"):  # the router's calls (the rest run between rounds)
+    for name in ("generate", "score_logprobs", "engine_fingerprint"):  # the router's calls and the sync check
         assert inspect.iscoroutinefunction(getattr(ColocatedRank, name)), name
 
 

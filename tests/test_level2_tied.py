@@ -6,7 +6,8 @@ A tied model's ``state_dict()`` names ``lm_head.weight`` although ``named_parame
 
 * the engine accepts the alias (``HFPolicy.update_weights`` with ``state_dict()`` names);
 * FSDP2 trainer -> hf server, by broadcast (gloo group) and by disk reload: the server ends with the
-  trainer's weights bit for bit, its head still tied, its log-probs the trainer's (``LOGP_TOL``);
+  trainer's weights bit for bit, its head still tied, its log-probs the trainer's (``LOGP_TOL``), and the
+  sync check's weight fingerprints equal (different after a step that is not synced yet);
 * the HF export of the trained model loads with ``from_pretrained`` and is still tied.
 
 The colocated (in-process) and vLLM paths have their own files (test_level2_colocate.py,
@@ -87,8 +88,17 @@ def test_broadcast_and_disk_sync_with_a_tied_model(local_ray, tmp_path):
         assert [s[0] for s in specs].count("model.embed_tokens.weight") == 1
         assert "lm_head.weight" not in [s[0] for s in specs]  # the alias is not sent twice
         before = ray.get(server.score_logprobs.remote(d.prompt_ids, d.output_ids))
+
+        def weight_gap() -> float:  # the sync check's sync/weight_gap (System.weight_gap)
+            from common.policy.engine import fingerprint_gap
+
+            want = ray.get([t.weights_fingerprint.remote("float32") for t in trainers])[0]  # every rank
+            return fingerprint_gap(ray.get(server.engine_fingerprint.remote()), want)
+
+        assert weight_gap() == 0.0  # both loaded the same model; the tied head counted once on both sides
         for version, mode in ((1, "broadcast"), (2, "disk")):
             step(trainers, datums, weights)
+            assert weight_gap() > 1e-9, mode  # trained, not synced yet: the fingerprints tell
             if mode == "broadcast":
                 setup_broadcast(trainers, [server])
             sync_weights(trainers, [server], mode, version, str(tmp_path / "w"), "float32")
@@ -103,6 +113,7 @@ def test_broadcast_and_disk_sync_with_a_tied_model(local_ray, tmp_path):
             print(f"tied {mode}: max |server - trainer| log-prob {diff:.1e}, moved {moved:.1e}")
             assert diff <= LOGP_TOL and moved > 1e-3
             assert ray.get(server.info.remote())["version"] == version
+            assert weight_gap() == 0.0, mode  # the same values in the same order: equal sums, bit for bit
     finally:
         for a in [*trainers, server]:
             ray.kill(a)

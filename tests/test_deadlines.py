@@ -135,8 +135,11 @@ def test_a_hung_rubric_call_ends_with_the_delegating_step():
 
 def test_a_cell_that_waits_on_a_child_forever_hits_the_step_deadline():
     # the child's act call never returns; the parent's cell awaits the child: the parent's step deadline
-    # (children included, as the public loop's env.step) ends the parent and cancels the child
-    policy = Scripted({(0, 0): cell(launch_code(1))}, hang={("act", "0.1")})
+    # (children included, as the public loop's env.step) ends the parent and cancels the child. The cell waits
+    # 0.8 s before it launches the child, so the child's own act-call deadline (2 s after ITS start) falls well
+    # after the parent's: launched at once, the two fired within milliseconds and, on a loaded machine, the
+    # child's own DeadlineError could land before the cancellation from above (seen once in a full run)
+    policy = Scripted({(0, 0): cell("import time\ntime.sleep(0.8)\n" + launch_code(1))}, hang={("act", "0.1")})
     t0 = time.perf_counter()
     tree = run(policy, step_timeout_s=2.0, use_rubrics=False)
     assert time.perf_counter() - t0 < 30

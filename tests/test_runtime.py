@@ -282,3 +282,74 @@ def test_textworld_rubric_and_score_prompts_hold_only_what_the_agents_saw():
                 checked += 1
                 assert p not in prompt, (p, child.node_id)
     assert checked > 0  # the test did check some preparation the agents never saw
+
+
+class InFlightPolicy(FnPolicy):
+    """FnPolicy whose calls stay in flight for a few event-loop turns (no wall clock); records, for every
+    call, the (role, node_id) of the calls in flight beside it when it started or while it ran."""
+
+    def __init__(self, fn: Callable[[GenerationRequest], str]):
+        super().__init__(fn)
+        self.live: dict[int, tuple[str, str]] = {}
+        self.beside: list[tuple[tuple[str, str], tuple[str, str]]] = []
+        self.started = asyncio.Event()  # set at every call's start (a score call waits for the next one)
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        me, key = (request.role, request.meta.get("node_id")), object()
+        self.beside += [(me, other) for other in self.live.values()]
+        self.beside += [(other, me) for other in self.live.values()]
+        self.live[id(key)] = me
+        self.started.set()
+        self.started = asyncio.Event()
+        try:
+            if request.role == "score":  # stay in flight until the next call of the tree starts
+                await asyncio.wait_for(self.started.wait(), timeout=60)
+            for _ in range(4):
+                await asyncio.sleep(0)
+            return await super().generate(request)
+        finally:
+            del self.live[id(key)]
+
+
+def test_rubric_and_score_calls_are_in_flight_beside_the_agents_they_do_not_block():
+    """Issue #49.4: the rubric call of a child goes out with the child's first act call (its chat was built
+    from the parent's view before the child started), and a child's score call is in flight while its
+    parent takes its next step. Results as before: every child rubric-ed, scored, the tree solved."""
+    task = tc_tasks("train", 1, seed=4, difficulty="hard")[0]
+    policy = InFlightPolicy(oracle_fn(tc_oracle, delegate=True, max_delegation_depth=2))
+    tree = run(task, "textcraft", policy)
+    assert tree.success
+    children = [n for n in tree.nodes.values() if n.parent_id is not None]
+    assert children and all(n.rubric is not None and n.score is not None for n in children)
+    pairs = set(policy.beside)
+    for n in children:
+        assert (("rubric", n.node_id), ("act", n.node_id)) in pairs, n.node_id  # rubric beside its child
+    # a score call beside its parent's next step (siblings run together, so one of them is the last)
+    assert any((("score", n.node_id), ("act", n.parent_id)) in pairs for n in children)
+    # the rubric still goes out first, the score after the child's last call
+    for n in children:
+        roles = [r for r, node in policy.calls if node == n.node_id]
+        assert roles[0] == "rubric" and roles[-1] == "score" and set(roles[1:-1]) == {"act"}
+
+
+def test_a_tree_cut_by_its_deadline_cancels_its_deferred_score_calls():
+    """A score call still in flight when the tree's deadline fires is cancelled with the tree (never left
+    running), and the tree comes back recorded."""
+
+    class SlowScores(FnPolicy):
+        cancelled = 0
+
+        async def generate(self, request: GenerationRequest) -> Completion:
+            if request.role == "score":
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    SlowScores.cancelled += 1
+                    raise
+            return await super().generate(request)
+
+    task = tc_tasks("train", 1, seed=4, difficulty="hard")[0]
+    policy = SlowScores(oracle_fn(tc_oracle, delegate=True, max_delegation_depth=1))
+    tree = run(task, "textcraft", policy, tree_timeout_s=2.0)
+    assert tree.meta.get("deadline") == "tree"
+    assert SlowScores.cancelled >= 1  # the score calls in flight were cancelled, not left running

@@ -14,10 +14,13 @@
    b. asks the policy for a rubric in a fresh chat, parses it and FREEZES it on the child node. The
       rubric writer sees only what the parent saw: its prompt messages at the delegating step, its
       delegating reply, and its own view of the environment (``AgentSession.visible_state()``, by
-      default the parent's last observation) - never ``World.describe()``,
+      default the parent's last observation) - never ``World.describe()``. That chat is built before the
+      child starts; the call is in flight while the child runs (the child never sees the rubric),
    c. runs the child agent on the same live world with its own step budget (recursively),
    d. asks the policy to score the finished child against the frozen rubric (fresh chat, greedy; the
-      payload holds the child's trajectory and the child's own final view of the environment),
+      payload holds the child's trajectory and the child's own final view of the environment, both taken
+      when the child ends); the score call runs while the parent goes on, and the tree waits for every
+      score before it ends (``_Rollout.defer`` / ``drain``),
    e. returns the child's result to the parent's session, which turns it into text.
 3. Counterfactual branches (Rubric-stage rollouts, ``counterfactual_k > 1``), as the public
    ``CounterfactualCollector``: at a delegation the live world is snapshotted and ALL K branches of the
@@ -314,6 +317,7 @@ class _Rollout:
         self.fork_refusals = 0
         self.truncated_calls = 0
         self.commit_locks: dict[int, asyncio.Lock] = {}
+        self.pending: list[asyncio.Future] = []  # deferred score calls (defer / drain)
         self.texts = load_templates(RUNTIME_TEMPLATES, cfg.prompts_dir)
 
     async def within(self, work: Awaitable[Any], timeout: float, late: str) -> Any:
@@ -571,15 +575,15 @@ class _Rollout:
         text = self.texts["branch_depth_refusal"]
         return own or (lambda _request, _depth, max_depth: render(text, max_depth=max_depth))
 
-    async def write_rubric(
+    def rubric_messages(
         self,
         parent: _AgentState,
         request: LaunchRequest,
-        node: Node,
-        temperature: float,
         selection_index: int | None = None,
-    ) -> Rubric | None:
-        """``selection_index``: at test time, which delegation of the parent's step this is; the metadata
+    ) -> list[dict[str, str]]:
+        """The rubric writer's chat, built NOW from what the parent sees before its child runs (the parent's
+        prompt messages at the delegating step, its reply, its own view of the environment).
+        ``selection_index``: at test time, which delegation of the parent's step this is; the metadata
         then numbers the fork step ``step * 100 + index`` and names the parent ``parent_agent_id`` (public
         ``evaluator.py`` / ``rubric_selector.py``)."""
         ctx = RubricContext(
@@ -599,6 +603,17 @@ class _Rollout:
             parent_agent_id=parent.node.node_id,
             test_time=selection_index is not None,
         )
+        return build_rubric_messages(ctx, self.cfg.prompts_dir)
+
+    async def rubric_call(
+        self,
+        messages: list[dict[str, str]],
+        session: AgentSession,
+        request: LaunchRequest,
+        node: Node,
+        temperature: float,
+    ) -> Rubric | None:
+        """Ask for the rubric of ``messages`` (:meth:`rubric_messages`), parse it and freeze it on ``node``."""
         sampling = SamplingParams(
             max_new_tokens=self.cfg.rubric_max_new_tokens,
             temperature=temperature,
@@ -607,9 +622,9 @@ class _Rollout:
         try:
             call = await self.call(
                 "rubric",
-                build_rubric_messages(ctx, self.cfg.prompts_dir),
+                messages,
                 sampling,
-                parent.session,
+                session,
                 {"node_id": node.node_id, "depth": node.depth, "goal": request.goal},
             )
         except DeadlineError as e:  # no rubric: the child runs unscored, as after an unparseable one
@@ -624,6 +639,83 @@ class _Rollout:
         node.rubric = rubric.to_dict()
         return rubric
 
+    async def write_rubric(
+        self,
+        parent: _AgentState,
+        request: LaunchRequest,
+        node: Node,
+        temperature: float,
+        selection_index: int | None = None,
+    ) -> Rubric | None:
+        """:meth:`rubric_messages` then :meth:`rubric_call`, one after the other (test-time selection)."""
+        messages = self.rubric_messages(parent, request, selection_index)
+        return await self.rubric_call(messages, parent.session, request, node, temperature)
+
+    async def run_beside_rubric(
+        self, parent: _AgentState, request: LaunchRequest, node: Node, work: Awaitable[None]
+    ) -> Rubric | None:
+        """Run ``work`` (the child, or its K branches) while the rubric of ``node`` is being written.
+
+        The rubric's chat is built first, from the parent's view before the child runs, and the child never
+        sees the rubric, so the rubric is as frozen as when it was written first: the two calls only stop
+        waiting for each other (the rubric call and the child's first act call are in flight together).
+        Without rubrics (RAO) just ``work``."""
+        if not self.cfg.use_rubrics:
+            await work
+            return None
+        messages = self.rubric_messages(parent, request)
+        rubric = asyncio.ensure_future(
+            self.rubric_call(messages, parent.session, request, node, self.cfg.rubric_temperature)
+        )
+        try:
+            await asyncio.sleep(0)  # the rubric call goes out first, then the child's first act call
+            await work
+            return await rubric
+        finally:
+            if not rubric.done():  # the child failed or was cancelled: so is its rubric
+                rubric.cancel()
+                await asyncio.gather(rubric, return_exceptions=True)
+
+    def defer(self, node: Node, work: Awaitable[None]) -> None:
+        """Start ``work`` (a score call whose chat is already built) and go on: the parent continues while
+        it runs; :meth:`drain` collects it before the tree ends. An exception lands on ``node.score_error``."""
+
+        async def guarded() -> None:
+            try:
+                await work
+            except Exception as e:  # noqa: BLE001 - a failed score leaves the child unscored, as a bad one
+                node.score_error = f"{type(e).__name__}: {e}"
+
+        self.pending.append(asyncio.ensure_future(guarded()))
+
+    async def drain(self, cancel: bool = False) -> None:
+        """Wait for every deferred call (:meth:`defer`), or with ``cancel`` end them; cancelled while waiting
+        (a deadline), it cancels the rest too."""
+        try:
+            while self.pending and not cancel:
+                await self.pending.pop(0)
+        finally:
+            for t in self.pending:
+                t.cancel()
+            if self.pending:
+                await asyncio.gather(*self.pending, return_exceptions=True)
+            self.pending.clear()
+
+    def score_messages(
+        self, rubric: Rubric, request: LaunchRequest, child: _AgentState, max_new_tokens: int, stage: str
+    ) -> list[dict[str, str]]:
+        """The scorer's chat for the finished ``child``, built NOW (its trajectory and its own final view)."""
+        traj_chars, field_chars = score_budget(self.prompt_cap(max_new_tokens))
+        task = child.task_text or request.goal
+        return build_score_messages(
+            rubric,
+            task,
+            trajectory_payload(child.node, traj_chars, field_chars, task_goal=task),
+            self.final_state(child, stage),
+            self.cfg.prompts_dir,
+            field_chars,
+        )
+
     async def score_child(
         self,
         rubric: Rubric | None,
@@ -631,22 +723,16 @@ class _Rollout:
         child: _AgentState,
         max_new_tokens: int,
         stage: str = "execution",
+        messages: list[dict[str, str]] | None = None,
     ) -> None:
         """``stage``: ``execution`` (one child), ``branch`` (a counterfactual branch) or ``selection`` (a
-        test-time candidate); it picks the final state (:meth:`final_state`)."""
+        test-time candidate); it picks the final state (:meth:`final_state`). ``messages``: the chat
+        :meth:`score_messages` built when the child ended (default: built now)."""
         node = child.node
         if rubric is None:
             return
-        traj_chars, field_chars = score_budget(self.prompt_cap(max_new_tokens))
-        task = child.task_text or request.goal
-        messages = build_score_messages(
-            rubric,
-            task,
-            trajectory_payload(node, traj_chars, field_chars, task_goal=task),
-            self.final_state(child, stage),
-            self.cfg.prompts_dir,
-            field_chars,
-        )
+        if messages is None:
+            messages = self.score_messages(rubric, request, child, max_new_tokens, stage)
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
         try:
             call = await self.call(
@@ -732,16 +818,14 @@ class _Rollout:
     async def launch_one(self, parent: _AgentState, request: LaunchRequest) -> ChildResult:
         node = self.new_child_node(parent, request)
         parent.launched.append(node.node_id)
-        rubric = (
-            await self.write_rubric(parent, request, node, self.cfg.rubric_temperature)
-            if self.cfg.use_rubrics
-            else None
-        )
         child = self.start_child(parent, node, request, parent.world, parent.in_branch)
-        await self.run_agent(child)
-        if self.cfg.use_rubrics:
-            await self.score_child(rubric, request, child, self.cfg.score_max_new_tokens)
-        elif self.judge is not programmatic_judge:  # RAO with --judge: the verdict is the child's reward
+        # the rubric is written from the parent's view while the child runs (run_beside_rubric)
+        rubric = await self.run_beside_rubric(parent, request, node, self.run_agent(child))
+        if rubric is not None:  # scored against the frozen rubric while the parent goes on (drain waits)
+            tokens = self.cfg.score_max_new_tokens
+            messages = self.score_messages(rubric, request, child, tokens, "execution")
+            self.defer(node, self.score_child(rubric, request, child, tokens, "execution", messages))
+        elif not self.cfg.use_rubrics and self.judge is not programmatic_judge:  # RAO with --judge
             node.branch_label = await self.judge(request, node, child.session, child.world)
             self.tree.meta["judged_children"] = True
         return _result(request, node)
@@ -756,21 +840,18 @@ class _Rollout:
         worlds = [snapshot.fork() for _ in range(k)]
         nodes = [self.new_child_node(parent, request, suffix="" if b == 0 else f"~b{b}") for b in range(k)]
         parent.launched.append(nodes[0].node_id)
-        rubric = (
-            await self.write_rubric(parent, request, nodes[0], self.cfg.rubric_temperature)
-            if self.cfg.use_rubrics
-            else None
-        )
         children = []
         for b, (node, world) in enumerate(zip(nodes, worlds, strict=True)):
             node.branch_group, node.branch_index = group, b
             node.committed = b == 0 and not parent.in_branch  # inside an uncommitted branch: uncommitted
-            if b > 0:  # one rubric per group, written from the pre-delegation context only
-                node.rubric, node.rubric_error = nodes[0].rubric, nodes[0].rubric_error
             # branch 0 continues its parent's line; the others (and everything under them) are branches
             in_branch = parent.in_branch or b > 0
             children.append(self.start_child(parent, node, request, world, in_branch=in_branch))
-        await asyncio.gather(*(self.run_agent(c) for c in children))
+        # one rubric per group, written from the pre-delegation context while the branches run
+        branches = asyncio.gather(*(self.run_agent(c) for c in children))
+        rubric = await self.run_beside_rubric(parent, request, nodes[0], branches)
+        for node in nodes[1:]:
+            node.rubric, node.rubric_error = nodes[0].rubric, nodes[0].rubric_error
         parent.world.commit(worlds[0])  # the parent continues from branch 0's final state
 
         async def label(c: _AgentState) -> None:
@@ -910,7 +991,16 @@ async def run_root(
     st.session = env.root_session(world, {**task, "max_steps": root.max_steps}, ro.launch_hook(st))
     st.session.counterfactual_rollout = cfg.counterfactual_k > 1  # the public collector's texts apply
     timeout = cfg.tree_timeout_s if deadline is None else min(cfg.tree_timeout_s, deadline - time.monotonic())
-    if not await ro.run_with_deadline(ro.run_agent(st), max(timeout, 0.0)):
+
+    async def root_then_scores() -> None:  # the deferred score calls belong to the tree (and its deadline)
+        try:
+            await ro.run_agent(st)
+        except BaseException:  # cancelled (a deadline, Ctrl-C): the scores in flight are cancelled too
+            await ro.drain(cancel=True)
+            raise
+        await ro.drain()
+
+    if not await ro.run_with_deadline(root_then_scores(), max(timeout, 0.0)):
         reason = "group" if deadline is not None and timeout < cfg.tree_timeout_s else "tree"
         ro.tree.meta["deadline"] = reason
         root.error = (

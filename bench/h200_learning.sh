@@ -36,7 +36,7 @@ else
   TINY_STEPS=${TINY_STEPS:-60}; CMP_STEPS=${CMP_STEPS:-40}; SEEDS=${SEEDS:-"0 1"}
   TINY_VARIANTS=${TINY_VARIANTS:-"full_clip:--lr 1e-5 --grad-clip 0.05|lora4_1e-4:--lora-rank 4 --lr 1e-4|lora4_1e-3:--lora-rank 4 --lr 1e-3"}
   CMP=${CMP:-"--lora-rank 4 --lr 1e-4"}
-  export GPU_MEM=${GPU_MEM:-0.1} KV_GIB=${KV_GIB:-6}  # up to 7 engines on one GPU
+  export KV_GIB=${KV_GIB:-4}  # each run: --gpu-share from bench/gpu_fit.py (as many at once as fit the card)
   export EVAL_EVERY=${EVAL_EVERY:-40}  # fixed, so a later window may raise CMP_STEPS and still --resume
 fi
 

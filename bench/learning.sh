@@ -11,7 +11,7 @@
 # The paper's batch (8 tasks x 8 rollouts) and SERA schedule (execution:16,delegation:2,rubric:2); level 1.
 #
 #   bash bench/learning.sh OUT                                 # one H200: ENGINE=vllm, all 4 runs at once
-#   BUDGET_S=570 ENGINE=vllm bash bench/learning.sh OUT        # a 10-minute machine call: run it again to go on
+#   BUDGET_S=570 ENGINE=vllm bash bench/learning.sh OUT        # a time-limited GPU job: run it again to go on
 #   MODEL=tiny ENGINE=hf SEEDS=0 RL_STEPS=1 N_EVAL=2 EVAL_SAMPLES=0 N_TASKS=8 TASKS_PER_STEP=1 ROLLOUTS=2 \
 #     SCHEDULE=execution:1,delegation:1,rubric:1 AGENT="--max-steps 2 --max-new-tokens 12" \
 #     CALLS="--rubric-max-new-tokens 16 --score-max-new-tokens 16" RL_LR=1e-3 \
@@ -34,9 +34,12 @@
 #   BATCH [256] (engine batch)  RL_IDLE [10] (--max-idle-rounds)  RL_TURNS [RL_STEPS] (the steps each turn
 #   trains to; every turn's end is also evaluated, `sera train` evaluates its last --steps)
 #   RL_EXTRA (flags for every run), SERA_EXTRA / RAO_EXTRA (flags for one method's runs)
-#   PARALLEL [1 with ENGINE=vllm, else 0]: all runs of a turn at once on one GPU (a round is a chain of
-#   dependent generations, so one run leaves most of a GPU idle), each engine with GPU_MEM [0.6 / runs] of its
-#   memory and a fixed KV_GIB [8] GiB KV cache, each with its own vLLM compile cache (OUT/vllm_cache/<run>)
+#   PARALLEL [1 with ENGINE=vllm, else 0]: the runs of a turn side by side on one GPU (a round is a chain of
+#   dependent generations, so one run leaves most of a GPU idle), as many at once as fit the card
+#   (bench/gpu_fit.py: the card's memory from nvidia-smi, a run's budget RUN_GIB [bench/gpu_fit.tsv's row for
+#   MODEL and LoRA/full]; the rest wait for a slot; a run that cannot fit the card stops the call in one line
+#   before anything starts), each given --gpu-share RUN_GIB/card (its trainer sizes itself to it) and a fixed
+#   KV_GIB [4] GiB KV cache, each with its own vLLM compile cache (OUT/vllm_cache/<run>)
 #   PYTHON [python3]  BUDGET_S [100000]  PHASES ["data rl_sera rl_rao"] (which phases this call may run)
 #
 # Resumable anywhere: every phase leaves OUT/<phase>.done and is skipped once done; a phase cut by the budget
@@ -91,18 +94,19 @@ method_flags() {
   esac
 }
 n_runs=$(( $(echo $SEEDS | wc -w) * $(echo $METHODS | wc -w) ))
-SHARE=""
+GPU=""; SLOTS=1
 if [ "$PARALLEL" = 1 ] && [ "$ENGINE" = vllm ]; then
-  GPU_MEM=${GPU_MEM:-$(awk -v n="$n_runs" 'BEGIN { printf "%.2f", 0.6 / (n > 0 ? n : 1) }')}
-  SHARE="--gpu-memory-utilization $GPU_MEM --kv-cache-gib ${KV_GIB:-8}"
+  TRAIN=full; [[ "${RL_EXTRA:-} ${SERA_EXTRA:-} ${RAO_EXTRA:-}" == *--lora-rank* ]] && TRAIN=lora
+  gpu_slots "$n_runs" "$TRAIN"  # SLOTS, SHARE (or exit 2: one run does not fit this card)
+  GPU="--gpu-share $SHARE --kv-cache-gib ${KV_GIB:-4}"
 fi
-for target in ${RL_TURNS:-$RL_STEPS}; do  # with PARALLEL=1 every run of a turn at once, none waits for another
+for target in ${RL_TURNS:-$RL_STEPS}; do  # with PARALLEL=1 the runs of a turn side by side, SLOTS at once
   for seed in $SEEDS; do
     for m in $METHODS; do
       run="rl_${m}_s${seed}_$target"
-      cmd=(phase "rl_$m" "$run" env VLLM_CACHE_ROOT="$O/vllm_cache/${m}_s$seed" $RL $(method_flags "$m") $SHARE
+      cmd=(phase "rl_$m" "$run" env VLLM_CACHE_ROOT="$O/vllm_cache/${m}_s$seed" $RL $(method_flags "$m") $GPU
            --seed "$seed" --steps "$target" --out "$O/rl_$m/s$seed")
-      if [ "$PARALLEL" = 1 ]; then "${cmd[@]}" & else "${cmd[@]}"; fi
+      if [ "$PARALLEL" = 1 ]; then in_slot "${cmd[@]}"; else "${cmd[@]}"; fi
     done
   done
   wait

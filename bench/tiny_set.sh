@@ -8,7 +8,7 @@
 # A setting that cannot raise success on 8 tasks it trains on every step will not raise it on held-out ones.
 #
 #   bash bench/tiny_set.sh OUT                                   # one H200: ENGINE=vllm, the variants at once
-#   BUDGET_S=570 bash bench/tiny_set.sh OUT                      # a 10-minute machine call: run again to go on
+#   BUDGET_S=570 bash bench/tiny_set.sh OUT                      # a time-limited GPU job: run again to go on
 #   VARIANTS="lr1e-5:--lr 1e-5|lr3e-5:--lr 3e-5" STEPS=30 bash bench/tiny_set.sh OUT
 #   MODEL=tiny ENGINE=hf STEPS=2 TASKS_PER_STEP=2 ROLLOUTS=2 AGENT="--max-steps 2 --max-new-tokens 12" \
 #     CALLS="--rubric-max-new-tokens 16 --score-max-new-tokens 16" \
@@ -25,9 +25,11 @@
 #   method's preset]  STEPS [60]  N_TRAIN [8] (fixed train tasks: OUT/train8.jsonl)  TASKS_PER_STEP [8]
 #   ROLLOUTS [8]  SEED [0]  AGENT / CALLS [the warm start's agent sizes, as bench/learning.sh]  BATCH [256]
 #   RL_IDLE [10] (--max-idle-rounds)  RL_EXTRA (flags for every variant, before the variant's own)
-#   TARGET [0.5]  WINDOW [5] (summary)  PARALLEL [1 with ENGINE=vllm, else 0]: the variants at once on one
-#   GPU, each engine with GPU_MEM [0.6 / variants] of its memory and a fixed KV_GIB [8] GiB KV cache, each with
-#   its own vLLM compile cache (OUT/vllm_cache/NAME)  PYTHON [python3]  BUDGET_S [100000]
+#   TARGET [0.5]  WINDOW [5] (summary)  PARALLEL [1 with ENGINE=vllm, else 0]: the variants side by side on
+#   one GPU, as many at once as fit the card (bench/gpu_fit.py, as bench/learning.sh: RUN_GIB [the table's
+#   budget for MODEL, LoRA when any variant has --lora-rank, else full]; the rest wait for a slot), each
+#   given --gpu-share RUN_GIB/card and a fixed KV_GIB [4] GiB KV cache, each with its own vLLM compile cache
+#   (OUT/vllm_cache/NAME)  PYTHON [python3]  BUDGET_S [100000]
 #
 # Resumable like bench/learning.sh: OUT/<phase>.done marks a finished phase (data, each variant); a variant
 # cut by the budget or a kill goes on from its last checkpoint (`sera train --resume`, one checkpoint per
@@ -74,16 +76,17 @@ done
 [ ${#names[@]} -gt 0 ] || { echo "tiny_set.sh: VARIANTS is empty" >&2; exit 2; }
 
 phase data $SERA data textcraft --split train --n "$N_TRAIN" --seed 0 --difficulty easy --out "$TASKS"
-SHARE=""
+GPU=""; SLOTS=1
 if [ "$PARALLEL" = 1 ] && [ "$ENGINE" = vllm ]; then
-  GPU_MEM=${GPU_MEM:-$(awk -v n="${#names[@]}" 'BEGIN { printf "%.2f", 0.6 / n }')}
-  SHARE="--gpu-memory-utilization $GPU_MEM --kv-cache-gib ${KV_GIB:-8}"
+  TRAIN=lora; for f in "${flags[@]}"; do [[ "${RL_EXTRA:-} $f" == *--lora-rank* ]] || TRAIN=full; done
+  gpu_slots "${#names[@]}" "$TRAIN"  # SLOTS, SHARE (or exit 2: one run does not fit this card)
+  GPU="--gpu-share $SHARE --kv-cache-gib ${KV_GIB:-4}"
 fi
 for i in "${!names[@]}"; do printf '%s\t%s\n' "${names[$i]}" "${flags[$i]}"; done > "$O/variants.txt"  # summary
 for i in "${!names[@]}"; do
   name=${names[$i]}
-  cmd=(phase "$name" env VLLM_CACHE_ROOT="$O/vllm_cache/$name" $RL $SHARE ${flags[$i]} --out "$O/$name")
-  if [ "$PARALLEL" = 1 ]; then "${cmd[@]}" & else "${cmd[@]}"; fi
+  cmd=(phase "$name" env VLLM_CACHE_ROOT="$O/vllm_cache/$name" $RL $GPU ${flags[$i]} --out "$O/$name")
+  if [ "$PARALLEL" = 1 ]; then in_slot "${cmd[@]}"; else "${cmd[@]}"; fi
 done
 wait
 $PY bench/plot_tiny_set.py "$O" --target "${TARGET:-0.5}" --window "${WINDOW:-5}" > "$O/plot.log" 2>&1 \

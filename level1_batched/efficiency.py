@@ -237,3 +237,76 @@ def apply_efficiency(
         for layer in layers:
             layer.compile()
     return model
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sizing: the packed-row length and checkpointing that fit the trainer's share of the card (issue #49).
+# ----------------------------------------------------------------------------------------------------
+ENGINE_OVERHEAD_GIB = 2.0
+"""An in-card vLLM engine's memory besides its KV cache and weights (activations, CUDA graphs, context)."""
+
+
+def trainer_budget_gib(total_gib: float, share: float, engine_util: float | None, kv_cache_gib: float | None,
+                       weights_gib: float) -> float:  # fmt: skip
+    """The trainer's part of a run given ``share`` of a ``total_gib`` card: the share less the engine's part
+    (a fixed KV cache + its weights + :data:`ENGINE_OVERHEAD_GIB`, else ``engine_util`` of the card; no
+    engine: nothing).
+
+    >>> trainer_budget_gib(80.0, 0.2, 0.08, 4.0, 0.25)   # 16 GiB for the run, ~6.25 for the engine
+    9.75
+    >>> trainer_budget_gib(80.0, 1.0, 0.3, None, 0.25)   # alone on the card, the engine at 0.3
+    56.0
+    """
+    if kv_cache_gib:
+        engine = kv_cache_gib + weights_gib + ENGINE_OVERHEAD_GIB
+    else:
+        engine = (engine_util or 0.0) * total_gib
+    return share * total_gib - engine
+
+
+def size_trainer(model: Any, l1: Any, longest_datum: int, engine: bool, device: torch.device) -> tuple[Any, Any]:
+    """``(l1, plan)``: ``l1`` (a resolved :class:`~level1_batched.config.Level1Config`) with
+    ``max_tokens_per_microbatch`` and ``checkpoint_fraction`` filled in to fit the trainer's memory on this
+    card (``plan``: a :class:`~common.run.trainer_memory.TrainerPlan`), the values the user gave kept and
+    checked; a setting that cannot fit raises :class:`~common.run.trainer_memory.DoesNotFit` (one line).
+    With ``--gpu-share`` the trainer's allocator is capped at its part (``set_per_process_memory_fraction``).
+    Off CUDA or without the fast trainer: ``l1`` unchanged (with its CPU defaults) and no plan."""
+    from dataclasses import replace
+
+    from common.run.trainer_memory import GIB, DoesNotFit, model_shape, plan_trainer
+
+    if device.type != "cuda" or not l1.fast_trainer:
+        return replace(
+            l1,
+            max_tokens_per_microbatch=l1.max_tokens_per_microbatch or 2048,
+            checkpoint_fraction=1.0 if l1.checkpoint_fraction is None else l1.checkpoint_fraction,
+        ), None
+    total = torch.cuda.get_device_properties(device).total_memory / GIB
+    params = list(model.parameters())
+    n_params = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    weights = sum(p.numel() * p.element_size() for p in params) / GIB
+    share = l1.gpu_share or 1.0
+    budget = trainer_budget_gib(total, share, l1.gpu_memory_utilization if engine else 0.0,
+                                l1.kv_cache_gib if engine else None, weights)  # fmt: skip
+    if budget <= 0:
+        raise DoesNotFit(
+            f"--gpu-share {share:g} of this {total:.0f} GiB card leaves nothing for the trainer beside the "
+            f"engine (--kv-cache-gib {l1.kv_cache_gib}, --gpu-memory-utilization {l1.gpu_memory_utilization}): "
+            "give the run a larger share or the engine less"
+        )
+    plan = plan_trainer(
+        model_shape(model.config),
+        budget * GIB,
+        n_params,
+        trainable,
+        want_tokens=32768,
+        longest_datum=longest_datum,
+        tokens=l1.max_tokens_per_microbatch,
+        checkpoint_fraction=l1.checkpoint_fraction,
+        dtype_bytes=next(iter(params)).element_size(),
+    )
+    if l1.gpu_share:  # the trainer never takes more than its part (an in-process engine is in the process)
+        part = share if engine and not l1.engine_process else budget / total
+        torch.cuda.set_per_process_memory_fraction(min(1.0, part), device)
+    return replace(l1, max_tokens_per_microbatch=plan.tokens, checkpoint_fraction=plan.checkpoint_fraction), plan

@@ -87,8 +87,10 @@ from common.run.optim import make_optimizer, place_optimizer_state
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import make_env_with_prompts
 from common.run.setup import departures_line, idle_hint, method_and_schedule, paper_departures, train_policy
+from common.run.trainer_memory import gpu_memory_metrics
 from common.train_config import TrainConfig
 from level1_batched.config import Level1Config
+from level1_batched.efficiency import size_trainer
 from level1_batched.overlap import Rollouts, RoundAhead, collect_round, fresh_groups, rollout_copy, tag_datums
 from level1_batched.packing import (  # noqa: F401 - re-exported: tests and level-1 users import them from here
     accumulate_gradients_packed,
@@ -200,6 +202,14 @@ def balanced_shards(sizes: list[int], world: int) -> list[list[int]]:
 # ----------------------------------------------------------------------------------------------------
 
 
+def longest_datum(cfg: TrainConfig) -> int:
+    """The most tokens one datum can hold: a capped prompt plus the longest reply of any call (act,
+    rubric, score). A packed row never holds less than one datum."""
+    r = cfg.rollout
+    outs = [r.max_new_tokens, r.rubric_max_new_tokens, r.score_max_new_tokens, r.branch_score_max_new_tokens or 0]
+    return r.max_prompt_tokens + max(outs)
+
+
 def train_on_shard(
     model, optimizer, datums, weights, n_tokens: float, cfg: TrainConfig, l1: Level1Config, stage: str = "execution"
 ) -> dict[str, float]:
@@ -246,7 +256,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         cfg.model, dtype=cfg.optim.dtype, device=device, seed=cfg.seed, adapter=init.adapter
     )  # --init-adapter: the warm start merged into the weights (a vLLM engine starts from these)
     broadcast_parameters(model)
-    if l1.max_tokens_per_microbatch > 1:
+    if (l1.max_tokens_per_microbatch or 2) > 1:  # None: sized below (long rows)
         check_packing(model)
     stats = LiveStats()
     engine = None  # --engine vllm: a separate rollout engine, synced after every optimizer step
@@ -268,6 +278,8 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         )  # from the base weights; with --lora-rank it serves the adapter unmerged (sync_weights)
     if cfg.lora_rank:  # --lora-rank: only a LoRA adapter over those weights trains (the paper: every weight)
         model = add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed)
+    # the packed-row length and checkpointing that fit the trainer's memory (--gpu-share; issue #49)
+    l1, mem_plan = size_trainer(model, l1, longest_datum(cfg), engine is not None, device)
     if l1.max_staleness and engine is None:  # hf: the trainer steps while the next round rolls out on a copy
         engine = rollout_copy(model, tokenizer, cfg.max_batch_size, cfg.seed)
     elif engine is not None:
@@ -299,12 +311,14 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         (out / "config.json").write_text(
             json.dumps(
                 {**asdict(cfg), "level1": asdict(l1), "world_size": world, "init_weights": init.record(),
-                 "departures": departures},
+                 "departures": departures, "memory_plan": asdict(mem_plan) if mem_plan else None},
                 indent=2,
             )
         )  # fmt: skip
         print(init.line())
         print(departures_line(departures, out))
+        if mem_plan is not None:
+            print(mem_plan.line())
         print(
             f"[level1] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | world {world} "
             f"| {l1} | steps {state.step}->{cfg.steps}"
@@ -403,6 +417,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             "dp/world_size": world,
             "engine/update_s": t_sync,
             "time/round_s": t_round,
+            **gpu_memory_metrics(device, mem_plan),  # mem/gpu_peak_gib, mem/gpu_total_gib, ... (CUDA)
         }  # fmt: skip
         if ahead is not None:
             metrics.update(staleness_metrics(versions, state.step, stale, ahead.wait_s, got.first_task, cursor))

@@ -21,6 +21,9 @@ MODULES = [
     "common.run.evaluation",
     "common.train_config",
     "level1_batched.vllm_engine",
+    "common.run.trainer_memory",
+    "level1_batched.efficiency",
+    "level1_batched.config",
 ]
 
 

@@ -73,8 +73,10 @@ def train_calls(lines: list[str]) -> dict[str, str]:
 
 def test_learning_commands_and_defaults(tmp_path: Path):
     out = tmp_path / "learn"
-    done, lines = fake_call(tmp_path, out, ENGINE="vllm")
+    done, lines = fake_call(tmp_path, out, ENGINE="vllm", GPU_TOTAL_GIB="80")
     assert done.returncode == 0, done.stdout + done.stderr
+    # sized to the card (bench/gpu_fit.py): full fine-tuning runs of 20 GiB, 3 of 4 at once on 80 GiB
+    assert "SLOTS=3 SHARE=0.25 RUN_GIB=20" in done.stdout, done.stdout
     data = [x for x in lines if " data textcraft " in x]
     assert any("--split train --n 256 --seed 0 --difficulty easy" in x for x in data)
     assert any("--split val --n 147 --seed 0 --difficulty easy" in x for x in data)  # all easy val tasks
@@ -89,7 +91,7 @@ def test_learning_commands_and_defaults(tmp_path: Path):
                      "--rollouts-per-task 8", f"--tasks {out}/tc_train_easy.jsonl", "--lr 1e-5", "--steps 40",
                      f"--eval-tasks {out}/tc_val_easy.jsonl", "--eval-every 40", "--eval-limit 147",
                      "--eval-samples 2", "--resume", "--engine vllm", f"--seed {seed[1:]}",
-                     f"--method {method[3:]}", "--gpu-memory-utilization 0.15", "--kv-cache-gib 8"):  # fmt: skip
+                     f"--method {method[3:]}", "--gpu-share 0.25", "--kv-cache-gib 4"):  # fmt: skip
             assert f" {flag} " in f"{line} ", f"{flag} not in {line}"
         assert ("--schedule execution:16,delegation:2,rubric:2" in line) == (method == "rl_sera"), line
         assert "--n-tasks" not in line  # one train file for every seed, not a pool per --seed
@@ -97,8 +99,42 @@ def test_learning_commands_and_defaults(tmp_path: Path):
     for p in ("rl_sera_s0_40", "rl_rao_s1_40", "data", "data_train"):
         assert (out / f"{p}.done").exists()
     # a second call: everything done, nothing runs again
-    done, lines = fake_call(tmp_path, out, ENGINE="vllm")
+    done, lines = fake_call(tmp_path, out, ENGINE="vllm", GPU_TOTAL_GIB="80")
     assert not train_calls(lines) and done.stdout.count("done earlier") == 6
+
+
+def test_learning_runs_only_as_many_at_once_as_fit_the_card(tmp_path: Path):
+    """Issue #49: 4 LoRA runs of 16 GiB on a 40 GiB card: 2 at once (the stand-in interpreter records how
+    many `sera train` ran together: never more than 2); a card one run does not fit: refused in one line,
+    nothing started."""
+    fake, log, live = tmp_path / "fake_python", tmp_path / "calls.txt", tmp_path / "live"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'echo "x $*" >> "$FAKE_LOG"\n'
+        'case " $* " in *" sera train "*)\n'
+        '  ( flock 9; n=$(( $(cat "$LIVE" 2>/dev/null || echo 0) + 1 )); echo $n > "$LIVE"; echo "live $n" >> "$FAKE_LOG" ) 9> "$LIVE.lock"\n'
+        "  sleep 0.5\n"
+        '  ( flock 9; echo $(( $(cat "$LIVE") - 1 )) > "$LIVE" ) 9> "$LIVE.lock" ;;\n'
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if k not in KNOBS}
+    env = {**base, "PYTHON": str(fake), "FAKE_LOG": str(log), "LIVE": str(live), "ENGINE": "vllm",
+           "RL_EXTRA": "--lora-rank 4", "GPU_TOTAL_GIB": "40"}  # fmt: skip
+    done = subprocess.run(["bash", "bench/learning.sh", str(tmp_path / "a")], cwd=ROOT, capture_output=True,
+                          text=True, env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SLOTS=2 SHARE=0.4 RUN_GIB=16" in done.stdout
+    lines = log.read_text().splitlines()
+    assert len(train_calls(lines)) == 4
+    assert max(int(x.split()[1]) for x in lines if x.startswith("live ")) <= 2
+    assert all(" --gpu-share 0.4 " in x for x in lines if " -m sera train " in x)
+    log.write_text("")
+    done = subprocess.run(["bash", "bench/learning.sh", str(tmp_path / "b")], cwd=ROOT, capture_output=True,
+                          text=True, env={**env, "GPU_TOTAL_GIB": "12"}, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert "one run needs 16 GiB and this card has 12.0 GiB" in done.stderr
+    assert not train_calls(log.read_text().splitlines())
 
 
 def test_learning_knobs_and_exit_codes(tmp_path: Path):
@@ -112,7 +148,7 @@ def test_learning_knobs_and_exit_codes(tmp_path: Path):
     assert sorted(runs) == ["rl_rao/s3", "rl_sera/s3"], lines
     sera, rao = runs["rl_sera/s3"], runs["rl_rao/s3"]
     for line in (sera, rao):
-        assert "--init-adapter none" in line and "--eval-samples" not in line and "--gpu-memory" not in line
+        assert "--init-adapter none" in line and "--eval-samples" not in line and "--gpu-share" not in line
         assert "--beta2 0.99" in line and "--eval-every 6" in line and "--steps 6" in line
     assert "--depth-weight-cap 2" in sera and "--depth-weight-cap" not in rao
     assert "--grad-clip 0.05" in rao and "--grad-clip" not in sera

@@ -27,6 +27,7 @@ DEFAULT_KNOBS = (
     "RL_EXTRA",
     "PARALLEL",
     "GPU_MEM",
+    "GPU_TOTAL_GIB",
 )
 
 
@@ -47,8 +48,9 @@ def runs(lines: list[str]) -> dict[str, str]:
 
 def test_tiny_set_commands(tmp_path: Path):
     out = tmp_path / "tiny"
-    done, lines = fake_call(tmp_path, out, ENGINE="vllm")
+    done, lines = fake_call(tmp_path, out, ENGINE="vllm", GPU_TOTAL_GIB="80")
     assert done.returncode == 0, done.stderr
+    assert "SLOTS=3 SHARE=0.25 RUN_GIB=20" in done.stdout  # full fine-tuning variants: 20 GiB each
     assert any("data textcraft --split train --n 8 --seed 0 --difficulty easy" in x and f"--out {out}/train8.jsonl" in x
                for x in lines)  # fmt: skip
     r = runs(lines)
@@ -56,7 +58,7 @@ def test_tiny_set_commands(tmp_path: Path):
     for name, line in r.items():
         for flag in ("--level 1", "--model smollm2", "--init-adapter auto", "--method rao", f"--tasks {out}/train8.jsonl",
                      "--tasks-per-step 8", "--rollouts-per-task 8", "--steps 60", "--resume", "--engine vllm",
-                     "--gpu-memory-utilization 0.20", "--kv-cache-gib 8", f"--out {out}/{name}"):  # fmt: skip
+                     "--gpu-share 0.25", "--kv-cache-gib 4", f"--out {out}/{name}"):  # fmt: skip
             assert f" {flag} " in f"{line} ", f"{flag} not in {line}"
         assert line.startswith(f"VLLM_CACHE_ROOT={out}/vllm_cache/{name} ")
         assert "--eval-tasks" not in line  # no held-out evaluation
@@ -74,7 +76,7 @@ def test_tiny_set_commands(tmp_path: Path):
     r = runs(lines)
     assert sorted(r) == ["plain", "x.y"], lines
     assert all("--method sera --schedule execution:1" in x and "--init-adapter none" in x for x in r.values())
-    assert all("--gpu-memory" not in x and "--steps 3" in x for x in r.values())
+    assert all("--gpu-share" not in x and "--steps 3" in x for x in r.values())
     assert r["x.y"].endswith(f"--lr 1e-3 --out {out2}/x.y") and r["plain"].endswith(
         f"--resume --out {out2}/plain"
     )

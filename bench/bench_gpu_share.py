@@ -1,0 +1,210 @@
+"""Level-1 rounds measured alone and side by side on one GPU (issue #49): 1, 2 and 4 runs at once.
+
+Each SET is a list of runs started together (``rao``, ``sera``), each a real ``sera train --level 1``
+process with its own vLLM engine, given ``--gpu-share RUN_GIB / CARD`` (bench/gpu_fit.py; its trainer sizes
+itself to that share). A set ends when every run has logged ROUNDS rounds; its runs are then stopped (SIGTERM:
+checkpoint and exit) and the next set starts. Then one table: per run, the median round (rollout / train)
+seconds over rounds 1.. (round 0 pays torch.compile), generated tokens/s, train tokens/s, and the run's
+peak on the card (``mem/gpu_run_gib``: trainer process + its engine process); and the ratios: SERA alone /
+RAO alone, and each shared set's rounds / the same method alone.
+
+    python bench/bench_gpu_share.py run OUT                       # the default sets, one GPU (vLLM)
+    python bench/bench_gpu_share.py run OUT --sets "rao|sera|rao,sera|sera,rao,sera,rao" --rounds "6|6|4|10"
+    python bench/bench_gpu_share.py table OUT                     # the table of whatever ran (also at the end)
+    MODEL=tiny ENGINE=hf GPU_TOTAL_GIB=80 python bench/bench_gpu_share.py run /tmp/gs --sets "rao|rao,sera" --run-gib 8 \
+        --rounds "2|2" --extra "--max-steps 2 --max-new-tokens 12 --rubric-max-new-tokens 16 \
+        --score-max-new-tokens 16 --tasks-per-step 1 --rollouts-per-task 2 --codeact-executor worker-ordered \
+        --oracle-mix 0.7 --score-noise 0.3"                       # the CPU dry run of the same flow (~3 min)
+
+Resumable within a time budget (a preemptible or time-limited GPU job): a finished set leaves OUT/<set>/done
+and is skipped; a set cut by ``--budget-s`` or a kill goes on from its runs' checkpoints (``--resume``;
+rounds already logged count). Every run's files: OUT/<set>/<i>_<method>/ (metrics.jsonl, config.json, log).
+Simplifications: the runs train on the first 64 easy TextCraft train tasks, LoRA rank 4, lr 1e-4, 8 tasks x 8
+rollouts (the learning drivers' setting), no held-out evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_fit import card_total_gib, fit, run_budget_gib  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SETS = "rao|sera|rao,sera|sera,rao,sera,rao"
+DEFAULT_ROUNDS = "6|6|4|10"
+
+
+def rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written
+            continue
+    return out
+
+
+def command(py: str, out: Path, method: str, seed: int, share: float | None, tasks: Path, extra: str) -> list[str]:
+    model, engine = os.environ.get("MODEL", "smollm2"), os.environ.get("ENGINE", "vllm")
+    init = "none" if model == "tiny" else "auto"
+    cmd = [py, "-m", "sera", "train", "--level", "1", "--model", model, "--init-adapter", init,
+           "--method", method, "--engine", engine, "--tasks", str(tasks), "--tasks-per-step", "8",
+           "--rollouts-per-task", "8", "--max-steps", "3", "--max-depth", "3", "--max-new-tokens", "256",
+           "--max-prompt-tokens", "2048", "--rubric-max-new-tokens", "320", "--score-max-new-tokens", "256",
+           "--counterfactual-k", "4", "--lora-rank", "4", "--lr", "1e-4", "--max-batch-size", "256",
+           "--seed", str(seed), "--steps", "1000", "--max-idle-rounds", "50", "--save-every", "5",
+           "--out", str(out), "--resume"]  # fmt: skip
+    if method == "sera":
+        cmd += ["--schedule", "execution:16,delegation:2,rubric:2"]
+    if share is not None and engine == "vllm":
+        cmd += ["--gpu-share", f"{share}", "--kv-cache-gib", os.environ.get("KV_GIB", "4")]
+    return cmd + extra.split()
+
+
+def run_set(args, name: str, methods: list[str], rounds: int, t_end: float, share: float | None) -> bool:
+    """Start the set's runs together, wait until each logged ``rounds`` rounds (or the budget ends), stop
+    them. True when the set is complete."""
+    d = args.out / name
+    if (d / "done").exists():
+        return True
+    d.mkdir(parents=True, exist_ok=True)
+    procs: dict[str, subprocess.Popen] = {}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for i, m in enumerate(methods):
+        run = d / f"{i}_{m}"
+        run.mkdir(exist_ok=True)
+        if len(rows(run / "metrics.jsonl")) >= rounds:
+            continue
+        cache = args.out / "vllm_cache" / f"{name}_{i}"
+        if not cache.exists() and (args.out / "vllm_cache" / "seed").exists():  # a warm compile cache
+            subprocess.run(["cp", "-r", str(args.out / "vllm_cache" / "seed"), str(cache)], check=False)
+        cmd = command(args.python, run, m, i, share, args.tasks, args.extra)
+        log = open(run / "log.txt", "a")
+        procs[m + str(i)] = subprocess.Popen(
+            cmd, cwd=ROOT, env={**env, "VLLM_CACHE_ROOT": str(cache)}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        print(f"[{name}] started {run.name}: share {share}", flush=True)
+    runs = [d / f"{i}_{m}" for i, m in enumerate(methods)]
+    while True:
+        counts = [len(rows(r / "metrics.jsonl")) for r in runs]
+        dead = [k for k, p in procs.items() if p.poll() is not None]
+        if all(c >= rounds for c in counts) or time.time() > t_end or dead:
+            break
+        time.sleep(5)
+    for p in procs.values():  # SIGTERM: the run checkpoints and exits; then a kill
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs.values():
+        try:
+            p.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    counts = [len(rows(r / "metrics.jsonl")) for r in runs]
+    print(f"[{name}] rounds {counts} (want {rounds})" + (f"; exited early: {dead}" if dead else ""), flush=True)
+    seed = args.out / "vllm_cache" / "seed"  # the first run's compile cache warms the later sets' starts
+    if not seed.exists() and (args.out / "vllm_cache" / f"{name}_0").exists():
+        subprocess.run(["cp", "-r", str(args.out / "vllm_cache" / f"{name}_0"), str(seed)], check=False)
+    if all(c >= rounds for c in counts):
+        (d / "done").touch()
+        return True
+    return False
+
+
+def median(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def table(out: Path) -> str:
+    lines = [
+        "| set | run | rounds | round s | rollout s | train s | gen tok/s | train tok/s | peak GiB (run) | trainer plan |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    alone: dict[str, float] = {}
+    shared: list[tuple[str, str, float]] = []
+    for d in sorted(p for p in out.iterdir() if p.is_dir() and p.name.startswith("set")):
+        for run in sorted(p for p in d.iterdir() if p.is_dir()):
+            rs = [r for r in rows(run / "metrics.jsonl") if "time/round_s" in r]
+            later = rs[1:] or rs
+            cfg = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
+            plan = cfg.get("memory_plan") or {}
+            peak = max((r.get("mem/gpu_run_gib", float("nan")) for r in rs), default=float("nan"))
+            rnd = median([r["time/round_s"] for r in later])
+            method = run.name.split("_", 1)[1]
+            n = len([p for p in d.iterdir() if p.is_dir()])
+            (alone.__setitem__(method, rnd) if n == 1 else shared.append((d.name, method, rnd)))
+            lines.append(
+                f"| {d.name} | {run.name} | {len(rs)} | {rnd:.1f} | {median([r['time/rollout_s'] for r in later]):.1f} "
+                f"| {median([r['time/train_s'] for r in later]):.1f} | {median([r.get('tokens_per_s', float('nan')) for r in later]):.0f} "
+                f"| {median([r.get('train/tokens_per_s', float('nan')) for r in later]):.0f} | {peak:.1f} "
+                f"| {plan.get('tokens', '-')} tok, ckpt {plan.get('checkpoint_fraction', '-')} |"
+            )
+    if "sera" in alone and "rao" in alone:
+        lines.append(f"\nSERA round / RAO round, each alone on the card: {alone['sera'] / alone['rao']:.2f}x")
+    for name, method, rnd in shared:
+        if method in alone:
+            lines.append(f"{name} {method}: round {rnd / alone[method]:.2f}x its alone round")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=("run", "table"))
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--sets", default=DEFAULT_SETS, help="sets separated by |, runs by , (rao or sera)")
+    ap.add_argument("--rounds", default=DEFAULT_ROUNDS, help="rounds per set, separated by |")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="stop (resumably) after this many seconds")
+    ap.add_argument("--run-gib", type=float, default=None, help="a run's budget (default: bench/gpu_fit.tsv)")
+    ap.add_argument("--extra", default="", help="flags added to every run's sera train")
+    ap.add_argument("--python", default=sys.executable)
+    args = ap.parse_args(argv)
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.what == "table":
+        print(table(args.out))
+        return 0
+    sets = [s.split(",") for s in args.sets.split("|")]
+    rounds = [int(x) for x in args.rounds.split("|")]
+    if len(rounds) != len(sets) or any(m not in ("rao", "sera") for s in sets for m in s):
+        print("bench_gpu_share: --sets and --rounds must match, runs are rao or sera", file=sys.stderr)
+        return 2
+    total = card_total_gib()
+    run_gib = args.run_gib if args.run_gib is not None else run_budget_gib(os.environ.get("MODEL", "smollm2"), "lora")
+    widest = max(len(s) for s in sets)
+    try:  # every set starts its runs together: the widest must fit at once
+        slots, share = fit(widest, run_gib, total) if total > 0 else (widest, None)
+    except ValueError as e:
+        print(f"bench_gpu_share: {e}", file=sys.stderr)
+        return 2
+    if slots < widest:
+        print(f"bench_gpu_share: {widest} runs of {run_gib:g} GiB do not fit this {total:.1f} GiB card at once "
+              f"({slots} do): nothing started", file=sys.stderr)  # fmt: skip
+        return 2
+    args.tasks = args.out / "tc_train_easy.jsonl"
+    if not args.tasks.exists():
+        subprocess.run([args.python, "-m", "sera", "data", "textcraft", "--split", "train", "--n", "64", "--seed", "0",
+                        "--difficulty", "easy", "--out", str(args.tasks)], cwd=ROOT, check=True)  # fmt: skip
+    t_end = time.time() + args.budget_s
+    for k, (methods, n) in enumerate(zip(sets, rounds, strict=True)):
+        if not run_set(args, f"set{k}_{len(methods)}runs", methods, n, t_end, share):
+            print("bench_gpu_share: budget spent; run the same command again to go on", flush=True)
+            break
+    print(table(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

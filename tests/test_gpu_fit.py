@@ -49,7 +49,7 @@ def test_a_plan_stays_inside_its_budget_and_prefers_no_checkpointing(budget_gib,
 
 def test_the_issue_49_trainer_would_not_have_fit_and_now_does():
     """The H100 run of 2026-12-06: rows of 32,768 tokens without checkpointing held 22-35 GB; the estimate is
-    above what was measured (it is meant as an upper bound), and a 16 GiB run gets a plan that fits."""
+    above what was measured without checkpointing, and a 16 GiB run gets a plan that fits."""
     est = step_bytes(SMOL, 32768, 0.0, N_SMOL, 1_000_000) / GIB
     assert est >= 35.0
     with pytest.raises(DoesNotFit, match="--max-tokens-per-microbatch 32768 with --checkpoint-fraction 0"):

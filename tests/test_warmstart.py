@@ -406,7 +406,7 @@ def test_the_shipped_adapter_says_which_prompt_texts_it_was_trained_on():
     assert f"the prompt layout of 2026-12-03 (commit `{commit}`), not today's" in readme
     for doc in (ROOT / "README.md", ROOT / "docs" / "FIDELITY.md", ROOT / "docs" / "fidelity" / "sft.md"):
         text = doc.read_text()
-        assert "9/32" in text and commit in text, doc  # the number is quoted with the texts it was measured on
+        assert "9/32" in text and commit in text, doc  # the number, with the texts it was measured on
 
 
 def test_a_reply_ends_at_the_start_of_another_chatml_turn():

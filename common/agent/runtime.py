@@ -164,19 +164,19 @@ class RuntimeConfig:
     """A directory of prompt templates replacing the packaged rubric/score ones (``--prompts DIR``)."""
     seed: int = 0
     """Base seed passed to the policy per call (combined with the node id and step)."""
+    # Public: platoon's run_episode puts each agent.act and env.step under asyncio.wait_for(timeout=...); its
+    # 300 s default is overridden by every SERA caller with the configs' step_timeout: 1800
+    # (Training/configs/textcraft.yaml, textworld.yaml; the TextCraft evaluator's step_timeout = 1800; sera.sh
+    # gives rubric and score calls 1800 s), inside the rollout's timeout: 3600 (tree_timeout_s).
     step_timeout_s: float = 1800.0
     """Deadline of every model call (act, rubric, score) and of every environment step of an agent, the
-    children it launches in that step included: each ``agent.act`` and ``env.step`` under
-    ``asyncio.wait_for`` as platoon's ``run_episode(timeout=...)``, whose 300 s default every SERA caller
-    overrides with its configs' ``step_timeout: 1800`` (``Training/configs/textcraft.yaml``, ``textworld.yaml``;
-    the TextCraft evaluator's ``step_timeout: int = 1800``; ``sera.sh`` gives rubric and score calls 1800 s).
-    A step past it ends that agent with an error (reward 0); the call is cancelled (an engine aborts the
-    request); the training console says so in a ``[deadline]`` line. A deadline ends hangs, not slow work:
-    lower it only where a hang must end sooner (tests set short ones explicitly)."""
+    children it launches in that step included (the public configs' 1,800 s). A step past it ends that agent
+    with an error (reward 0), its call cancelled, and the console says so in a ``[deadline]`` line. It is
+    there to end hangs: on a slow machine raise it rather than lower it."""
     tree_timeout_s: float = 3600.0
-    """Deadline of one root rollout (the public configs' ``timeout: 3600``, an ``asyncio.wait_for`` around the
-    root's ``run_episode``): past it the whole tree is cancelled and recorded with ``meta["deadline"]``; a
-    training round drops and replaces its task group. As in public, two 1,800 s steps can fill it."""
+    """Deadline of one root rollout (the public configs' ``timeout: 3600``; as there, two 1,800 s steps can
+    fill it): past it the whole tree is cancelled and recorded with ``meta["deadline"]``; a training round
+    drops and replaces its task group."""
     group_timeout_s: float = 3600.0
     """Deadline of one task group's rollouts in training (the paper's 3,600 s per group): every tree of the
     group still running then is cancelled (``meta["deadline"] = "group"``) and the group is replaced."""

@@ -110,7 +110,8 @@ RUNTIME_TEMPLATES |= {
 """Texts of a Rubric-stage rollout (public ``CounterfactualCollector``): ``branch_exhausted``, the committed
 branch's message when it used its whole step budget without finishing (platoon ``halt_episode``'s error
 message); ``branch_completed``, when it ended otherwise without a message or an error; ``branch_depth_refusal``,
-what a launch past ``max_depth`` returns in a Rubric-stage rollout (:meth:`_Rollout.refusal_at_depth`)."""
+what a launch past ``max_depth`` returns in a Rubric-stage rollout when the branch the agent runs under is at
+the limit (:meth:`_Rollout.refusal_at_depth`)."""
 
 
 @dataclass
@@ -524,7 +525,7 @@ class _Rollout:
         # public current_branch: a counterfactual branch runs at its own depth; an ordinary child (launched
         # once the environment budget is spent) keeps the depth of the branch (or root) it runs under
         counterfactual = self.cfg.counterfactual_k > 1 and node.branch_group is not None
-        st.session.branch_depth = node.depth if counterfactual else parent.session.branch_depth
+        st.session.branch_depth = node.depth if counterfactual else getattr(parent.session, "branch_depth", 0)
         return st
 
     # ---- rubrics and scores --------------------------------------------------------------------
@@ -580,7 +581,8 @@ class _Rollout:
         ``textworld_two_stage_rollout.py``), else ``branch_depth_refusal.txt`` (public TextCraft
         ``counterfactual.py``). An ordinary agent deeper than its branch passes the collector's check (its
         launch falls through to ``launch_subagent_default``) and meets the tracker's refusal."""
-        if self.cfg.counterfactual_k <= 1 or parent.session.branch_depth + 1 <= self.cfg.max_depth:
+        branch_depth = getattr(parent.session, "branch_depth", 0)
+        if self.cfg.counterfactual_k <= 1 or branch_depth + 1 <= self.cfg.max_depth:
             return getattr(parent.session, "depth_refusal", None)
         own = getattr(parent.session, "counterfactual_depth_refusal", None)
         text = self.texts["branch_depth_refusal"]

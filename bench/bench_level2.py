@@ -29,7 +29,7 @@ set, level 2's driver part included). The issue's goal for two GPUs: level 2 >= 
 
 **Shape mode** (``--shape qwen3-4b`` | ``tiny``): a model directory with only a ``config.json`` of that shape
 (Qwen3-4B's: ``QWEN3_4B`` of bench/bench_train_gpu.py), SmolLM2's tokenizer (token ids < 49,152, valid in
-either vocabulary; the device has no other) and the ``DUMMY_WEIGHTS`` marker; ONE colocated rank (a Ray actor,
+either vocabulary; the offline GPU machine had no other) and the ``DUMMY_WEIGHTS`` marker; ONE colocated rank (a Ray actor,
 the GPU) builds the trainer from random init and its engine from random weights (vLLM ``load_format="dummy"``),
 then runs the loop's phases once: engine generates -> sleep -> one optimizer step on ``--shape-datums`` synthetic
 datums of ``--shape-tokens`` tokens -> wake -> in-process weight sync -> generates again. After each phase the

@@ -5,7 +5,7 @@ random-init model (default the Qwen3-4B shape, bf16 weights, fp32 master weights
 activation checkpointing, fused AdamW — ``common.run.optim.make_optimizer``):
 
 * **naive**: one sequence per row as a ``[rows, row_tokens]`` batch, sdpa attention, the full
-  ``[rows, row_tokens, V]`` logits upcast to float32 for the log-probs (the DEVICE.md anchor: 29% MFU);
+  ``[rows, row_tokens, V]`` logits upcast to float32 for the log-probs (the anchor figure of the GPU machine notes: 29% MFU);
 * **efficient**: ``--datums-per-row`` datums of each row (prompt half / output half), all rows packed
   into ONE micro-batch of ``rows x row_tokens`` tokens, ``sera_varlen`` attention (FlashAttention varlen,
   no mask), log-probs only at output positions through the chunked head

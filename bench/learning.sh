@@ -12,6 +12,7 @@
 #
 #   bash bench/learning.sh OUT                                 # one H200: ENGINE=vllm, all 4 runs at once
 #   BUDGET_S=570 ENGINE=vllm bash bench/learning.sh OUT        # a time-limited GPU job: run it again to go on
+#   (time-limited, resumable GPU jobs: docs/gpu_jobs.md)
 #   MODEL=tiny ENGINE=hf SEEDS=0 RL_STEPS=1 N_EVAL=2 EVAL_SAMPLES=0 N_TASKS=8 TASKS_PER_STEP=1 ROLLOUTS=2 \
 #     SCHEDULE=execution:1,delegation:1,rubric:1 AGENT="--max-steps 2 --max-new-tokens 12" \
 #     CALLS="--rubric-max-new-tokens 16 --score-max-new-tokens 16" RL_LR=1e-3 \
@@ -20,7 +21,7 @@
 #
 # Run directories: OUT/rl_sera/s<seed>/ and OUT/rl_rao/s<seed>/ (metrics.jsonl, evals/step_SSSSS[_sample_k]/,
 # checkpoints/); OUT/tc_train_easy.jsonl, OUT/tc_val_easy.jsonl (train pool, held-out tasks); OUT/times.txt (what
-# ran when); OUT/<phase>.log; OUT/learning.md + OUT/learning.png (bench/plot_learning.py, redrawn every call).
+# ran when); OUT/<phase>.log; OUT/learning.md + OUT/learning.png (bench/plot_learning.py, redrawn every job).
 #
 # Knobs (environment; default in brackets):
 #   MODEL [smollm2]  INIT_ADAPTER [auto; none for MODEL=tiny]  ENGINE [vllm if nvidia-smi sees a GPU, else hf]
@@ -37,16 +38,16 @@
 #   PARALLEL [1 with ENGINE=vllm, else 0]: the runs of a turn side by side on one GPU (a round is a chain of
 #   dependent generations, so one run leaves most of a GPU idle), as many at once as fit the card
 #   (bench/gpu_fit.py: the card's memory from nvidia-smi, a run's budget RUN_GIB [bench/gpu_fit.tsv's row for
-#   MODEL and LoRA/full]; the rest wait for a slot; a run that cannot fit the card stops the call in one line
+#   MODEL and LoRA/full]; the rest wait for a slot; a run that cannot fit the card stops the job in one line
 #   before anything starts), each given --gpu-share RUN_GIB/card (its trainer sizes itself to it) and a fixed
 #   KV_GIB [4] GiB KV cache, each with its own vLLM compile cache (OUT/vllm_cache/<run>)
-#   PYTHON [python3]  BUDGET_S [100000]  PHASES ["data rl_sera rl_rao"] (which phases this call may run)
+#   PYTHON [python3]  BUDGET_S [100000]  PHASES ["data rl_sera rl_rao"] (which phases this job may run)
 #
 # Resumable anywhere: every phase leaves OUT/<phase>.done and is skipped once done; a phase cut by the budget
-# (or a kill) resumes from its own files on the next call: `sera train --resume` from its last checkpoint (one
+# (or a kill) resumes from its own files on the next job: `sera train --resume` from its last checkpoint (one
 # per optimizer step, so at most one round is redone), evaluations from their finished tasks. Each run is ONE
-# process per call: its vLLM engine starts once, stays resident through the optimizer steps (weights copied in
-# place) and runs the evaluations too. BUDGET_S: no phase runs past that many seconds of this call.
+# process per job: its vLLM engine starts once, stays resident through the optimizer steps (weights copied in
+# place) and runs the evaluations too. BUDGET_S: no phase runs past that many seconds of this job.
 set -u
 O=${1:-runs/learning}; mkdir -p "$O"; O=$(cd "$O" && pwd)
 MODEL=${MODEL:-smollm2}
@@ -111,6 +112,6 @@ for target in ${RL_TURNS:-$RL_STEPS}; do  # with PARALLEL=1 the runs of a turn s
   done
   wait
 done
-# The figure and table of whatever exists so far (every call; a run not started yet shows as "not run").
+# The figure and table of whatever exists so far (every job; a run not started yet shows as "not run").
 $PY bench/plot_learning.py "$O" > "$O/plot.log" 2>&1 || log "plot failed: see $O/plot.log"
-log "call finished"
+log "job finished"

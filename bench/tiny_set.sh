@@ -9,6 +9,7 @@
 #
 #   bash bench/tiny_set.sh OUT                                   # one H200: ENGINE=vllm, the variants at once
 #   BUDGET_S=570 bash bench/tiny_set.sh OUT                      # a time-limited GPU job: run again to go on
+#   (time-limited, resumable GPU jobs: docs/gpu_jobs.md)
 #   VARIANTS="lr1e-5:--lr 1e-5|lr3e-5:--lr 3e-5" STEPS=30 bash bench/tiny_set.sh OUT
 #   MODEL=tiny ENGINE=hf STEPS=2 TASKS_PER_STEP=2 ROLLOUTS=2 AGENT="--max-steps 2 --max-new-tokens 12" \
 #     CALLS="--rubric-max-new-tokens 16 --score-max-new-tokens 16" \
@@ -33,8 +34,8 @@
 #
 # Resumable like bench/learning.sh: OUT/<phase>.done marks a finished phase (data, each variant); a variant
 # cut by the budget or a kill goes on from its last checkpoint (`sera train --resume`, one checkpoint per
-# optimizer step) on the next call; rc 3 (stopped before --steps: --max-idle-rounds rounds in a row without
-# an optimizer step) counts as done. The summary (OUT/tiny_set.md, OUT/tiny_set.png) is redrawn every call.
+# optimizer step) on the next job; rc 3 (stopped before --steps: --max-idle-rounds rounds in a row without
+# an optimizer step) counts as done. The summary (OUT/tiny_set.md, OUT/tiny_set.png) is redrawn every job.
 set -u
 O=${1:-runs/tiny_set}; mkdir -p "$O"; O=$(cd "$O" && pwd)
 MODEL=${MODEL:-smollm2}
@@ -60,7 +61,7 @@ RL="$SERA train --level 1 --model $MODEL --init-adapter $INIT_ADAPTER --method $
 # or 3 marks it done).
 phase() { run_phase "$@"; }
 
-# Parse VARIANTS first: a bad name stops the call before anything runs.
+# Parse VARIANTS first: a bad name stops the job before anything runs.
 IFS='|' read -r -a specs <<< "$VARIANTS"
 names=(); flags=()
 for spec in "${specs[@]}"; do
@@ -91,4 +92,4 @@ done
 wait
 $PY bench/plot_tiny_set.py "$O" --target "${TARGET:-0.5}" --window "${WINDOW:-5}" > "$O/plot.log" 2>&1 \
   || log "summary failed: see $O/plot.log"
-log "call finished"
+log "job finished"

@@ -1,8 +1,8 @@
 """Evaluation harness with the paper's protocol (SPEC.md §5): ``sera eval``.
 
     sera eval --env textcraft --tasks data/textcraft_val.jsonl --policy oracle --out runs/eval_oracle
-    sera eval --env textworld --tasks ../shared/sample_tasks/textworld_sync_sample.jsonl \
-              --policy hf:smollm2 --out runs/eval_smol --limit 50
+    sera data textworld --split test --n 56 --seed 0 --out data/tw_test56.jsonl
+    sera eval --env textworld --tasks data/tw_test56.jsonl --policy hf:smollm2 --out runs/eval_smol --limit 50
     sera eval compare runs/eval_a runs/eval_b
 
 Protocol: temperature 0, one trajectory per task, 20 steps per agent, max depth 3, the environment's

@@ -322,7 +322,8 @@ def paper_profile(env: str) -> dict[str, Any]:
     ``Scripts/Main/textworld/sera.sh``), bf16,
     the paper's training task mix, no optimizer step below 8 trainable datums, and 50 rounds in a row without
     an optimizer step before the run gives up (the public trainer resamples a skipped stage without a limit;
-    3, the laptop value, would end a paper run after three thin Rubric-stage rounds)."""
+    3, the laptop value, would end a paper run after three thin Rubric-stage rounds); the public deadlines
+    (1,800 s per step, 3,600 s per tree and group) and no launch bounds (``0``: the public code has none)."""
     from common.envs import env_spec
 
     spec = env_spec(env)
@@ -342,4 +343,12 @@ def paper_profile(env: str) -> dict[str, Any]:
         "dtype": "bfloat16",
         "min_trainable_datums": 8,  # the public trainer's 8 data-parallel ranks (decide_sync_action)
         "max_idle_rounds": 50,  # a skipped stage is resampled, as public; a run without signal still stops
+        # the public configs' deadlines (step_timeout 1800, timeout 3600), the defaults too; no launch bounds
+        # (public has none: 0 = off; the laptop profile keeps 10 per step and 200 per tree, departures)
+        "step_timeout_s": 1800.0,
+        "tree_timeout_s": 3600.0,
+        "group_timeout_s": 3600.0,
+        "cancel_grace_s": 30.0,
+        "max_launches_per_step": 0,
+        "max_agents_per_tree": 0,
     }

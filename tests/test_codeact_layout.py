@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from common.codeact.ipython_layout import cell_label, display_text, format_traceback, input_name, pretty
+from common.envs.textcraft.codeact import shown_output
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "ipython94_layout.json").read_text())
 
@@ -35,6 +36,34 @@ def test_last_expression_values_print_as_ipython_does(case):
     if "0x" in expected:  # an address: only the shape can match
         pytest.skip("object address")
     assert display_text(value) == expected
+
+
+def sera_strip(stdout: str) -> str:
+    """The ``Out[`` strip of SERA's vendored platoon (``Runtime/vendor/platoon/envs/codeact/env.py``,
+    ``IPythonCodeExecutor.run``, imported by SERA's training and evaluation alike), retyped here as the
+    reference: ``split(":", 1)[1].lstrip()`` of a capture that starts with ``Out[``."""
+    return stdout.split(":", 1)[1].lstrip() if stdout.startswith("Out[") else stdout
+
+
+@pytest.mark.parametrize("case", FIXTURE["echo"], ids=range(len(FIXTURE["echo"])))
+def test_echoes_are_shown_as_seras_platoon_shows_them(case):
+    """Every echo a real IPython 9.4.0 wrote (the fixture) reaches the observation as SERA's vendored platoon
+    passes it on: the project's chain (the worker's ``display_text``, then ``shown_output``) equals SERA's
+    strip of IPython's own capture; the prompt goes, every colon of the value stays (audit 2026-12-06 N1:
+    the project had followed another platoon revision, ``"".join(split(":")[1:])``, which drops them all)."""
+    if not case["stdout"] or "0x" in case["stdout"]:
+        pytest.skip("None (nothing shown) or an object address")
+    value = eval(case["expr"], {"collections": collections})
+    expected = sera_strip(case["stdout"])
+    assert shown_output(display_text(value)) == expected
+    assert not expected.startswith((" ", "\n")) and expected.count(":") == case["stdout"].count(":") - 1
+
+
+def test_echo_strip_examples():
+    assert shown_output("Out[1]: {'log': 3}\n") == "{'log': 3}\n"
+    assert shown_output("Out[1]: \n['a: 1',\n 'b: 2']\n") == "['a: 1',\n 'b: 2']\n"  # multi-line: column 0
+    assert shown_output("made\nOut[1]: {'log': 3}\n") == "made\nOut[1]: {'log': 3}\n"  # not first: kept
+    assert shown_output("Out[1]: 'done'\n") == "'done'\n"  # finish()'s echoed value (audit row 23)
 
 
 def _run_cells(cells, first_shell=False):

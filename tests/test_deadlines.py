@@ -234,11 +234,52 @@ def test_a_group_cut_by_a_deadline_is_dropped_and_replaced():
 def test_bad_deadline_values_are_refused_in_one_line():
     with pytest.raises(ValueError, match="--step-timeout-s must be > 0"):
         RuntimeConfig(step_timeout_s=0)
-    with pytest.raises(ValueError, match="--max-launches-per-step must be >= 1"):
-        RuntimeConfig(max_launches_per_step=0)
+    with pytest.raises(ValueError, match="--max-launches-per-step must be >= 0"):
+        RuntimeConfig(max_launches_per_step=-1)
     cfg = TrainConfig.make(model="tiny", tree_timeout_s=60, max_agents_per_tree=9)
     assert (cfg.rollout.tree_timeout_s, cfg.rollout.max_agents_per_tree) == (60, 9)
-    assert RuntimeConfig().step_timeout_s == 300 and RuntimeConfig().tree_timeout_s == 3600  # the paper's
+
+
+def test_the_default_deadlines_are_the_public_ones():
+    """SERA's configs set ``step_timeout: 1800`` and ``timeout: 3600`` (``Training/configs/textcraft.yaml``,
+    ``textworld.yaml``) and every rollout passes them; platoon's 300 s ``run_episode`` default is overridden
+    everywhere (audit 2026-12-06 N2; issue #52: 300 s cut the quick start's own trees on a loaded CPU)."""
+    rc, tc = RuntimeConfig(), TrainConfig.make(model="tiny").rollout
+    for c in (rc, tc):
+        assert (c.step_timeout_s, c.tree_timeout_s, c.group_timeout_s) == (1800, 3600, 3600)
+        assert c.cancel_grace_s == 30
+
+
+def test_without_launch_bounds_every_launch_runs():
+    """``0`` turns both launch bounds off (the public form, what ``--paper`` sets): 12 launches, 12 children."""
+    tree = run(Scripted({(0, 0): cell(launch_code(12))}), max_launches_per_step=0, max_agents_per_tree=0,
+               use_rubrics=False)  # fmt: skip
+    assert len([n for n in tree.nodes.values() if n.depth == 1]) == 12
+    assert tree.nodes["0"].steps[0].refused_launches == 0 and "refused_by_bound" not in tree.meta
+
+
+def test_a_cut_step_is_said_on_the_console(capsys):
+    """Issue #52: a round whose trees a deadline cut said only "(no update)". Now the loop's progress prints
+    one ``[deadline]`` line naming the deadline and the option that raises it when the rollout phase ends.
+    One wall-clock deadline only (the step's, 1 s; the tree's is the default 3,600 s)."""
+    stats = LiveStats()
+    policy = CountingPolicy(Scripted({}, hang={("act", "0")}), stats)
+    bar = RunProgress(False, 1, 0, stats, heartbeat_s=0)
+    bar.phase("execution rollouts")
+    env = make_env("textcraft", executor="worker-ordered")
+    rcfg = RuntimeConfig(max_steps=3, temperature=0.0, use_rubrics=False, step_timeout_s=1.0)
+    trees = asyncio.run(rollout_group(task(), [rcfg], env, policy, None))
+    assert "the act call did not return within 1 s" in trees[0].root.error
+    assert "[deadline]" not in capsys.readouterr().out  # said once the rollouts are over
+    bar.phase("training")
+    out = capsys.readouterr().out
+    assert (
+        f"[deadline] 1 agent cut by the step deadline (1 s, --step-timeout-s): {trees[0].task_id}: act call of "
+        "node 0 past 1 s; each ended with an error and reward 0. On a slow or shared machine raise "
+        "--step-timeout-s." in out
+    )
+    bar.close()
+    assert "[deadline]" not in capsys.readouterr().out  # said once
 
 
 def test_the_heartbeat_says_where_a_slow_round_is_and_a_deadline_dumps_the_calls(tmp_path, capsys):
@@ -266,7 +307,8 @@ def test_a_paper_run_keeps_the_paper_deadlines():
     from common.train_config import paper_profile
 
     cfg = TrainConfig.make(model="tiny", **paper_profile("textcraft"))
-    assert replace(cfg.rollout).step_timeout_s == 300 and cfg.rollout.group_timeout_s == 3600
+    assert replace(cfg.rollout).step_timeout_s == 1800 and cfg.rollout.group_timeout_s == 3600
+    assert (cfg.rollout.max_launches_per_step, cfg.rollout.max_agents_per_tree) == (0, 0)  # public: none
 
 
 # ---- signals: a stuck run stops on SIGINT or SIGTERM, even when started with SIGINT ignored ----------------

@@ -134,9 +134,9 @@ def test_textcraft_turns_from_a_public_prompts_directory_are_byte_exact(tmp_path
             "role": "assistant",
             "content": public_history("", "import sys\nprint('careful', file=sys.stderr)\n{'a': 1}"),
         },
-        # stderr is the error slot; the value echo "Out[1]: {'a': 1}" loses the prompt and every colon
-        # (platoon strips an output that starts with "Out[": "".join(out.split(":")[1:]))
-        {"role": "user", "content": public_observation(3, " {'a' 1}\n", "careful\n")},
+        # stderr is the error slot; the value echo "Out[1]: {'a': 1}" loses its prompt and the blank after it
+        # (SERA's vendored platoon: an output that starts with "Out[" keeps out.split(":", 1)[1].lstrip())
+        {"role": "user", "content": public_observation(3, "{'a': 1}\n", "careful\n")},
         {
             "role": "assistant",
             "content": public_history("delegate the sticks", 'print(await launch_subagent({"stick": 4}))'),

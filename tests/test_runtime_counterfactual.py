@@ -325,3 +325,48 @@ def test_launches_inside_uncommitted_branches_form_groups_too():
     batch = build_stage_batch("rubric", [[tree, run_delegating(launches=1, max_depth=2)]])
     assert batch.counts["mixed_groups"] == 8 and len(batch.datums) == 8
     assert sum(d.depth == 1 for d in batch.datums) == 6  # rubrics written by depth-1 agents
+
+
+class EveryAgentDelegates(Policy):
+    """Every agent, at every depth, launches its first target at step 0 and finishes at step 1."""
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        if request.role == "rubric":
+            text = rubric_json("crafted")
+        elif request.role == "score":
+            text = score_json(bool(request.meta.get("child_success")))
+        elif request.meta["step"] == 0:
+            item, n = next(iter(request.session.targets.items()))
+            text = f"<python>r = await launch_subagent({{'{item}': {n}}})\nprint(r)</python>"
+        else:
+            text = "<python>finish('done')</python>"
+        return Completion(text=text, prompt_ids=[1], output_ids=[2], logprobs=[-0.1])
+
+
+def test_rubric_stage_depth_refusal_follows_the_branch_the_agent_runs_under():
+    """Public ``counterfactual.py`` checks the depth of the enclosing ``current_branch`` (the root's 0, a
+    branch's own depth), not the agent's: an agent inside a counterfactual branch at the limit gets the
+    collector's text, an ordinary agent (launched once the environment budget is spent, through
+    ``launch_subagent_default``) gets the step-budget tracker's ``Not enough budget ...`` (audit 2026-12-06
+    N3: every depth refusal of the Rubric stage had the collector's text)."""
+    task = tc_tasks("train", 1, seed=4, difficulty="medium")[0]
+    collector = "Cannot launch subagent beyond max_subagent_depth=2; complete the task in the current agent."
+    tracker = "Not enough budget to launch subagent for goal"
+
+    def refusals(max_envs: int) -> dict[str, tuple[bool, str]]:
+        cfg = RuntimeConfig(
+            counterfactual_k=2, max_envs_per_rollout=max_envs, max_depth=2, max_steps=3, temperature=0.0
+        )
+        tree = asyncio.run(run_root(task, make_env("textcraft"), EveryAgentDelegates(), cfg))
+        deep = [n for n in tree.nodes.values() if n.depth == 2]
+        assert deep and all(n.steps and n.steps[0].refused_launches == 1 for n in deep)
+        return {n.node_id: (n.branch_group is not None, n.steps[0].observation) for n in deep}
+
+    # budget 3: one group at depth 1 (1 + 2 environments); its branches' children are ordinary agents
+    ordinary = refusals(3)
+    assert not any(branch for branch, _ in ordinary.values())
+    assert all(tracker in obs and collector not in obs for _, obs in ordinary.values())
+    # budget 16: groups at depths 1 and 2; the depth-2 agents are branches at the limit
+    branches = refusals(16)
+    assert all(branch for branch, _ in branches.values())
+    assert all(collector in obs and tracker not in obs for _, obs in branches.values())

@@ -192,15 +192,21 @@ def test_malformed_reply_costs_a_step_and_is_the_empty_cell():
 def test_last_expression_is_echoed_and_stdlib_imports_work():
     async def go():
         s = root()
-        # IPython prints "Out[1]: {...}"; platoon's executor then keeps "".join(out.split(":")[1:]) of an
-        # output that starts with "Out[": the prompt goes and so does every other colon (public quirk)
+        # IPython prints "Out[1]: {...}"; SERA's vendored platoon then keeps out.split(":", 1)[1].lstrip() of
+        # an output that starts with "Out[": the prompt and the blank after it go, every other colon stays
         r = await s.step(reply("import math, collections\ninv = view_inventory()\ninv"))
-        assert r.observation == "[Cell 0 Output]\n {'log' 3, 'coal' 2}\n\nWrite your next step."
-        assert r.info["cell_output"] == " {'log' 3, 'coal' 2}\n" and r.info["cell_error"] == ""
+        assert r.observation == "[Cell 0 Output]\n{'log': 3, 'coal': 2}\n\nWrite your next step."
+        assert r.info["cell_output"] == "{'log': 3, 'coal': 2}\n" and r.info["cell_error"] == ""
         r = await s.step(reply("x = math.gcd(12, 18); x;"))  # a trailing ';' does not hide it (no history)
-        assert r.observation == "[Cell 1 Output]\n 6\n\nWrite your next step."
+        assert r.observation == "[Cell 1 Output]\n6\n\nWrite your next step."
+        # an echoed craft() error keeps its colons (the other platoon's strip read "'Error All 1 ... Errors")
+        r = await s.step(reply('craft({"log": 1}, ("plank", 3))'))
+        assert r.info["cell_output"] == (
+            "'Error: All 1 recipe(s) failed for plank. Errors:\\n"
+            "Recipe 1: Target count 3 is not divisible by recipe result count 4'\n"
+        ), r.info["cell_output"]
         # after a print the prompt stays; a long string with newlines is one repr line (not pprint's split)
-        r = await s.step(reply('print("made")\ncraft({"log": 1}, ("plank", 3))'))
+        r = await s.step(reply('print("made")\ncraft({"log": 1}, ("plank", 3))'))  # no strip after a print
         assert r.info["cell_output"] == (
             "made\nOut[1]: 'Error: All 1 recipe(s) failed for plank. Errors:\\n"
             "Recipe 1: Target count 3 is not divisible by recipe result count 4'\n"

@@ -495,19 +495,23 @@ def test_training_inventory_lookup_and_depth_limit_texts():
 
 def test_rubric_stage_depth_limit_is_the_public_collectors_text():
     """Public ``textworld_two_stage_rollout.py``: in a Rubric-stage rollout a launch past the maximum depth
-    returns ``Cannot launch subagent beyond max_subagent_depth={m}.`` (the runtime marks such sessions)."""
-    w = TRAIN.make_world(make_task(TWO))
-    deep = SyncSession(
-        w, agent_id="0.1.1.1", depth=3, goal="g", max_steps=5, launch=_no_launch, prompts=TRAIN.prompts
-    )
-    deep.counterfactual_rollout = True
+    returns ``Cannot launch subagent beyond max_subagent_depth={m}.`` when the agent's enclosing branch
+    (``current_branch``) is at the limit, i.e. for a counterfactual branch agent there (the runtime marks
+    such sessions: ``counterfactual_rollout``, ``branch_depth``); an ordinary agent under a shallower branch
+    gets the tracker's text (audit 2026-12-06 N3)."""
     goals = {"delegations": [{"goal": "a"}, {"goal": "b"}]}
-    r = asyncio.run(deep.step(f"<delegate>{json.dumps(goals)}</delegate>"))
-    assert r.info["rejected"] and w.steps_used == 0
     line = "Cannot launch subagent beyond max_subagent_depth=3."
-    assert r.observation.split("\n\nValid Actions: ")[0] == (
-        f"[Step 0 Observation]\n[SubAgent Results]\n- SubAgent 0: {line}\n- SubAgent 1: {line}"
-    )
+    for branch_depth, expected in ((3, [line, line]), (1, [PUBLIC_DEPTH.format(goal=g) for g in "ab"])):
+        w = TRAIN.make_world(make_task(TWO))
+        deep = SyncSession(
+            w, agent_id="0.1.1.1", depth=3, goal="g", max_steps=5, launch=_no_launch, prompts=TRAIN.prompts
+        )
+        deep.counterfactual_rollout, deep.branch_depth = True, branch_depth
+        r = asyncio.run(deep.step(f"<delegate>{json.dumps(goals)}</delegate>"))
+        assert r.info["rejected"] and w.steps_used == 0
+        assert r.observation.split("\n\nValid Actions: ")[0] == (
+            f"[Step 0 Observation]\n[SubAgent Results]\n- SubAgent 0: {expected[0]}\n- SubAgent 1: {expected[1]}"
+        )
     assert deep.counterfactual_depth_refusal(None, 3, 3) == line
 
 
@@ -641,3 +645,73 @@ def test_rubric_stage_rubrics_read_the_textworld_tool_list():
         "[Step 0 Observation]\n[SubAgent Results]\n- SubAgent 0: a\n\nSelected branch: 0; counterfactual "
         "branches collected: 2.\n\nValid Actions: "
     )
+
+
+class _DelegatesOnce:
+    """A policy: every agent's first act call delegates ``n`` goals in one ``<delegate>`` block, its second
+    finishes; rubric and score calls are valid JSON."""
+
+    def __init__(self, n: int = 1):
+        from common.policy.scripted import rubric_json, score_json
+
+        self.n, self.rubric, self.score = n, rubric_json("goal"), score_json
+        self.name, self.trainable = "delegates-once", False
+
+    async def generate(self, request):
+        from common.policy.base import Completion
+
+        if request.role == "rubric":
+            text = self.rubric
+        elif request.role == "score":
+            text = self.score(bool(request.meta.get("child_success")))
+        elif request.meta["step"] == 0:
+            goals = [{"goal": "Prepare and eat dish_1", "max_steps": 2} for _ in range(self.n)]
+            text = f"<delegate>{json.dumps({'delegations': goals})}</delegate>"
+        else:
+            text = "<finish>done</finish>"
+        return Completion(text=text, prompt_ids=[1], output_ids=[2], logprobs=[-0.1])
+
+    async def aclose(self):
+        pass
+
+
+def test_rubric_stage_runtime_refusals_follow_the_branch_the_agent_runs_under():
+    """The runtime's ``--max-depth`` (1) refuses the depth-1 agents' launches. Under a counterfactual branch
+    at that depth (environment budget 16, K=2: the root's launch forms a group) it is the public collector's
+    text; for ordinary children (budget 1: no group forms) it is the step-budget tracker's, as public
+    ``launch_subagent_default`` (audit 2026-12-06 N3)."""
+    from common.agent.runtime import RuntimeConfig, run_root
+
+    collector = "- SubAgent 0: Cannot launch subagent beyond max_subagent_depth=1."
+    tracker = "- SubAgent 0: Not enough budget to launch subagent for goal Prepare and eat dish_1."
+    for budget, branch in ((16, True), (1, False)):
+        cfg = RuntimeConfig(
+            max_steps=4, max_depth=1, temperature=0.0, counterfactual_k=2, max_envs_per_rollout=budget
+        )
+        tree = asyncio.run(run_root(make_task(TWO), TRAIN, _DelegatesOnce(), cfg))
+        kids = [n for n in tree.nodes.values() if n.depth == 1]
+        assert kids and all((n.branch_group is not None) == branch for n in kids)
+        for n in kids:
+            seen = n.steps[0].observation
+            assert n.steps[0].refused_launches == 1
+            assert (collector in seen, tracker in seen) == (branch, not branch), seen
+
+
+@pytest.mark.parametrize("bounds, ran", [((10, 200), 10), ((0, 0), 12)])
+def test_textworld_launch_bounds_default_and_paper(bounds, ran):
+    """One ``<delegate>`` block with 12 delegations. Public TextWorld gathers every one (no bound: what
+    ``--paper`` sets, ``0``); the default profile's ``--max-launches-per-step 10`` runs 10 and refuses 2 with
+    ``launch_limit.txt`` (ours, listed in the run's departures; audit 2026-12-06 N4)."""
+    from dataclasses import replace
+
+    from common.agent.runtime import RuntimeConfig, run_root
+
+    per_step, per_tree = bounds
+    cfg = RuntimeConfig(max_steps=3, max_depth=1, temperature=0.0)
+    cfg = replace(cfg, max_launches_per_step=per_step, max_agents_per_tree=per_tree)
+    tree = asyncio.run(run_root(make_task(TWO), TRAIN, _DelegatesOnce(12), cfg))
+    assert len([n for n in tree.nodes.values() if n.depth == 1]) == ran
+    step = tree.root.steps[0]
+    assert step.refused_launches == 12 - ran
+    refused = "Launch refused: this agent already launched 10 sub-agents in this step"
+    assert (refused in step.observation) == (ran < 12)

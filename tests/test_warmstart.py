@@ -393,6 +393,22 @@ def test_the_shipped_smollm2_adapter_is_whole_and_auto_picks_it():
     assert resolve_init("auto", "smollm2", "textworld").adapter is None  # made for TextCraft only
 
 
+def test_the_shipped_adapter_says_which_prompt_texts_it_was_trained_on():
+    """Issue #50.5: the adapter was made at e6a7e34 (2026-12-03), before the prompt changes of #36 and #50, so
+    its docs and the run's [init] line name the commit of its texts instead of passing it off as current."""
+    from common.policy.warmstart import PROVENANCE
+
+    d = shipped_root() / SHIPPED
+    commit = json.loads((d / PROVENANCE).read_text())["commit"][:7]
+    assert commit == "e6a7e34"
+    assert f"on the prompt texts of commit {commit}" in resolve_init("auto", "smollm2", "textcraft").line()
+    readme = (d / "README.md").read_text()
+    assert f"the prompt layout of 2026-12-03 (commit `{commit}`), not today's" in readme
+    for doc in (ROOT / "README.md", ROOT / "docs" / "FIDELITY.md", ROOT / "docs" / "fidelity" / "sft.md"):
+        text = doc.read_text()
+        assert "9/32" in text and commit in text, doc  # the number, with the texts it was measured on
+
+
 def test_a_reply_ends_at_the_start_of_another_chatml_turn():
     """The shipped adapter ends its rubric and score replies with ``<|im_start|>`` (id 1; docs/fidelity/sft.md):
     the hf engine stops there as at ``<|im_end|>``, instead of writing a made-up next turn to the cap."""

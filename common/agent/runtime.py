@@ -113,7 +113,8 @@ RUNTIME_TEMPLATES |= {
 """Texts of a Rubric-stage rollout (public ``CounterfactualCollector``): ``branch_exhausted``, the committed
 branch's message when it used its whole step budget without finishing (platoon ``halt_episode``'s error
 message); ``branch_completed``, when it ended otherwise without a message or an error; ``branch_depth_refusal``,
-what a launch past ``max_depth`` returns in a Rubric-stage rollout (:meth:`_Rollout.refusal_at_depth`)."""
+what a launch past ``max_depth`` returns in a Rubric-stage rollout when the branch the agent runs under is at
+the limit (:meth:`_Rollout.refusal_at_depth`)."""
 
 
 @dataclass
@@ -167,27 +168,34 @@ class RuntimeConfig:
     """A directory of prompt templates replacing the packaged rubric/score ones (``--prompts DIR``)."""
     seed: int = 0
     """Base seed passed to the policy per call (combined with the node id and step)."""
-    step_timeout_s: float = 300.0
+    # Public: platoon's run_episode puts each agent.act and env.step under asyncio.wait_for(timeout=...); its
+    # 300 s default is overridden by every SERA caller with the configs' step_timeout: 1800
+    # (Training/configs/textcraft.yaml, textworld.yaml; the TextCraft evaluator's step_timeout = 1800; sera.sh
+    # gives rubric and score calls 1800 s), inside the rollout's timeout: 3600 (tree_timeout_s).
+    step_timeout_s: float = 1800.0
     """Deadline of every model call (act, rubric, score) and of every environment step of an agent, the
-    children it launches in that step included (public platoon ``run_episode(timeout=300)``: each
-    ``agent.act`` and ``env.step`` under ``asyncio.wait_for``). A step past it ends that agent with an error
-    (reward 0); the call is cancelled (an engine aborts the request)."""
+    children it launches in that step included (the public configs' 1,800 s). A step past it ends that agent
+    with an error (reward 0), its call cancelled, and the console says so in a ``[deadline]`` line. It is
+    there to end hangs: on a slow machine raise it rather than lower it."""
     tree_timeout_s: float = 3600.0
-    """Deadline of one root rollout (the paper's 3,600 s per rollout): past it the whole tree is cancelled
-    and recorded with ``meta["deadline"]``; a training round drops and replaces its task group."""
+    """Deadline of one root rollout (the public configs' ``timeout: 3600``; as there, two 1,800 s steps can
+    fill it): past it the whole tree is cancelled and recorded with ``meta["deadline"]``; a training round
+    drops and replaces its task group."""
     group_timeout_s: float = 3600.0
     """Deadline of one task group's rollouts in training (the paper's 3,600 s per group): every tree of the
     group still running then is cancelled (``meta["deadline"] = "group"``) and the group is replaced."""
     cancel_grace_s: float = 30.0
     """After a tree's deadline, how long its cancelled agents get to wind down (the paper's 30 s grace)."""
     max_launches_per_step: int = 10
-    """Launches one agent may make in one step (one CodeAct cell); past it a launch is refused with a
-    message, as at the depth limit. Ours: the public code has no such bound (a cell looping on
-    ``launch_subagent`` ran 300 children); the paper's tasks need at most a few per step."""
+    """Launches one agent may make in one step (one CodeAct cell, one TextWorld ``<delegate>`` block); past
+    it a launch is refused with a message, as at the depth limit. 0: no bound (the public code has none, and
+    ``--paper`` sets 0). Ours, a departure listed in every run's ``departures``: a cell looping on
+    ``launch_subagent`` ran 300 children; the paper's tasks need at most a few per step."""
     max_agents_per_tree: int = 200
     """Agents (nodes) one root rollout may create, every branch and candidate counted; past it a launch is
-    refused with a message. Ours (the public code has none): bounds a tree that delegates at every step
-    of every agent (3 launches per step at depth 3 made 820 agents)."""
+    refused with a message. 0: no bound (the public code has none; ``--paper`` sets 0). Ours, a departure:
+    bounds a tree that delegates at every step of every agent (3 launches per step at depth 3 made 820
+    agents)."""
 
     def __post_init__(self) -> None:
         from common.config import check_choices, check_ranges
@@ -216,8 +224,8 @@ class RuntimeConfig:
                 ("selection_rubric_temperature", self.selection_rubric_temperature, 0),
                 ("selection_score_max_new_tokens", self.selection_score_max_new_tokens, 1),
                 ("cancel_grace_s", self.cancel_grace_s, 0),
-                ("max_launches_per_step", self.max_launches_per_step, 1),
-                ("max_agents_per_tree", self.max_agents_per_tree, 1),
+                ("max_launches_per_step", self.max_launches_per_step, 0),
+                ("max_agents_per_tree", self.max_agents_per_tree, 0),
             ],
             positives=[
                 (n, getattr(self, n)) for n in ("step_timeout_s", "tree_timeout_s", "group_timeout_s")
@@ -518,6 +526,10 @@ class _Rollout:
             world, parent.session, request, node.node_id, self.launch_hook(st)
         )
         st.session.counterfactual_rollout = self.cfg.counterfactual_k > 1
+        # public current_branch: a counterfactual branch runs at its own depth; an ordinary child (launched
+        # once the environment budget is spent) keeps the depth of the branch (or root) it runs under
+        counterfactual = self.cfg.counterfactual_k > 1 and node.branch_group is not None
+        st.session.branch_depth = node.depth if counterfactual else getattr(parent.session, "branch_depth", 0)
         return st
 
     # ---- rubrics and scores --------------------------------------------------------------------
@@ -564,12 +576,17 @@ class _Rollout:
 
     def refusal_at_depth(self, parent: _AgentState) -> Callable[[LaunchRequest, int, int], str] | None:
         """How a launch past ``max_depth`` is refused: ``(request, depth, max_depth) -> text``. The
-        environment's own ``session.depth_refusal`` in Execution- and Delegation-stage rollouts. In a
-        Rubric-stage rollout (``counterfactual_k > 1``) every launch goes through the public
-        ``CounterfactualCollector``, which refuses with its own text: the session's
-        ``counterfactual_depth_refusal`` when it has one (public TextWorld ``textworld_two_stage_rollout.py``),
-        else ``branch_depth_refusal.txt`` (public TextCraft ``counterfactual.py``)."""
-        if self.cfg.counterfactual_k <= 1:
+        environment's own ``session.depth_refusal`` (public: the step-budget tracker's ``Not enough budget
+        to launch subagent ...``), except in a Rubric-stage rollout (``counterfactual_k > 1``) when the
+        depth of the branch the agent runs under (``session.branch_depth``, public ``current_branch``: the
+        root's 0 or a counterfactual branch's own depth; an ordinary child keeps its parent's) has reached
+        ``max_depth``: every launch first reaches the public ``CounterfactualCollector``, which then refuses
+        with its own text, the session's ``counterfactual_depth_refusal`` when it has one (public TextWorld
+        ``textworld_two_stage_rollout.py``), else ``branch_depth_refusal.txt`` (public TextCraft
+        ``counterfactual.py``). An ordinary agent deeper than its branch passes the collector's check (its
+        launch falls through to ``launch_subagent_default``) and meets the tracker's refusal."""
+        branch_depth = getattr(parent.session, "branch_depth", 0)
+        if self.cfg.counterfactual_k <= 1 or branch_depth + 1 <= self.cfg.max_depth:
             return getattr(parent.session, "depth_refusal", None)
         own = getattr(parent.session, "counterfactual_depth_refusal", None)
         text = self.texts["branch_depth_refusal"]
@@ -768,7 +785,8 @@ class _Rollout:
             if limit is not None:
                 parent.refused += 1
                 self.tree.meta["refused_by_bound"] = self.tree.meta.get("refused_by_bound", 0) + 1
-                if parent.attempts > 2 * self.cfg.max_launches_per_step:  # a loop: stop it where it runs
+                cap = self.cfg.max_launches_per_step  # 0: no per-step bound (the tree bound refused)
+                if cap and parent.attempts > 2 * cap:  # a loop: stop it where it runs
                     raise LaunchBoundError(limit)
                 return ChildResult(request=request, returned=False, refused=True, error=limit)
             if parent.node.depth + 1 > self.cfg.max_depth:
@@ -806,10 +824,11 @@ class _Rollout:
 
     def launch_limit(self, parent: _AgentState) -> str | None:
         """The refusal text when a launch passes ``max_launches_per_step`` or ``max_agents_per_tree``
-        (``launch_limit.txt``), else None."""
-        if parent.attempts > self.cfg.max_launches_per_step:
-            what = f"this agent already launched {self.cfg.max_launches_per_step} sub-agents in this step"
-        elif len(self.tree.nodes) >= self.cfg.max_agents_per_tree:
+        (``launch_limit.txt``), else None (always None with both at 0, the public form)."""
+        per_step, per_tree = self.cfg.max_launches_per_step, self.cfg.max_agents_per_tree  # 0: no bound
+        if per_step and parent.attempts > per_step:
+            what = f"this agent already launched {per_step} sub-agents in this step"
+        elif per_tree and len(self.tree.nodes) >= per_tree:
             what = f"this task already has {self.cfg.max_agents_per_tree} agents"
         else:
             return None

@@ -117,6 +117,11 @@ class AgentSession(ABC):
     counterfactual_rollout: bool = False
     """Set by the runtime on every session of a Rubric-stage rollout (``counterfactual_k > 1``): there every
     launch goes through the public ``CounterfactualCollector``, whose texts (e.g. its depth refusal) apply."""
+    branch_depth: int = 0
+    """The depth of the counterfactual branch this agent runs under (public ``current_branch.depth``), set
+    by the runtime: 0 for the root, a branch agent's own depth, an ordinary child's parent's value. The
+    collector refuses a launch past the depth limit only when this depth has reached it; any other agent at
+    the limit gets the environment's ordinary (step-budget tracker's) refusal."""
 
     @abstractmethod
     def system_prompt(self) -> str:

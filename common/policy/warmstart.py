@@ -133,8 +133,10 @@ class InitWeights:
         info = self.info or {}
         where = f"shipped {Path(self.adapter).name}" if self.shipped else self.adapter
         made = f"LoRA r{info.get('lora_rank')}, {info.get('sft_steps')} SFT steps"
-        held = (self.provenance or {}).get("held_out", {}).get("summary")
-        held = f"; held-out {held}" if held else ""
+        prov = self.provenance or {}
+        held = prov.get("held_out", {}).get("summary")
+        when = f" on the prompt texts of commit {prov['commit'][:7]}" if prov.get("commit") else ""
+        held = f"; held-out {held}{when}" if held else ""
         return f"[init] weights: {self.model} + warm-start adapter {where} ({made}{held}; merged at load)"
 
     def record(self) -> dict[str, Any]:

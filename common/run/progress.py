@@ -42,6 +42,41 @@ class LiveStats:
     """Where :meth:`CountingPolicy.report_stuck` appends (the training loops: ``RUN/stuck_calls.jsonl``)."""
     policy: Any = None
     """The :class:`CountingPolicy` counting into these stats (the heartbeat asks it about the engine)."""
+    deadlines: list[str] = field(default_factory=list)
+    """What each deadline that fired since :meth:`deadline_line` last spoke said (``TASK: step 1 of node 0
+    past 1800 s``, ``TASK: act call of node 0.1 past 1800 s``, ``TASK: tree past its deadline (3600 s)``)."""
+
+    def deadline_line(self) -> str | None:
+        """One console line for the deadlines that cut work since the last call (then forgotten), naming each
+        deadline and the option that raises it; None when none fired. A cut step ends its agent (reward 0)
+        and a cut tree drops its task group, so a slow machine's round can lose its data to them.
+
+        >>> s = LiveStats(deadlines=["t1: step 1 of node 0 past 1800 s", "t2: tree past its deadline (3600 s)"])
+        >>> print(s.deadline_line())
+        [deadline] 1 agent cut by the step deadline (1800 s, --step-timeout-s): t1: step 1 of node 0 past 1800 s; each ended with an error and reward 0; 1 tree cut by the tree or group deadline (--tree-timeout-s, --group-timeout-s): t2: tree past its deadline (3600 s); its task group is dropped and replaced. On a slow or shared machine raise --step-timeout-s and --tree-timeout-s / --group-timeout-s.
+        >>> s.deadline_line() is None
+        True
+        """
+        fired, self.deadlines = self.deadlines, []
+        if not fired:
+            return None
+        trees = [r for r in fired if "tree past its deadline" in r]
+        steps = [r for r in fired if "tree past its deadline" not in r]
+        parts = []
+        if steps:
+            limit = steps[0].rsplit(" past ", 1)[-1]
+            parts.append(
+                f"{len(steps)} agent{'s' if len(steps) > 1 else ''} cut by the step deadline ({limit}, "
+                f"--step-timeout-s): {steps[0]}; each ended with an error and reward 0"
+            )
+        if trees:
+            parts.append(
+                f"{len(trees)} tree{'s' if len(trees) > 1 else ''} cut by the tree or group deadline "
+                f"(--tree-timeout-s, --group-timeout-s): {trees[0]}; its task group is dropped and replaced"
+            )
+        options = (("--step-timeout-s", steps), ("--tree-timeout-s / --group-timeout-s", trees))
+        flags = " and ".join(f for f, hit in options if hit)
+        return f"[deadline] {'; '.join(parts)}. On a slow or shared machine raise {flags}."
 
     def reset(self) -> None:
         self.calls, self.tokens, self.t0 = 0, 0, time.perf_counter()
@@ -118,6 +153,8 @@ class CountingPolicy(Policy):
         and one per 60 s for the heartbeat's slow calls."""
         now = time.perf_counter()
         beat = reason.startswith("heartbeat")
+        if not beat:
+            self.stats.deadlines.append(reason)  # the console says so (RunProgress: LiveStats.deadline_line)
         if self.stats.stuck_path is None or now - self._last_dump.get(beat, -1e9) < (60.0 if beat else 10.0):
             return
         self._last_dump[beat] = now
@@ -196,7 +233,9 @@ class RunProgress:
         self.task = self.bar.add_task(label, total=total, completed=done, phase="")
 
     def phase(self, text: str) -> None:
-        """What the loop is doing now (``execution rollouts``, ``training``)."""
+        """What the loop is doing now (``execution rollouts``, ``training``). First, a line for every deadline
+        that cut work in the phase before (:meth:`LiveStats.deadline_line`)."""
+        self.say_deadlines()
         if text.endswith("rollouts"):
             self.stats.reset()
         self.phase_text, self.phase_t0 = text, time.perf_counter()
@@ -224,7 +263,14 @@ class RunProgress:
                 except Exception:  # noqa: BLE001 - a diagnostic never ends a run
                     pass
 
+    def say_deadlines(self) -> None:
+        """Print :meth:`LiveStats.deadline_line` when a deadline fired since it last spoke."""
+        line = self.stats.deadline_line()
+        if line:
+            self.log(line)
+
     def close(self) -> None:
+        self.say_deadlines()
         self._stop.set()
         if self.bar is not None:
             self.bar.stop()

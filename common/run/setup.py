@@ -193,7 +193,8 @@ def _flat_value(cfg: TrainConfig, key: str) -> Any:
 def paper_departures(cfg: TrainConfig) -> list[str]:
     """Every setting of this run that differs from the paper's, one ``--option: VALUE (paper: P)`` each: the
     stability knobs (``--stage-grad-clip``, ``--depth-weight-cap``, ``--lora-rank``), the optimizer's
-    values, the model and warm start, the stage schedule and the paper's sizes (:func:`paper_profile`).
+    values, the model and warm start, the stage schedule, the paper's sizes, deadlines and (absent) launch
+    bounds (:func:`paper_profile`).
     Written to ``config.json`` ("departures") and printed when a run starts, so a result is always read
     beside what it departs from.
 
@@ -203,6 +204,10 @@ def paper_departures(cfg: TrainConfig) -> list[str]:
     []
     >>> paper_departures(TrainConfig.make(**{**paper, "lr": 1e-5, "lora_rank": 8, "steps": 60}))
     ['--lr: 1e-05 (paper: 3e-06)', '--lora-rank: 8 (paper: 0, every weight trains)', '--steps: 60 (paper: 250)']
+    >>> [d for d in paper_departures(TrainConfig.make(model="tiny")) if "timeout" in d or "bound" in d]
+    ['--max-launches-per-step: 10 (paper: 0, no bound: ours, against runaway launch loops)', '--max-agents-per-tree: 200 (paper: 0, no bound: ours, against trees that delegate at every step)']
+    >>> paper_departures(TrainConfig.make(**{**paper, "step_timeout_s": 300.0}))
+    ['--step-timeout-s: 300.0 (paper: 1800.0, public step_timeout)']
     """
     from common.train_config import OptimConfig, paper_profile
 
@@ -228,10 +233,16 @@ def paper_departures(cfg: TrainConfig) -> list[str]:
         out.append(f"--schedule: {cfg.schedule} (paper: {preset.schedule})")
     if cfg.tasks:  # a task file replaces the generated pool (--difficulty, --n-tasks do not apply)
         out.append(f"--tasks: {cfg.tasks} (paper: its training mix)")
+    notes = {
+        "max_launches_per_step": ", no bound: ours, against runaway launch loops",
+        "max_agents_per_tree": ", no bound: ours, against trees that delegate at every step",
+        "step_timeout_s": ", public step_timeout",
+        "tree_timeout_s": ", public timeout",
+    }
     for key, paper in paper_profile(cfg.env).items():
         if key == "dtype" or (cfg.tasks and key in ("difficulty", "n_tasks")):
             continue  # dtype: resolved per machine (bf16 where the hardware computes it)
-        differ(key, paper)
+        differ(key, paper, notes.get(key, ""))
     return out
 
 

@@ -121,15 +121,22 @@ def parse_codeact_reply(text: str) -> ParsedReply:
 
 
 def shown_output(stdout: str) -> str:
-    """The cell's stdout as platoon's ``IPythonCodeExecutor.run`` hands it to the observation: when the
-    capture starts with ``Out[`` (the last expression's value was the first thing written), it keeps
-    ``"".join(stdout.split(":")[1:])``, i.e. drops the ``Out[1]`` prompt AND every other colon of the
-    whole output. A public quirk, reproduced because the paper's models read (and were trained on) it.
+    """The cell's stdout as SERA's vendored platoon (``Runtime/vendor/platoon/envs/codeact/env.py:
+    IPythonCodeExecutor.run``, the file both its training and its evaluation import) hands it to the
+    observation: when the capture starts with ``Out[`` (the last expression's value was the first thing
+    written), it keeps ``stdout.split(":", 1)[1].lstrip()``: the ``Out[N]:`` prompt goes, with the blank
+    after it (and the newline IPython puts before a multi-line value); every later colon stays. (Other
+    platoon revisions join ``split(":")[1:]``, dropping every colon; SERA's copy replaced that.) A capture
+    that starts with ``Out[`` but has no colon at all is kept as it is (the public line would raise).
 
     >>> shown_output("Out[1]: {'plank': 4}\\n"), shown_output("hi\\nOut[1]: {'plank': 4}\\n")
-    (" {'plank' 4}\\n", "hi\\nOut[1]: {'plank': 4}\\n")
+    ("{'plank': 4}\\n", "hi\\nOut[1]: {'plank': 4}\\n")
+    >>> shown_output("Out[3]: \\n['a: 1',\\n 'b: 2']\\n")
+    "['a: 1',\\n 'b: 2']\\n"
     """
-    return "".join(stdout.split(":")[1:]) if stdout.startswith("Out[") else stdout
+    if not stdout.startswith("Out[") or ":" not in stdout:
+        return stdout
+    return stdout.split(":", 1)[1].lstrip()
 
 
 def cell_slots(result: CellResult) -> tuple[str, str]:

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from common.envs.base import (
@@ -278,6 +279,17 @@ class SyncSession(AgentSession):
         return self.finished
 
     # ---- delegation ------------------------------------------------------------------------------
+    @property
+    def depth_refusal(self) -> Callable[[LaunchRequest, int, int], str] | None:
+        """Training: a launch the runtime's ``--max-depth`` refuses reads as the step-budget tracker's
+        ``Not enough budget to launch subagent for goal ...`` (``train_depth_refusal.txt``), as one this
+        session refuses itself; evaluation: None (the runtime's own text)."""
+        if not self.training:
+            return None
+        return lambda request, depth, max_depth: self.prompts.train_depth_refusal(
+            request.goal, depth, max_depth
+        )
+
     def counterfactual_depth_refusal(self, request: LaunchRequest | None, depth: int, max_depth: int) -> str:
         """A launch past ``max_depth`` in a Rubric-stage rollout (public ``textworld_two_stage_rollout.py``:
         ``Cannot launch subagent beyond max_subagent_depth={m}.``; ``train_branch_depth_refusal.txt``); the
@@ -292,7 +304,9 @@ class SyncSession(AgentSession):
         if self.training and self.allow_subagents and self.depth >= self.max_depth:
             info["rejected"] = True  # public training: each launch returns the tracker's depth message
             self.env_observation, self.env_infos = self.world.observe_with_infos(self.agent_id)
-            if self.counterfactual_rollout:  # Rubric stage: the public collector's own refusal
+            # Rubric stage: the public collector refuses first, when the branch this agent runs under has
+            # reached the limit (the root, a branch agent); an ordinary child gets the tracker's text
+            if self.counterfactual_rollout and self.branch_depth >= self.max_depth:
                 refusals = [self.counterfactual_depth_refusal(None, self.depth, self.max_depth)] * len(
                     delegations
                 )

@@ -8,6 +8,7 @@
 | `metrics.py`    | the metrics line (the same names in every tier), metrics.jsonl, TensorBoard, plots |
 | `progress.py`   | a live display inside a step (agents, model calls, tokens/s) and the step bar     |
 | `memory.py`     | what a run gives back between rollouts and training (malloc_trim), its peak RSS       |
+| `trainer_memory.py` | a training step's GPU memory estimated, the row length and checkpointing that fit a budget; mem/gpu_* |
 | `checkpoint.py` | the checkpoint interface (torch.save here; level 2 plugs in torch.distributed.checkpoint) |
 | `entry.py`      | a tier's own entry point (`python -m level1_batched.train`) runs the `sera` command as a program |
 

@@ -15,12 +15,13 @@
       rubric writer sees only what the parent saw: its prompt messages at the delegating step, its
       delegating reply, and its own view of the environment (``AgentSession.visible_state()``, by
       default the parent's last observation) - never ``World.describe()``. That chat is built before the
-      child starts; the call is in flight while the child runs (the child never sees the rubric),
+      child starts; the call is in flight while the child runs (the child never sees the rubric), and the
+      child's result goes back to its parent without waiting for it,
    c. runs the child agent on the same live world with its own step budget (recursively),
    d. asks the policy to score the finished child against the frozen rubric (fresh chat, greedy; the
       payload holds the child's trajectory and the child's own final view of the environment, both taken
-      when the child ends); the score call runs while the parent goes on, and the tree waits for every
-      score before it ends (``_Rollout.defer`` / ``drain``),
+      when the child ends); the score call (once the rubric is frozen) runs while the parent goes on, and
+      the tree waits for every score before it ends (``_Rollout.defer`` / ``drain``),
    e. returns the child's result to the parent's session, which turns it into text.
 3. Counterfactual branches (Rubric-stage rollouts, ``counterfactual_k > 1``), as the public
    ``CounterfactualCollector``: at a delegation the live world is snapshotted and ALL K branches of the
@@ -680,10 +681,7 @@ class _Rollout:
         if not self.cfg.use_rubrics:
             await work
             return None
-        messages = self.rubric_messages(parent, request)
-        rubric = asyncio.ensure_future(
-            self.rubric_call(messages, parent.session, request, node, self.cfg.rubric_temperature)
-        )
+        rubric = self.start_rubric(parent, request, node)
         try:
             await asyncio.sleep(0)  # the rubric call goes out first, then the child's first act call
             await work
@@ -692,6 +690,14 @@ class _Rollout:
             if not rubric.done():  # the child failed or was cancelled: so is its rubric
                 rubric.cancel()
                 await asyncio.gather(rubric, return_exceptions=True)
+
+    def start_rubric(self, parent: _AgentState, request: LaunchRequest, node: Node) -> asyncio.Future:
+        """The rubric call of ``node`` as a task, its chat built now from the parent's view (before the child
+        starts); the task's result is the frozen :class:`Rubric` or None."""
+        messages = self.rubric_messages(parent, request)
+        return asyncio.ensure_future(
+            self.rubric_call(messages, parent.session, request, node, self.cfg.rubric_temperature)
+        )
 
     def defer(self, node: Node, work: Awaitable[None]) -> None:
         """Start ``work`` (a score call whose chat is already built) and go on: the parent continues while
@@ -718,20 +724,23 @@ class _Rollout:
                 await asyncio.gather(*self.pending, return_exceptions=True)
             self.pending.clear()
 
+    def score_view(
+        self, request: LaunchRequest, child: _AgentState, max_new_tokens: int, stage: str
+    ) -> Callable[[Rubric], list[dict[str, str]]]:
+        """What the scorer sees of the finished ``child``, taken NOW (its trajectory and its own final view of
+        the environment, which the parent's next steps may change): a function of the rubric that builds
+        the scorer's chat."""
+        traj_chars, field_chars = score_budget(self.prompt_cap(max_new_tokens))
+        task = child.task_text or request.goal
+        payload = trajectory_payload(child.node, traj_chars, field_chars, task_goal=task)
+        state = self.final_state(child, stage)
+        return lambda rubric: build_score_messages(rubric, task, payload, state, self.cfg.prompts_dir, field_chars)
+
     def score_messages(
         self, rubric: Rubric, request: LaunchRequest, child: _AgentState, max_new_tokens: int, stage: str
     ) -> list[dict[str, str]]:
-        """The scorer's chat for the finished ``child``, built NOW (its trajectory and its own final view)."""
-        traj_chars, field_chars = score_budget(self.prompt_cap(max_new_tokens))
-        task = child.task_text or request.goal
-        return build_score_messages(
-            rubric,
-            task,
-            trajectory_payload(child.node, traj_chars, field_chars, task_goal=task),
-            self.final_state(child, stage),
-            self.cfg.prompts_dir,
-            field_chars,
-        )
+        """The scorer's chat for the finished ``child``, built now (:meth:`score_view`)."""
+        return self.score_view(request, child, max_new_tokens, stage)(rubric)
 
     async def score_child(
         self,
@@ -838,15 +847,32 @@ class _Rollout:
         node = self.new_child_node(parent, request)
         parent.launched.append(node.node_id)
         child = self.start_child(parent, node, request, parent.world, parent.in_branch)
-        # the rubric is written from the parent's view while the child runs (run_beside_rubric)
-        rubric = await self.run_beside_rubric(parent, request, node, self.run_agent(child))
-        if rubric is not None:  # scored against the frozen rubric while the parent goes on (drain waits)
-            tokens = self.cfg.score_max_new_tokens
-            messages = self.score_messages(rubric, request, child, tokens, "execution")
-            self.defer(node, self.score_child(rubric, request, child, tokens, "execution", messages))
-        elif not self.cfg.use_rubrics and self.judge is not programmatic_judge:  # RAO with --judge
-            node.branch_label = await self.judge(request, node, child.session, child.world)
-            self.tree.meta["judged_children"] = True
+        if not self.cfg.use_rubrics:  # RAO
+            await self.run_agent(child)
+            if self.judge is not programmatic_judge:  # RAO with --judge: the verdict is the child's reward
+                node.branch_label = await self.judge(request, node, child.session, child.world)
+                self.tree.meta["judged_children"] = True
+            return _result(request, node)
+        # The rubric is written from the parent's view while the child runs; the child's result goes back to
+        # the parent as soon as the child ends; the score call waits for the rubric and runs while the parent
+        # goes on (the tree drains it before it ends).
+        rubric = self.start_rubric(parent, request, node)
+        try:
+            await asyncio.sleep(0)  # the rubric call goes out first, then the child's first act call
+            await self.run_agent(child)
+        except BaseException:
+            rubric.cancel()
+            await asyncio.gather(rubric, return_exceptions=True)
+            raise
+        tokens = self.cfg.score_max_new_tokens
+        view = self.score_view(request, child, tokens, "execution")  # the child's end, as it is now
+
+        async def score_once_frozen() -> None:
+            frozen = await rubric
+            if frozen is not None:
+                await self.score_child(frozen, request, child, tokens, "execution", view(frozen))
+
+        self.defer(node, score_once_frozen())
         return _result(request, node)
 
     async def launch_counterfactual(self, parent: _AgentState, request: LaunchRequest, k: int) -> ChildResult:

@@ -18,7 +18,7 @@ MODULES = [
     "common.envs.textcraft.prompts",
     "common.policy.warmstart",
     "common.run.setup",
-    "common.run.evaluation",
+    "common.train_eval",
     "common.train_config",
     "level1_batched.vllm_engine",
 ]

@@ -51,10 +51,10 @@ from typing import Any
 
 import torch
 
+from common.memory import trim_memory_every
 from common.policy.base import Completion, GenerationRequest, SamplingParams
 from common.policy.engine import Engine, ListFeed, find_stop, prompt_for
 from common.policy.models import DEFAULT_MODEL, load_model
-from common.run.memory import trim_memory_every
 
 __all__ = ["HFPolicy", "find_stop", "named_tensors"]
 

@@ -566,14 +566,54 @@ eval_app = typer.Typer(
 app.add_typer(eval_app, name="eval")
 
 
+def _run_policy(cfg, given: Given):
+    """``--run RUN`` or ``--policy hf:RUN`` (a training run directory, or one of its checkpoints/step_N): the
+    config with ``--policy hf:RUN/export/step_N``, the checkpoint's model exported there first
+    (:mod:`common.run.export`); unchanged for any other policy."""
+    from dataclasses import replace
+
+    from common.run.export import export_run_model, find_run_checkpoint
+
+    if cfg.run and "policy" in given:
+        raise ValueError("give --run RUN or --policy, not both (--run evaluates the run's own model)")
+    target = cfg.run or (cfg.policy[3:] if cfg.policy.startswith("hf:") else "")
+    if not target:
+        return cfg
+    if cfg.run and not Path(cfg.run).exists():
+        raise FileNotFoundError(f"--run {cfg.run} does not exist")
+    ck = find_run_checkpoint(target)
+    if ck is None:
+        if cfg.run:
+            raise ValueError(
+                f"--run {cfg.run} is not a training run (no config.json of `sera train` or `sera sft` in it; "
+                "for a model directory use --policy hf:DIR)"
+            )
+        return cfg  # a model directory, an alias, an HF id
+    if "init_adapter" in given and cfg.init_adapter.strip().lower() not in ("auto", "none", ""):
+        raise ValueError(f"--init-adapter: {ck.run_dir}'s checkpoint already holds the weights it trained")
+    env = cfg.env if "env" in given else ck.config["env"]
+    out = cfg.out or str(ck.run_dir / "eval" / f"{Path(cfg.tasks).stem if cfg.tasks else 'paper_val'}_{ck.checkpoint.name}")
+    check_out_dir(Path(out))
+    dcp_loader = None
+    if ck.form == "dcp":
+        from level2_distributed.checkpoint import dcp_model_state as dcp_loader
+    console.print(f"[eval] run {ck.describe()}", highlight=False, markup=False, soft_wrap=True)
+    model_dir = export_run_model(ck, dcp_loader)
+    console.print(f"[eval] its model: {model_dir} (an HF model directory)", highlight=False, markup=False, soft_wrap=True)
+    return replace(cfg, run=str(ck.checkpoint), policy=f"hf:{model_dir}", init_adapter="none", env=env, out=out)
+
+
 def _eval(cfg, given: Given) -> None:
     from common.eval import ManifestMismatch, evaluate, render_markdown
 
-    out = check_out_dir(Path(cfg.out))
+    if cfg.out:
+        check_out_dir(Path(cfg.out))
     if cfg.tasks and not Path(cfg.tasks).exists():
         raise FileNotFoundError(f"task file {cfg.tasks} does not exist")
     if cfg.tasks and Path(cfg.tasks).is_dir():
         raise IsADirectoryError(f"--tasks {cfg.tasks} is a directory; give a task file (JSONL)")
+    cfg = _run_policy(cfg, given)  # --run RUN / --policy hf:RUN: the run's checkpoint, exported
+    out = check_out_dir(Path(cfg.out))
     check_extras(env=cfg.env, policy=cfg.policy, engine=cfg.engine)
     check_model_spec(cfg.policy)
     from common.eval import eval_init

@@ -15,6 +15,7 @@ MODULES = [
     "common.config",
     "common.templates",
     "common.run.metrics",
+    "common.run.progress",
     "common.envs.textcraft.prompts",
     "common.policy.warmstart",
     "common.run.setup",

@@ -277,3 +277,234 @@ def test_every_checkpoint_damaged_names_the_file_and_the_ways_on(tmp_path, capsy
     assert "every checkpoint in" in said and "step_000001" in said
     assert "another --out" in said and "--overwrite" in said
     assert f"mv {tmp_path / 'run' / 'checkpoints'} {tmp_path / 'run' / 'checkpoints.damaged'}" in said
+
+
+# ---- 3. a stop is never swallowed --------------------------------------------------------------------------
+def stop_at(args: list[str], ready, delay: float, sig: int, timeout: float = 240):
+    """Start ``sera ARGS``, wait for ``ready()``, then ``delay`` seconds, send ``sig``; the finished process
+    (a CompletedProcess) and the seconds from the signal to its end."""
+    import signal as signals
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sera", *args], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, preexec_fn=lambda: signals.signal(signals.SIGINT, signals.SIG_DFL),
+    )  # fmt: skip
+    t0 = time.time()
+    while not ready() and proc.poll() is None and time.time() - t0 < timeout:
+        time.sleep(0.05)
+    time.sleep(delay)
+    assert proc.poll() is None, proc.communicate()
+    sent = time.time()
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), time.time() - sent
+
+
+SIGNAL_DELAYS = (0.0, 0.6, 1.3, 2.1, 3.0, 4.2, 5.5, 7.0, 9.0, 11.5)
+"""Seconds after the run's config.json appears (the model is loaded, round 0 starts): the rollouts, the
+scoring, the training step, the checkpoint and the next round of the test model's run on a loaded CPU."""
+
+
+def test_a_kill_at_any_moment_of_a_round_stops_the_run_with_its_resume_line(tmp_path):
+    """SIGTERM (every other one SIGINT) at moments spread over the first rounds of a level-0 run: every time
+    exit 130 within seconds, the resume line last, nothing printed after it (no heartbeat, no "Exception
+    ignored"), and never a run that carried on to finish its steps."""
+    import signal as signals
+
+    slowest = 0.0
+    for i, delay in enumerate(SIGNAL_DELAYS):
+        out = tmp_path / f"run{i}"
+        args = ["train", *TINY_RUN, "--steps", "40", "--out", str(out)]
+        sig = signals.SIGINT if i % 3 == 2 else signals.SIGTERM
+        done, took = stop_at(args, lambda out=out: (out / "config.json").exists(), delay, sig)
+        said = done.stderr.strip().splitlines()
+        where = f"delay {delay} s, {sig.name}: rc {done.returncode}, {took:.1f} s\n{done.stderr[-2500:]}"
+        assert done.returncode == 130, where
+        assert said[-1].startswith("resume with: ") and said[-2].startswith("interrupted: "), where
+        assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, where
+        assert "[heartbeat]" not in done.stdout.split("interrupted:")[-1], where
+        assert "done:" not in done.stdout, where
+        slowest = max(slowest, took)
+    assert slowest < 15, slowest
+
+
+SWALLOWING = """
+import sys, time, weakref
+from sera.cli import interrupted, last_resort, stop_on_signals
+
+stop_on_signals()
+last_resort(lambda: "nothing", lambda: "sera train --resume")
+
+
+class Thing:
+    pass
+
+
+def busy_callback(ref):  # the main thread spends nearly all its time in weakref callbacks, where Python
+    t = time.perf_counter()  # prints an exception raised in them ("Exception ignored in ...") and carries on
+    while time.perf_counter() - t < 0.05:
+        pass
+
+
+print("ready", flush=True)
+try:
+    end = time.time() + float(sys.argv[1])
+    while time.time() < end:
+        thing = Thing()
+        ref = weakref.ref(thing, busy_callback)
+        del thing
+    print("finished", flush=True)
+except KeyboardInterrupt:
+    try:
+        interrupted("nothing", "sera train --resume")
+    except BaseException as e:
+        raise SystemExit(getattr(e, "exit_code", 1))
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_swallowed_by_a_weakref_callback_is_raised_again(sig, tmp_path):
+    """A loop that spends its time in weakref callbacks (where the audit's swallowed KeyboardInterrupt
+    landed): the first KeyboardInterrupt is lost there, the watchdog interrupts again until one lands, or
+    ends the process itself with the resume line. Before #52: "Exception ignored ... KeyboardInterrupt",
+    then "finished", exit 0."""
+    import signal as signals
+    import time
+
+    script = tmp_path / "swallow.py"
+    script.write_text(SWALLOWING)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "60"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, preexec_fn=lambda: signals.signal(signals.SIGINT, signals.SIG_DFL),
+    )  # fmt: skip
+    assert proc.stdout.readline() == "ready\n"
+    time.sleep(1.0)
+    sent = time.time()
+    proc.send_signal(getattr(signals, sig))
+    stdout, stderr = proc.communicate(timeout=120)
+    took = time.time() - sent
+    assert proc.returncode == 130 and "finished" not in stdout, (proc.returncode, stdout, stderr[-2000:])
+    assert stderr.strip().splitlines()[-1] == "resume with: sera train --resume", stderr[-2000:]
+    assert took < 20, took
+
+
+def test_the_engine_stops_decoding_a_call_nobody_waits_for():
+    """A call cut by its deadline (its caller cancelled) leaves the running batch at the next step instead of
+    decoding to its token limit: an eval that printed its report kept a core busy for 2 minutes (issue #52)."""
+    import asyncio
+
+    from common.policy.base import GenerationRequest, SamplingParams
+    from common.policy.hf import HFPolicy
+
+    pol = HFPolicy("tiny", dtype="float32", device="cpu", max_batch_size=8, max_wait_ms=5)
+
+    def req(n: int) -> GenerationRequest:  # no EOS stop: the tiny model decodes to the limit
+        return GenerationRequest(messages=[{"role": "user", "content": "go"}],
+                                 sampling=SamplingParams(max_new_tokens=n, temperature=0.0, stop=()))  # fmt: skip
+
+    async def main() -> int:
+        short = asyncio.ensure_future(pol.generate(req(8)))
+        cut = asyncio.ensure_future(pol.generate(req(4000)))
+        await short
+        cut.cancel()  # what a deadline does to the call
+        for _ in range(600):  # the engine's thread ends its batch
+            await asyncio.sleep(0.05)
+            if not pol.queue._executor._work_queue.qsize() and pol._lock.acquire(blocking=False):
+                pol._lock.release()
+                break
+        return len(short.result().output_ids)
+
+    assert asyncio.run(main()) <= 8
+    assert pol.stats["generated_tokens"] < 400, pol.stats  # not 4,000 for the cut call
+
+
+def test_a_stop_request_ends_the_engines_batch_and_every_call_in_it():
+    """Ctrl-C / kill: the engine's thread hands every caller :class:`common.stop.Stopped` at its next step and
+    decodes nothing more (the process ends when it says it does)."""
+    import asyncio
+
+    from common import stop
+    from common.policy.base import GenerationRequest, SamplingParams
+    from common.policy.hf import HFPolicy
+
+    pol = HFPolicy("tiny", dtype="float32", device="cpu", max_batch_size=8, max_wait_ms=5)
+    long = GenerationRequest(messages=[{"role": "user", "content": "go"}],
+                             sampling=SamplingParams(max_new_tokens=4000, temperature=0.0, stop=()))  # fmt: skip
+
+    async def main():
+        calls = [asyncio.ensure_future(pol.generate(long)) for _ in range(3)]
+        while pol.stats["generated_tokens"] < 30:
+            await asyncio.sleep(0.02)
+        stop.request()
+        stop.acknowledge()  # as the CLI does: nothing is raised into this loop, the calls end on their own
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        stop.reset()
+    assert all(isinstance(r, stop.Stopped) for r in results), results
+    assert pol.stats["generated_tokens"] < 400, pol.stats
+
+
+# ---- 7. what a user reads ----------------------------------------------------------------------------------
+def test_curves_draw_a_round_without_an_update_as_a_gap_with_a_legend(tmp_path):
+    """curves.png against the round: a round without an optimizer step is no zero loss (a gap in the
+    training panels, a hollow marker in the rollout ones), never a vertical line at one step; a legend says
+    which marker is which."""
+    import math
+
+    from common.run.metrics import NO_UPDATE, curve_points, plot_curves
+
+    rows = [
+        {"round": 0, "step": 0, "reward/root_success": 0.5, "loss/cispo": 0.2, "grad_norm": 1.5},
+        {"round": 1, "step": 1, "reward/root_success": 0.0, **NO_UPDATE},
+        {"round": 2, "step": 1, "reward/root_success": 0.25, "loss/cispo": -0.1, "grad_norm": 0.7},
+        {"round": 3, "step": 2, "eval/success": 0.5},  # an evaluation row: in no panel
+    ]
+    xs, ys, took = curve_points(rows, "loss/cispo")
+    assert xs == [0, 1, 2] and ys[0] == 0.2 and math.isnan(ys[1]) and ys[2] == -0.1
+    assert took == [True, False, True]
+    xs, ys, took = curve_points(rows, "reward/root_success")
+    assert xs == [0, 1, 2] and ys == [0.5, 0.0, 0.25] and took == [True, False, True]  # a real 0 success
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    labels = plot_curves(metrics, tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    assert labels[0] == "round with an optimizer step" and labels[1].startswith("round without an update")
+
+
+def test_a_slow_round_leaves_a_few_heartbeat_lines_in_a_log_not_one_per_beat(capsys):
+    """In a log (no terminal) the heartbeat of one long phase prints at 1, 3, 7, 15 ... beats, not every beat
+    (37 of the ~50 lines a quick start left were heartbeats); each line still says where the round is."""
+    import time
+
+    from common.run.progress import LiveStats, RunProgress
+
+    bar = RunProgress(False, 1, 0, LiveStats(), heartbeat_s=0.2)
+    bar.phase("execution rollouts")
+    time.sleep(3.0)  # 15 beats: lines due at 0.2, 0.6, 1.4 and 3.0 s
+    bar.close()
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[heartbeat]")]
+    assert 1 <= len(lines) <= 4, lines
+    assert lines[0].startswith("[heartbeat] execution rollouts for ")
+
+
+def test_train_help_is_shorter_and_its_help_column_wide(tmp_path):
+    """``sera train --help`` at 120 columns: each option's first sentence in a help column of 70+ characters
+    (it was ~37, squeezed by a long choice list in the type column and a ``--no-x`` column), well under the
+    551 lines it had; a flag that is off by default has no ``--no-`` twin; long choice lists open the text."""
+    import re
+
+    env = {**ENV, "COLUMNS": "120", "TERMINAL_WIDTH": "120"}
+    r = subprocess.run([sys.executable, "-m", "sera", "train", "--help"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert len(lines) < 360, len(lines)
+    starts = [m.start(2) for line in lines if (m := re.match(r"│ (--[][a-z0-9-]+ +\S+ +)(\S)", line))]
+    assert starts and 120 - max(starts) >= 70, max(starts)  # where the help text begins
+    assert "--no-resume" not in r.stdout and "--no-paper" not in r.stdout
+    assert "--[no-]engine-process " in r.stdout  # on by default: its negation on the same line
+    assert "rao|rao_d|sera_wo_d_rt|sera_wo_d|sera: Method preset" in r.stdout

@@ -43,9 +43,9 @@ def report(tag: str) -> None:
 def training(plain: bool, datums: int, prompt_tokens: int, optimizer_state: str = "auto") -> None:
     import tempfile
 
+    from common.memory import release_memory
     from common.policy.models import load_model
     from common.policy.warmstart import resolve_init
-    from common.run.memory import release_memory
     from common.run.optim import make_optimizer, place_optimizer_state
     from common.train_config import TrainConfig
     from level0_single_process.train import datum_logprobs, lean_training
@@ -110,10 +110,10 @@ def compare(datums: int, prompt_tokens: int) -> None:
 
 
 def rollouts(agents: int, turns: int, new_tokens: int) -> None:
+    from common.memory import release_memory
     from common.policy.base import GenerationRequest, SamplingParams
     from common.policy.hf import HFPolicy
     from common.policy.models import load_model
-    from common.run.memory import release_memory
 
     model, tok = load_model("smollm2", dtype="bfloat16")
     policy = HFPolicy(model, tok, max_batch_size=32, seed=0)

@@ -234,6 +234,38 @@ class Given(set):
     """The option names the user typed on the command line (not defaults)."""
 
 
+def short_help(doc: str) -> str:
+    """An option's ``--help`` text: the first sentence of its docstring (the whole docstring is the field's
+    documentation in its config class).
+
+    >>> short_help("Optimizer steps to reach (the policy version; paper: 250). A second sentence.")
+    'Optimizer steps to reach (the policy version; paper: 250).'
+    >>> short_help("Tasks, e.g. 8 of them. More.")
+    'Tasks, e.g. 8 of them.'
+    """
+    text = " ".join(doc.split())
+    depth, cut = 0, len(text)
+    for i, ch in enumerate(text):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "." and depth == 0 and (i + 1 == len(text) or text[i + 1] == " "):
+            word = text[: i + 1].rsplit(" ", 1)[-1].lower()
+            if word in ("e.g.", "i.e.", "vs.", "etc.") or i + 2 < len(text) and not text[i + 2].isupper():
+                continue
+            cut = i + 1
+            break
+    return text[:cut]
+
+
+CHOICES_IN_COLUMN = 12
+"""A choice list longer than this goes at the start of the help text, not the narrow type column."""
+
+
+def option_decls(name: str, default: Any) -> list[str]:
+    """The option names of a field: ``--name`` alone for a flag that is off by default (``--no-name`` would
+    only repeat the default and widen every help table), ``--name/--no-name`` otherwise (typer's own)."""
+    return [f"--{name.replace('_', '-')}"] if default is False else []
+
+
 def dataclass_command(
     cls: type,
     run: Callable[..., None],
@@ -255,12 +287,17 @@ def dataclass_command(
         panel = (panels or {}).get(name)
         choices = literal_choices(tp)  # typed as str: the config checks it (one line, exit 2)
         metavar = None if choices is None else "[" + "|".join(map(str, choices)) + "]"
+        text = short_help(doc)
+        if metavar is not None and len(metavar) > CHOICES_IN_COLUMN:  # a wide type column squeezes the help
+            metavar, text = "CHOICE", f"{'|'.join(map(str, choices))}: {text}"  # no [...]: rich markup
         params.append(
             inspect.Parameter(
                 name,
                 inspect.Parameter.KEYWORD_ONLY,
                 annotation=str if choices is not None else _cli_type(tp),
-                default=typer.Option(default, help=doc, rich_help_panel=panel, metavar=metavar),
+                default=typer.Option(
+                    default, *option_decls(name, default), help=text, rich_help_panel=panel, metavar=metavar
+                ),
             )
         )
         names.append(name)

@@ -53,6 +53,11 @@ class EvalConfig:
     """Task file (JSONL or manifest JSON). Required."""
     policy: str = "oracle"
     """Policy: oracle | random | replay:FILE.json | hf:MODEL (smollm2, tiny, a path) | openai:URL#MODEL."""
+    run: str = ""
+    """A training run to evaluate: its directory (`sera train` / `sera sft` --out; its newest checkpoint) or
+    one of its checkpoints/step_N directories. The run's config.json says the base model, warm start and LoRA
+    adapter; the model is exported once to RUN/export/step_N. --env defaults to the run's, --out to
+    RUN/eval/TASKS_step_N. `--policy hf:RUN` does the same."""
     init_adapter: str = "auto"
     """hf:MODEL / --engine vllm policies: warm-start weights merged into MODEL as it loads: auto = the LoRA
     adapter shipped with the package for this model and environment, else the plain model | none | PATH
@@ -97,7 +102,7 @@ class EvalConfig:
         problems = []
         if not self.tasks and not (self.paper and self.env == "textcraft"):
             problems.append("--tasks is required (or --paper with --env textcraft)")
-        if not self.out:
+        if not self.out and not self.run:
             problems.append("--out is required")
         from common.config import check_choices, check_ranges
 
@@ -201,6 +206,7 @@ def make_manifest(cfg: EvalConfig, runtime_hash: str, init: Any = None) -> dict[
     adapter = {"init_adapter": init.record()} if init is not None and init.adapter else {}
     return {
         **adapter,
+        **({"run": cfg.run} if cfg.run else {}),  # `sera eval --run RUN`: the checkpoint it evaluates
         "env": cfg.env,
         "tasks_file": str(cfg.tasks),
         "tasks_sha256": file_sha256(cfg.tasks),

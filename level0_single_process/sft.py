@@ -271,10 +271,9 @@ if __name__ == "__main__":  # `sera sft`, run as a program (common/run/entry.py)
 
 def export_checkpoint(run_dir: str | Path, base_model: str, out_dir: str | Path) -> Path:
     """The last checkpoint of a training run (``sera train``/``sera sft``, ``checkpoints/step_*/state.pt``)
-    as an HF model directory, so ``sera eval --policy hf:OUT_DIR`` can evaluate it.
-
-        python -c "from level0_single_process.sft import export_checkpoint as e; e('runs/rl', 'runs/sft/model', 'runs/rl/model')"
-    """
+    as an HF model directory on ``base_model``, into ``out_dir``. From the command line ``sera eval --run RUN``
+    does this for every tier's run (the base model, warm start and adapter read from the run's config.json;
+    ``common/run/export.py``)."""
     from common.policy.models import load_model
 
     ckpts = sorted(Path(run_dir, "checkpoints").glob("step_*"))

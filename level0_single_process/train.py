@@ -47,13 +47,12 @@ import torch
 from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.envs import env_spec
+from common.memory import release_memory
 from common.policy.lora import add_lora, checkpointed
 from common.rl.batch import build_stage_batch
 from common.rl.loss import RatioStats, cispo_loss, token_logprobs
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
-from common.run.evaluation import InRunEval
-from common.run.memory import release_memory
 from common.run.metrics import (
     NO_UPDATE,
     MetricsWriter,
@@ -77,6 +76,7 @@ from common.run.setup import (
     train_policy,
 )
 from common.train_config import TrainConfig
+from common.train_eval import InRunEval
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ starts once per run, batches continuously (each agent's next turn joins the runn
 during the optimizer step and gets the new weights copied in place; on CUDA the trainer then defaults to
 the fast path (Level1Config.resolved: bf16 compute with fp32 masters, varlen attention, 32K-token rows).
 ``--eval-tasks FILE --eval-every N`` evaluates the current policy on held-out tasks on the same engine
-(common/run/evaluation.py) and logs ``eval/success`` beside the rounds. ``--max-staleness 1``
+(common/train_eval.py) and logs ``eval/success`` beside the rounds. ``--max-staleness 1``
 (level1_batched/overlap.py) rolls the next round out while this round's batch trains (one optimizer step
 off-policy, every datum tagged with the version that sampled it); 0, the default, is the loop as it was.
 
@@ -71,7 +71,6 @@ from common.rl.batch import build_stage_batch
 from common.rl.loss import RatioStats
 from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
 from common.run.data import TaskSampler, seed_everything, task_pool
-from common.run.evaluation import InRunEval
 from common.run.metrics import (
     NO_UPDATE,
     MetricsWriter,
@@ -89,6 +88,7 @@ from common.run.rollout import make_env_with_prompts
 from common.run.setup import departures_line, idle_hint, method_and_schedule, paper_departures, train_policy
 from common.run.trainer_memory import gpu_memory_metrics
 from common.train_config import TrainConfig
+from common.train_eval import InRunEval
 from level1_batched.config import Level1Config
 from level1_batched.efficiency import size_trainer
 from level1_batched.overlap import Rollouts, RoundAhead, collect_round, fresh_groups, rollout_copy, tag_datums

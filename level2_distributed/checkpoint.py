@@ -101,3 +101,16 @@ class DCPCheckpointer:
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
         return RunState(**meta["run"])
+
+
+def dcp_model_state(path: Path) -> dict[str, torch.Tensor]:
+    """The model's full (unsharded) state dict from a checkpoint ``path``, read in this one process without a
+    process group: what ``sera eval --run RUN`` exports a level-2 run's model from
+    (``common/run/export.py``). The optimizer's shards are not read."""
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    with warnings.catch_warnings():  # "torch.distributed is unavailable ...: load in a single process": yes
+        warnings.simplefilter("ignore", UserWarning)
+        return _load_state_dict_from_keys(keys={"model"}, checkpoint_id=str(path))["model"]

@@ -38,7 +38,15 @@ import typer.core
 from rich.console import Console
 from rich.markup import escape
 
-from common.config import Given, check_ranges, dataclass_command, field_docs, option_type
+from common.config import (
+    Given,
+    check_ranges,
+    dataclass_command,
+    field_docs,
+    option_decls,
+    option_type,
+    short_help,
+)
 from common.run.entry import ENTRY_ENV
 
 # Help layout: rich panels on a wide terminal; on a narrow one (< 100 columns) rich's option table cuts long
@@ -88,23 +96,60 @@ def main(
 def stop_on_signals() -> None:
     """Ctrl-C and a plain ``kill`` stop a run the same way: the resume command, checkpoints intact.
 
-    A process started in the background by a script (``cmd &``, ``setsid nohup cmd &``) inherits SIGINT
-    ignored, and Python then keeps it ignored: such a run could not be stopped with SIGINT. Default
-    handling is restored here, and SIGTERM is turned into the same KeyboardInterrupt (exit 130 with the
-    resume line, instead of a silent exit 143)."""
+    Both record a stop request and raise KeyboardInterrupt (:mod:`common.stop`): a KeyboardInterrupt that
+    lands where Python ignores exceptions (a weakref callback, a ``__del__``) is raised again at the loops'
+    next safe point, by a watchdog that interrupts the main thread every 3 s, and after 10 s the watchdog
+    prints the resume line and ends the process itself (exit 130). A process started in the background by a
+    script (``cmd &``, ``setsid nohup cmd &``) inherits SIGINT ignored; it is handled here all the same, and
+    SIGTERM exits 130 with the resume line instead of a silent 143."""
+    import _thread
     import signal
     import threading
 
+    from common import stop
+
     if threading.current_thread() is not threading.main_thread():  # signals belong to the main thread
         return
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop.reset()
 
-    def on_term(signum, frame):  # noqa: ARG001 - signal handler signature
-        signal.raise_signal(signal.SIGINT)  # the same path as Ctrl-C (asyncio cancels what is in flight)
+    def on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
+        first = stop.request()
+        if not stop.pending():  # taken up already: the resume line is on its way
+            return
+        if first:
+            stop.start_watchdog(lambda: _thread.interrupt_main(signal.SIGINT))
+            loop = stop.running_loop()
+            if loop is not None:  # out of the loop between two callbacks; asyncio.run cancels the tasks
+                stop.raise_soon(loop)
+                return
+        raise KeyboardInterrupt  # a retry (the watchdog's, a second Ctrl-C): here and now
 
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.default_int_handler):
+        signal.signal(signal.SIGINT, on_signal)
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGTERM, on_signal)
+
+
+def last_resort(saved, again) -> None:
+    """What the stop watchdog does when the main thread has not stopped 10 s after Ctrl-C / kill: the lines
+    :func:`interrupted` prints (``saved()`` and ``again()`` give them), then exit 130 at once. Checkpoints
+    and logs are written atomically, so nothing a resume needs is lost."""
+    from common import stop
+
+    def end() -> None:
+        try:
+            text = f"\ninterrupted: {saved()} (the run did not stop by itself within 10 s)\nresume with: {again()}\n"
+        except Exception as e:  # noqa: BLE001 - the exit must happen whatever the listing does
+            text = f"\ninterrupted ({type(e).__name__}: {e})\n"
+        for stream, words in ((sys.stdout, ""), (sys.stderr, text)):
+            try:
+                stream.write(words)
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(130)
+
+    stop.set_last_resort(end)
 
 
 OPTIONAL = {
@@ -234,10 +279,15 @@ def interrupted(saved: str, again: str) -> None:
     noise here: such warnings and every destructor's error from now on are dropped and the garbage collected
     first, so the resume command stays the last line."""
     import gc
+    import logging
     import warnings
 
+    from common import stop
+
+    stop.acknowledge()  # nothing raises a stop any more; progress bars and heartbeats end before these lines
     warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
     sys.unraisablehook = lambda unraisable: None  # the teardown's destructor errors (see above)
+    logging.getLogger("asyncio").disabled = True  # "Task was destroyed but it is pending!" of a cut loop
     gc.collect()
     err.print(f"\ninterrupted: {saved}", highlight=False, soft_wrap=True, markup=False)
     err.print(f"resume with: {again}", highlight=False, soft_wrap=True, markup=False)
@@ -271,6 +321,21 @@ def exit_at_once_on_another_signal(code: int = 130) -> None:
 class PanelCommand(typer.core.TyperCommand):
     """Help grouped by ``rich_help_panel`` on a narrow terminal too, where typer prints click's plain layout
     (one flat "Options" list): one section per panel, in the order the options come."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Rich panels: a flag and its negation as one name, ``--[no-]engine-process``, instead of a column of
+        their own that narrows every panel's help text (issue #52.7)."""
+        if self.rich_markup_mode != "rich":
+            return super().format_help(ctx, formatter)
+        saved = [(p, p.opts, p.secondary_opts) for p in self.get_params(ctx) if p.secondary_opts]
+        for p, opts, negs in saved:
+            if len(opts) == 1 and negs == ["--no-" + opts[0].removeprefix("--")]:
+                p.opts, p.secondary_opts = ["--[no-]" + opts[0].removeprefix("--")], []
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            for p, opts, negs in saved:
+                p.opts, p.secondary_opts = opts, negs
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         sections: dict[str, list[tuple[str, str]]] = {}
@@ -566,31 +631,74 @@ eval_app = typer.Typer(
 app.add_typer(eval_app, name="eval")
 
 
+def _run_policy(cfg, given: Given):
+    """``--run RUN`` or ``--policy hf:RUN`` (a training run directory, or one of its checkpoints/step_N): the
+    config with ``--policy hf:RUN/export/step_N``, the checkpoint's model exported there first
+    (:mod:`common.run.export`); unchanged for any other policy."""
+    from dataclasses import replace
+
+    from common.run.export import export_run_model, find_run_checkpoint
+
+    if cfg.run and "policy" in given:
+        raise ValueError("give --run RUN or --policy, not both (--run evaluates the run's own model)")
+    target = cfg.run or (cfg.policy[3:] if cfg.policy.startswith("hf:") else "")
+    if not target:
+        return cfg
+    if cfg.run and not Path(cfg.run).exists():
+        raise FileNotFoundError(f"--run {cfg.run} does not exist")
+    ck = find_run_checkpoint(target)
+    if ck is None:
+        if cfg.run:
+            raise ValueError(
+                f"--run {cfg.run} is not a training run (no config.json of `sera train` or `sera sft` in it; "
+                "for a model directory use --policy hf:DIR)"
+            )
+        return cfg  # a model directory, an alias, an HF id
+    if "init_adapter" in given and cfg.init_adapter.strip().lower() not in ("auto", "none", ""):
+        raise ValueError(f"--init-adapter: {ck.run_dir}'s checkpoint already holds the weights it trained")
+    env = cfg.env if "env" in given else ck.config["env"]
+    out = cfg.out or str(ck.run_dir / "eval" / f"{Path(cfg.tasks).stem if cfg.tasks else 'paper_val'}_{ck.checkpoint.name}")
+    check_out_dir(Path(out))
+    dcp_loader = None
+    if ck.form == "dcp":
+        from level2_distributed.checkpoint import dcp_model_state as dcp_loader
+    console.print(f"[eval] run {ck.describe()}", highlight=False, markup=False, soft_wrap=True)
+    model_dir = export_run_model(ck, dcp_loader)
+    console.print(f"[eval] its model: {model_dir} (an HF model directory)", highlight=False, markup=False, soft_wrap=True)
+    return replace(cfg, run=str(ck.checkpoint), policy=f"hf:{model_dir}", init_adapter="none", env=env, out=out)
+
+
 def _eval(cfg, given: Given) -> None:
     from common.eval import ManifestMismatch, evaluate, render_markdown
 
-    out = check_out_dir(Path(cfg.out))
+    if cfg.out:
+        check_out_dir(Path(cfg.out))
     if cfg.tasks and not Path(cfg.tasks).exists():
         raise FileNotFoundError(f"task file {cfg.tasks} does not exist")
     if cfg.tasks and Path(cfg.tasks).is_dir():
         raise IsADirectoryError(f"--tasks {cfg.tasks} is a directory; give a task file (JSONL)")
+    cfg = _run_policy(cfg, given)  # --run RUN / --policy hf:RUN: the run's checkpoint, exported
+    out = check_out_dir(Path(cfg.out))
     check_extras(env=cfg.env, policy=cfg.policy, engine=cfg.engine)
     check_model_spec(cfg.policy)
     from common.eval import eval_init
 
     eval_init(cfg)  # a bad or mismatched --init-adapter: one line, before anything loads
+
+    def saved() -> str:
+        done = len(list((out / "results").glob("[0-9]*.json")))
+        return (f"{done} finished task result{'s' if done != 1 else ''} saved in {out / 'results'} (the tasks "
+                "in flight are redone)")  # fmt: skip
+
+    again = f"{typed_command('eval')}   (the same command; --resume is optional for sera eval)"
+    last_resort(saved, lambda: again)
     try:
         report = asyncio.run(evaluate(cfg))
     except ManifestMismatch as e:
         err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
-        done = len(list((out / "results").glob("[0-9]*.json")))
-        interrupted(
-            f"{done} finished task result{'s' if done != 1 else ''} saved in {out / 'results'} (the tasks "
-            "in flight are redone)",
-            f"{typed_command('eval')}   (the same command; --resume is optional for sera eval)",
-        )
+        interrupted(saved(), again)
     console.print(render_markdown(report))
     console.print(f"report: {out / 'report.json'}")
 
@@ -790,30 +898,46 @@ def _check_resumed_config(cfg, out: Path) -> None:
 def _interrupted_run(out: Path, command: str, curves: bool = True) -> None:
     """Ctrl-C during `sera train` / `sera sft`: what the directory holds and how to go on (exit 130);
     with ``curves``, curves.png of the rounds logged so far is drawn first (a finished run draws it too)."""
-    from common.run.checkpoint import has_checkpoint, logged_rounds
+    from common import stop
+    from common.run.checkpoint import logged_rounds
 
+    stop.acknowledge()
     if rank() != 0:
         exit_at_once_on_another_signal()
         raise typer.Exit(130)
-    rounds = logged_rounds(out)
-    logs = f"{rounds} logged round{'s' if rounds != 1 else ''} in {out / 'metrics.jsonl'}"
-    if curves and rounds:
+    note = ""
+    if curves and logged_rounds(out):
         from common.run.metrics import plot_curves
 
         try:  # the curves of the rounds so far; a damaged log must not hide the resume command
             plot_curves(out / "metrics.jsonl", out / "curves.png")
-            logs += f" (curves: {out / 'curves.png'})"
+            note = f" (curves: {out / 'curves.png'})"
         except (KeyError, TypeError, ValueError, OSError) as exc:
-            logs += f" (curves not drawn: {type(exc).__name__}: {exc})"
+            note = f" (curves not drawn: {type(exc).__name__}: {exc})"
+    interrupted(*_resume_lines(out, command, note))
+
+
+def _deferred_resume_lines(out: Path, command: str):
+    """:func:`_resume_lines` as two callables, read when the stop watchdog needs them."""
+    return (lambda: _resume_lines(out, command)[0]), (lambda: _resume_lines(out, command)[1])
+
+
+def _resume_lines(out: Path, command: str, note: str = "") -> tuple[str, str]:
+    """What a stopped `sera train` / `sera sft` says: what was saved (``note`` after the logs), and the
+    command that resumes it."""
+    from common.run.checkpoint import has_checkpoint, logged_rounds
+
+    rounds = logged_rounds(out)
+    logs = f"{rounds} logged round{'s' if rounds != 1 else ''} in {out / 'metrics.jsonl'}{note}"
     argv = [a for a in shlex.split(command) if a not in ("--resume", "--overwrite")]
     if has_checkpoint(out):
         last = sorted((out / "checkpoints").glob("step_*"))[-1]
         step = int(last.name.split("_")[-1])
-        interrupted(
+        return (
             f"checkpoint of step {step} saved in {last}, {logs} (rounds after the checkpoint are redone)",
             shlex.join([*argv, "--resume"]),
         )
-    interrupted(
+    return (
         f"no checkpoint yet (no optimizer step was saved); {logs}",
         f"{shlex.join([*argv, '--resume'])}   (with no checkpoint it starts again from step 0)",
     )
@@ -898,6 +1022,7 @@ def _train(
     resolve_init(cfg.init_adapter, cfg.model, cfg.env, cfg.seed)  # a bad or mismatched adapter: one line
     _check_run_dir(cfg, overwrite)
     command = typed_command("train")
+    last_resort(*_deferred_resume_lines(Path(cfg.out), command))
     try:
         if level == 0:
             from level0_single_process.train import train
@@ -948,8 +1073,9 @@ def _overwrite_param() -> inspect.Parameter:
         annotation=bool,
         default=typer.Option(
             False,
-            help="Delete what --out holds (an earlier run's logs and checkpoints) and start again there. "
-            "Without it a directory that holds a run is refused.",
+            "--overwrite",
+            help="Delete what --out holds (an earlier run's logs and checkpoints) and start again there; "
+            "without it a directory that holds a run is refused.",
         ),
     )
 
@@ -979,6 +1105,7 @@ def _register_train() -> None:
             annotation=bool,
             default=typer.Option(
                 False,
+                "--paper",
                 help="Start from the paper's sizes (8x8 rollouts, K=8, 20 steps per agent, the environment's "
                 "caps, bf16, its step count); flags you type still win.",
             ),
@@ -987,7 +1114,7 @@ def _register_train() -> None:
             "print_config",
             inspect.Parameter.KEYWORD_ONLY,
             annotation=bool,
-            default=typer.Option(False, help="Print the resolved config (profile + your flags) and exit."),
+            default=typer.Option(False, "--print-config", help="Print the resolved config (profile + your flags) and exit."),
         ),
         _overwrite_param(),
         *[
@@ -997,7 +1124,9 @@ def _register_train() -> None:
                 annotation=option_type(Level1Config, f.name),
                 default=typer.Option(
                     f.default,
-                    help=docs.get(f.name, "") + (f" Level 2: {docs2[f.name]}" if f.name in SHARED_TIER_OPTIONS else ""),
+                    *option_decls(f.name, f.default),
+                    help=short_help(docs.get(f.name, ""))
+                    + (f" Level 2: {short_help(docs2[f.name])}" if f.name in SHARED_TIER_OPTIONS else ""),
                     rich_help_panel=TIERS_PANEL if f.name in SHARED_TIER_OPTIONS else TIER_PANEL,
                 ),
             )
@@ -1008,7 +1137,10 @@ def _register_train() -> None:
                 f.name,
                 inspect.Parameter.KEYWORD_ONLY,
                 annotation=option_type(Level2Config, f.name),
-                default=typer.Option(f.default, help=docs2.get(f.name, ""), rich_help_panel=TIER2_PANEL),
+                default=typer.Option(
+                    f.default, *option_decls(f.name, f.default), help=short_help(docs2.get(f.name, "")),
+                    rich_help_panel=TIER2_PANEL,
+                ),
             )
             for f in fields(Level2Config)
             if f.name not in SHARED_TIER_OPTIONS  # registered once, above
@@ -1037,6 +1169,7 @@ def _sft(cfg, given: Given, overwrite: bool = False) -> None:
     check_model_spec(f"hf:{cfg.model}")
     _check_run_dir(cfg, overwrite)
     command = typed_command("sft")
+    last_resort(*_deferred_resume_lines(Path(cfg.out), command))
     from level0_single_process.sft import sft
 
     try:

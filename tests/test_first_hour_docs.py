@@ -72,7 +72,7 @@ def test_the_readme_counts_the_tests_skipped_without_vllm():
     targets = [f"{f}::{t}" if t else f for f, t in named]
     assert len(targets) >= 4, targets
     env = {**os.environ, "PYTHONPATH": str(ROOT), "SERA_VLLM_PYTHON": str(ROOT / "no-such-venv" / "python")}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-n", "0", "-rs", "-p", "no:cacheprovider", *targets],
+    r = subprocess.run([sys.executable, "-m", "pytest", "-n", "0", "-rs", "-p", "no:cacheprovider", "-m", "integration", *targets],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     summary = re.search(r"^=* ?(\d+) skipped in .*$", r.stdout, re.M)  # nothing passed, nothing failed
     assert r.returncode == 0 and summary, r.stdout[-3000:]

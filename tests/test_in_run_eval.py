@@ -1,4 +1,4 @@
-"""Held-out evaluation during training (``--eval-tasks FILE --eval-every N``, common/run/evaluation.py).
+"""Held-out evaluation during training (``--eval-tasks FILE --eval-every N``, common/train_eval.py).
 
 The in-run evaluation at a step must be exactly ``sera eval`` of that step's checkpoint on the same tasks:
 same success, and the same trees token for token (greedy, one request per batch so no batch composition

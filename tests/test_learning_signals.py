@@ -92,7 +92,7 @@ def test_step_metrics_name_the_stage_norm_the_largest_weight_and_the_zero_advant
 
 def test_eval_intervals_and_the_sampled_row(tmp_path: Path):
     from common.eval import write_json_atomic
-    from common.run.evaluation import ci95, eval_line, sampled_row
+    from common.train_eval import ci95, eval_line, sampled_row
 
     for k, outcomes in enumerate(([1, 0, 0, 1], [1, 1, 0, 0])):
         for i, ok in enumerate(outcomes):
@@ -116,8 +116,8 @@ def test_in_run_eval_runs_greedy_and_sampled_passes(tmp_path: Path):
     from common.data import write_jsonl
     from common.envs.textcraft.tasks import generate_tasks
     from common.policy import make_policy
-    from common.run.evaluation import InRunEval, per_task_success
     from common.train_config import TrainConfig
+    from common.train_eval import InRunEval, per_task_success
 
     write_jsonl(tmp_path / "val.jsonl", generate_tasks("val", 3))
     cfg = TrainConfig.make(model="tiny", out=str(tmp_path / "run"), eval_tasks=str(tmp_path / "val.jsonl"),

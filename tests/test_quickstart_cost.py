@@ -133,7 +133,7 @@ def test_generation_is_not_checkpointed():
 
 def test_release_memory_trims_the_c_heap_on_linux():
     """glibc (Linux): malloc_trim runs; elsewhere a no-op that says so."""
-    from common.run.memory import peak_rss_gb, release_memory
+    from common.memory import peak_rss_gb, release_memory
 
     assert release_memory() is (os.uname().sysname == "Linux")
     assert 0.05 < peak_rss_gb() < 64

@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from common import stop
 from common.policy.base import Completion, GenerationRequest, Policy
 from common.policy.context import build_prompt_ids
 
@@ -166,6 +167,14 @@ class Feed:
     def finish(self, handle: int, result: Completion | BaseException) -> None:
         self._st.loop.call_soon_threadsafe(_resolve, self.futures[handle], result)
 
+    stopped = stop.Stopped
+    """What a caller gets when a stop request ends its call (it leaves the event loop by itself)."""
+
+    def wanted(self, handle: int) -> bool:
+        """Whether the caller still waits (not cut by a deadline, cancelled, or gone with its tree): an
+        engine stops decoding a row nobody waits for."""
+        return not self.futures[handle].done()
+
 
 class ListFeed:
     """A :class:`Feed` for a fixed list of requests (the synchronous ``generate_batch``): nothing arrives
@@ -179,6 +188,12 @@ class ListFeed:
 
     def finish(self, handle: int, result: Completion | BaseException) -> None:
         self.results[handle] = result
+
+    stopped = KeyboardInterrupt
+    """The synchronous ``generate_batch`` raises the stop in its caller's thread."""
+
+    def wanted(self, handle: int) -> bool:
+        return True
 
 
 def _resolve(fut: asyncio.Future, result: Completion | BaseException) -> None:
@@ -234,6 +249,7 @@ class BatchQueue:
 
     async def _runner(self, st: _LoopState) -> None:
         while st.pending:
+            stop.check()  # a stop request not taken up yet leaves the loop (common/stop.py)
             if len(st.pending) < self.max_batch_size and self.max_wait_ms > 0:
                 st.full.clear()
                 try:

@@ -51,10 +51,11 @@ from typing import Any
 
 import torch
 
+from common import stop
+from common.memory import trim_memory_every
 from common.policy.base import Completion, GenerationRequest, SamplingParams
 from common.policy.engine import Engine, ListFeed, find_stop, prompt_for
 from common.policy.models import DEFAULT_MODEL, load_model
-from common.run.memory import trim_memory_every
 
 __all__ = ["HFPolicy", "find_stop", "named_tensors"]
 
@@ -283,6 +284,11 @@ class HFPolicy(Engine):
         joined (up to the float rounding of batched kernels)."""
         batch: _Batch | None = None
         while True:
+            if stop.requested():  # Ctrl-C / kill: every caller gets the stop at once, nothing decodes on
+                rows = batch.rows if batch is not None else []
+                for handle in [r.index for r in rows] + [i for i, _ in [*incoming, *feed.take(1 << 30)]]:
+                    feed.finish(handle, feed.stopped("stopped: Ctrl-C or kill"))
+                return
             if batch is not None and not batch.rows:  # every row left at the last step (its cache with them)
                 batch = None
             for chunk in self._prefill_chunks(self._admissible(incoming, feed)):
@@ -412,8 +418,9 @@ class HFPolicy(Engine):
             r.logprobs.append(chosen[b])
             if self._check_done(r):
                 feed.finish(r.index, self._completion(r))
-            else:
+            elif feed.wanted(r.index):
                 keep.append(b)
+            # else: its caller stopped waiting (a deadline, a cancelled tree): the row and its KV go now
         self.stats["generated_tokens"] += len(batch.rows)
         if len(keep) < len(batch.rows):
             if keep:

@@ -342,6 +342,25 @@ def build_tiny_tied_model(seed: int = 0, tokenizer: Any = None) -> tuple[Any, An
     return model, tokenizer
 
 
+def merge_adapter(model: Any, adapter: str | Path) -> Any:
+    """``model`` with the peft adapter at ``adapter`` merged into its weights (peft's own merge), in the
+    dtype ``model`` had; the merge itself is done in float32."""
+    import warnings
+
+    import torch
+    from peft import PeftModel
+
+    dtype = next(model.parameters()).dtype
+    model = model.to(torch.float32)
+    # peft asks transformers a deprecated question (is_gradient_checkpointing)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    for p in merged.parameters():  # peft froze the base for inference; the run trains every weight
+        p.requires_grad_(True)
+    return merged.to(dtype).eval()
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL,
     dtype: str | torch.dtype | None = "float32",
@@ -354,8 +373,6 @@ def load_model(
     ``adapter``: a peft (LoRA) adapter directory merged into the weights as they load (a warm start,
     ``common/policy/warmstart.py``; the merge in float32, then the model is cast to ``dtype``)."""
     if adapter is not None:
-        from common.policy.warmstart import merge_adapter
-
         model, tokenizer = load_model(name_or_path, dtype="float32", device="cpu", seed=seed)
         model = merge_adapter(model, adapter)
         torch_dtype = _torch_dtype(dtype)

@@ -199,25 +199,6 @@ def _with_adapter(init: InitWeights, adapter: Path, rec: dict[str, Any], shipped
     return init
 
 
-def merge_adapter(model: Any, adapter: str | Path) -> Any:
-    """``model`` with the peft adapter at ``adapter`` merged into its weights (peft's own merge), in the
-    dtype ``model`` had; the merge itself is done in float32."""
-    import warnings
-
-    import torch
-    from peft import PeftModel
-
-    dtype = next(model.parameters()).dtype
-    model = model.to(torch.float32)
-    # peft asks transformers a deprecated question (is_gradient_checkpointing)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-    for p in merged.parameters():  # peft froze the base for inference; the run trains every weight
-        p.requires_grad_(True)
-    return merged.to(dtype).eval()
-
-
 def merged_model_dir(init: InitWeights, seed: int = 0) -> str:
     """A model directory holding ``init``'s merged weights (float32), for what loads a model by path
     (vLLM, level 2's servers and FSDP ranks): ``$SERA_CACHE/merged/<name>-<hash>``, written once

@@ -213,10 +213,13 @@ def prepare_out(out: Path, resume: bool, overwrite: bool = False) -> None:
         print(note, flush=True)
 
 
-RESUMABLE_CHANGES = ("steps", "resume", "max_idle_rounds", "init_adapter", "keep_checkpoints", "optimizer_state")
+RESUMABLE_CHANGES = (
+    "steps", "resume", "max_idle_rounds", "init_adapter", "keep_checkpoints", "optimizer_state", "out",
+)  # fmt: skip
 """Settings a --resume may change: the step target, the resume flag, the idle limit, --init-adapter (the
-starting weights of a resumed run are its checkpoint's), how many checkpoints are kept and where the
-optimizer's state lives (either checkpoint form loads into either)."""
+starting weights of a resumed run are its checkpoint's), how many checkpoints are kept, where the
+optimizer's state lives (either checkpoint form loads into either) and --out: the directory is where a run
+lives, not a setting of it, so a run moved (``mv run run2``) resumes with ``--out run2 --resume``."""
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
@@ -266,8 +269,8 @@ class TorchCheckpointer:
     ``--keep-checkpoints``, default 1).
 
     Written to ``.tmp_step_NNNNNN/`` (flushed to the disk) and renamed, so a crash while writing leaves the
-    checkpoints before it whole; older ones are deleted only after that rename (for a moment the disk holds
-    one more). On --resume a damaged newest checkpoint (a truncated file, a disk error) is named and the
+    checkpoints before it whole; older ones are deleted only after that rename and once the new one reads
+    back (:func:`readable`; for a moment the disk holds one more). On --resume a damaged newest checkpoint (a truncated file, a disk error) is named and the
     newest intact one before it is used (there is one with ``keep`` >= 2)."""
 
     def __init__(self, out: Path, keep: int = 1):
@@ -302,7 +305,8 @@ class TorchCheckpointer:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync(self.dir)  # the new checkpoint is whole on the disk: only now do older ones go
+        _fsync(self.dir)
+        readable(final)  # the new checkpoint reads back whole: only now do older ones go
         if self.keep:
             for old in sorted(self.dir.glob("step_*"))[: -self.keep]:
                 shutil.rmtree(old)
@@ -332,9 +336,13 @@ class TorchCheckpointer:
                 )
             break
         else:
+            run_dir = self.dir.parent
             raise SystemExit(
-                f"--resume: every checkpoint in {self.dir} is damaged ({', '.join(damaged)}); "
-                "start again with --overwrite, or choose another --out"
+                f"--resume: every checkpoint in {self.dir} is damaged ({', '.join(damaged)}), so there is no "
+                f"step to continue from. To start again from step 0 and keep what {run_dir} holds, give "
+                f"another --out; to start again here keeping the damaged files, move them aside "
+                f"(mv {self.dir} {run_dir / 'checkpoints.damaged'}) and --resume again (the logged rounds are "
+                "redone); --overwrite deletes the whole run"
             )
         differences = config_differences(state["config"], config)
         if differences:
@@ -348,6 +356,14 @@ class TorchCheckpointer:
         np.random.set_state(state["rng"]["numpy"])
         torch.set_rng_state(state["rng"]["torch"])
         return run
+
+
+def readable(checkpoint: Path) -> None:
+    """Raise unless ``checkpoint/state.pt`` loads back (a memory-mapped read: the archive's index and every
+    record's header, not the tensors' bytes) and names its step; what :meth:`TorchCheckpointer.save` checks
+    before it deletes an older checkpoint, so a write the disk got wrong never leaves a run without one."""
+    state = torch.load(checkpoint / "state.pt", mmap=True, weights_only=False, map_location="cpu")
+    RunState(**state["run"])
 
 
 def truncate_logs(out: Path, round: int) -> None:

@@ -264,29 +264,64 @@ def pyplot_or_note(out_png: Path) -> Any:
     return plt
 
 
-def plot_curves(metrics_path: Path, out_png: Path) -> None:
-    """curves.png: the six fixed metrics against the optimizer step (rounds without an update are hollow
-    markers; a panel without any value says so instead of drawing empty axes)."""
+TRAINING_CURVES = ("loss/cispo", "grad_norm")
+"""Panels that only an optimizer step has a value for: a round without one is a gap there, not a zero."""
+
+
+def curve_points(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float], list[bool]]:
+    """One panel of curves.png: ``(rounds, values, updated)`` for every rollout round that logged ``key``.
+    A round without an optimizer step (``train/skipped``) keeps its rollout metrics (drawn hollow) and has no
+    training value: NaN, so the line breaks there (its logged 0.0 is a placeholder, not a loss)."""
+    xs, ys, updated = [], [], []
+    for r in rows:
+        y = r.get(key)
+        if "round" not in r or not isinstance(y, (int, float)) or isinstance(y, bool):
+            continue
+        took_step = not r.get("train/skipped")
+        if key in TRAINING_CURVES and not took_step:
+            y = float("nan")
+        elif not math.isfinite(y):
+            continue
+        xs.append(int(r["round"]))
+        ys.append(float(y))
+        updated.append(took_step)
+    return xs, ys, updated
+
+
+def plot_curves(metrics_path: Path, out_png: Path) -> list[str]:
+    """curves.png: the six fixed metrics against the rollout round, with a legend. A round that took an
+    optimizer step is a filled marker, one without an update a hollow marker in the rollout panels and a gap
+    in the training panels (loss, grad norm: no step, no value); a panel without any value says so instead
+    of drawing empty axes. Returns the legend's labels ([] where matplotlib is missing)."""
     if (plt := pyplot_or_note(out_png)) is None:
-        return
+        return []
+    from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
     rows = read_metrics(metrics_path)
-    fig, axes = plt.subplots(2, 3, figsize=(11, 5.5))
+    fig, axes = plt.subplots(2, 3, figsize=(11, 6))
     for ax, k in zip(axes.flat, CURVES, strict=True):
-        pts = [(r["step"], r.get(k, float("nan")), bool(r.get("train/skipped"))) for r in rows]
-        pts = [(x, y, s) for x, y, s in pts if isinstance(y, (int, float)) and math.isfinite(y)]
+        xs, ys, updated = curve_points(rows, k)
         ax.set_title(k, fontsize=9)
-        ax.set_xlabel("optimizer step", fontsize=8)
+        ax.set_xlabel("rollout round", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if not pts:
-            ax.text(0.5, 0.5, "no value yet", ha="center", va="center", transform=ax.transAxes, color="gray")
+        if not any(math.isfinite(y) for y in ys):
+            why = "no optimizer step yet" if k in TRAINING_CURVES and xs else "no value yet"
+            ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, color="gray")
             ax.set_xticks([])
             ax.set_yticks([])
             continue
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], color="C0", lw=1)
-        for x, y, skipped in pts:
-            ax.plot(x, y, "o", ms=4, color="C0", mfc="white" if skipped else "C0")
-    fig.tight_layout()
+        ax.plot(xs, ys, color="C0", lw=1)  # NaN breaks the line: no step, no training value
+        for x, y, took in zip(xs, ys, updated, strict=True):
+            if math.isfinite(y):
+                ax.plot(x, y, "o", ms=4, color="C0", mfc="C0" if took else "white")
+    handles = [
+        Line2D([], [], color="C0", marker="o", ms=5, lw=1, label="round with an optimizer step"),
+        Line2D([], [], color="C0", marker="o", ms=5, mfc="white", lw=0,
+               label="round without an update (rollouts only; a gap in loss and grad norm)"),
+    ]  # fmt: skip
+    legend = fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
+    return [t.get_text() for t in legend.get_texts()]

@@ -2,9 +2,10 @@
 step counter that sits at 0/N for a minute. :class:`CountingPolicy` wraps any policy and counts; the
 display reads the counts from rich's refresh thread, so it moves while the event loop is busy.
 
-A slow round says where it is: :class:`RunProgress` starts a heartbeat thread that prints, every 30 s of a
-round, one line with the trees in flight and the oldest model call (its kind, node and age), in a
-terminal and in a plain log alike; when a deadline fires, :meth:`CountingPolicy.report_stuck` appends
+A slow round says where it is: :class:`RunProgress` starts a heartbeat thread that says, every 30 s of a
+round, where the trees in flight are and which model call is oldest (its kind, node and age): on a terminal
+on the live status line, rewritten in place, in a plain log as a line at 30, 90, 210, 450 s and then every
+300 s of a phase (:func:`beat_due`); when a deadline fires, :meth:`CountingPolicy.report_stuck` appends
 every call in flight (and, for the vllm engine, each request's prompt length, sampling parameters and
 output so far) to ``RUN/stuck_calls.jsonl``."""
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import stop
 from common.policy.base import Completion, GenerationRequest, Policy
 
 
@@ -191,6 +193,20 @@ def stats_column(stats: LiveStats, phase_field: str | None = None) -> Any:
     return StatsColumn()
 
 
+def beat_due(beats: int, every: float) -> float:
+    """Seconds into a phase at which a log gets heartbeat line ``beats + 1``: the gaps double from ``every``
+    up to ten times it (30 s: at 30, 90, 210, 450 s, then every 300 s).
+
+    >>> [beat_due(k, 30.0) for k in range(6)]
+    [30.0, 90.0, 210.0, 450.0, 750.0, 1050.0]
+    """
+    t, gap = 0.0, every
+    for _ in range(beats + 1):
+        t += gap
+        gap = min(2 * gap, 10 * every)
+    return t
+
+
 class RunProgress:
     """A step bar plus a live status line; ``log(line)`` prints above it. Plain prints when disabled."""
 
@@ -204,10 +220,12 @@ class RunProgress:
         heartbeat_s: float = 30.0,
     ):
         self.stats, self.enabled, self.bar = stats, enabled, None
+        self.in_place = False
         self.phase_text, self.phase_t0 = "", time.perf_counter()
         self.heartbeat_s = heartbeat_s
         self._stop = threading.Event()
         self._beat = None
+        stop.when_stopped(self.close)  # Ctrl-C / kill: the bar and its heartbeat end before the resume line
         if heartbeat_s > 0:  # prints from its own thread, so it speaks while the event loop waits
             self._beat = threading.Thread(target=self._heartbeat, name="sera-heartbeat", daemon=True)
             self._beat.start()
@@ -220,7 +238,8 @@ class RunProgress:
 
         class StatsColumn(ProgressColumn):
             def render(self, task: Any) -> Text:
-                return Text(f"{task.fields.get('phase', '')} | {live.line()}", style="dim")
+                beat = task.fields.get("beat") or ""
+                return Text(f"{task.fields.get('phase', '')} | {live.line()}{beat}", style="dim")
 
         self.bar = Progress(
             TextColumn(f"[bold]{label}"),
@@ -230,17 +249,20 @@ class RunProgress:
             refresh_per_second=4,
         )
         self.bar.start()
-        self.task = self.bar.add_task(label, total=total, completed=done, phase="")
+        self.task = self.bar.add_task(label, total=total, completed=done, phase="", beat="")
+        self.in_place = self.bar.console.is_terminal  # a terminal: the heartbeat rewrites the live line
 
     def phase(self, text: str) -> None:
         """What the loop is doing now (``execution rollouts``, ``training``). First, a line for every deadline
-        that cut work in the phase before (:meth:`LiveStats.deadline_line`)."""
+        that cut work in the phase before (:meth:`LiveStats.deadline_line`); a stop request that was swallowed
+        before is raised here (common/stop.py)."""
+        stop.check()
         self.say_deadlines()
         if text.endswith("rollouts"):
             self.stats.reset()
         self.phase_text, self.phase_t0 = text, time.perf_counter()
         if self.bar is not None:
-            self.bar.update(self.task, phase=text)
+            self.bar.update(self.task, phase=text, beat="")
 
     def log(self, line: str, done: int | None = None) -> None:
         if self.bar is None:
@@ -251,12 +273,25 @@ class RunProgress:
             self.bar.update(self.task, completed=done)
 
     def _heartbeat(self) -> None:
-        """Every ``heartbeat_s`` of a rollout phase: one line saying where it is (a quick round says nothing)."""
+        """Every ``heartbeat_s`` of a rollout phase, where it is (a quick round says nothing): on a terminal
+        rewritten in place on the live line; in a log one line at the :func:`beat_due` moments (30, 90, 210,
+        450 s, then every 300 s of a phase), so a slow round leaves a few lines, not one every 30 s."""
+        beats, phase_t0 = 0, None
         while not self._stop.wait(self.heartbeat_s):
+            if stop.requested():  # Ctrl-C / kill: nothing prints after the resume line
+                return
+            if phase_t0 != self.phase_t0:
+                beats, phase_t0 = 0, self.phase_t0
             seconds = time.perf_counter() - self.phase_t0
             if self.phase_text.endswith("rollouts") and seconds >= self.heartbeat_s:
                 try:
-                    self.log(self.stats.heartbeat_line(self.phase_text, seconds))
+                    line = self.stats.heartbeat_line(self.phase_text, seconds)
+                    bar = self.bar
+                    if self.in_place and bar is not None:
+                        bar.update(self.task, beat=" | " + line.removeprefix("[heartbeat] "))
+                    elif seconds >= beat_due(beats, self.heartbeat_s):
+                        self.log(line)
+                        beats += 1
                     policy = self.stats.policy
                     if policy is not None and self.stats.oldest_age() >= 2 * self.heartbeat_s:
                         policy.report_stuck(f"heartbeat: a call waits for {self.stats.oldest_age():.0f} s")
@@ -274,3 +309,4 @@ class RunProgress:
         self._stop.set()
         if self.bar is not None:
             self.bar.stop()
+            self.bar = None

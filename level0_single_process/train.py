@@ -75,6 +75,7 @@ from common.run.setup import (
     stages_note,
     train_policy,
 )
+from common.run.trainer_memory import gpu_memory_metrics
 from common.train_config import TrainConfig
 from common.train_eval import InRunEval
 
@@ -268,6 +269,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
             execution_reward=preset.execution_reward, t_rollout=t_roll, t_train=t_train, replaced=replaced,
             t_round=time.perf_counter() - t0, deadline_groups=len(dropped),
         )  # fmt: skip
+        metrics.update(gpu_memory_metrics(device))  # mem/gpu_peak_gib, mem/gpu_total_gib on a GPU (else none)
         log_deadline_groups(out, dropped, state.step, state.round)
         for t in trees:
             t.meta.update(step=state.step, round=state.round)

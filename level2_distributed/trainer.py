@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from common.rl.datums import Datum
 from common.run.checkpoint import RunState
+from common.run.trainer_memory import gpu_memory_metrics
 from common.train_config import OptimConfig, TrainConfig
 from level1_batched.packing import accumulate_gradients_packed
 from level2_distributed.checkpoint import DCPCheckpointer
@@ -414,6 +415,7 @@ class TrainerRank:
         return {
             **m, "mem/on_gpu": float(gpu), "mem/train_peak_gib": poll.peak, "mem/peak_gib": self.mem_peak,
             **({"mem/torch_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB} if gpu else {}),
+            **gpu_memory_metrics(self.device),  # the names levels 0 and 1 log: mem/gpu_peak_gib, mem/gpu_total_gib
         }  # fmt: skip
 
     def _train_step(self, micro, n_tokens: float, dry_run: bool, round: int, return_grads: bool) -> dict[str, Any]:

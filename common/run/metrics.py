@@ -94,7 +94,9 @@ def step_metrics(
     What learning does, per step: ``grad_norm/<stage>`` (the step's pre-clip norm under its stage's name, so
     the stages' scales can be compared), ``weights/max`` (the largest depth weight of the batch) and
     ``batch/zero_adv_frac`` (the share of trainable datums whose advantage is 0); the trainers add the
-    behaviour/trainer ratio (``loss/ratio_mean``, ``loss/ratio_max``, ``loss/abs_log_ratio``)."""
+    behaviour/trainer ratio (``loss/ratio_mean``, ``loss/ratio_max``, ``loss/abs_log_ratio``). On a GPU every
+    tier adds the same memory names (``mem/gpu_peak_gib``, ``mem/gpu_total_gib``, ...:
+    :func:`common.run.trainer_memory.gpu_memory_metrics`)."""
     gen_tokens = sum(len(s.call.output_ids) for t in trees for n in t.nodes.values() for s in n.steps)
     trainable = [d for d in batch.datums if d.num_trained_tokens]
     stepped = not train.get("train/skipped") and "grad_norm" in train

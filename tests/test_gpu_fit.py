@@ -65,6 +65,15 @@ def test_a_datum_that_cannot_fit_is_refused_in_one_line():
     assert "\n" not in msg and "--gpu-share" in msg and "16384 tokens" in msg
 
 
+def test_a_given_row_length_is_kept_with_the_least_checkpointing_that_fits():
+    p = plan_trainer(SMOL, 40 * GIB, N_SMOL, 1_000_000, tokens=16384)
+    assert (p.tokens, p.checkpoint_fraction) == (16384, 0.0)
+    p = plan_trainer(SMOL, 12 * GIB, N_SMOL, 1_000_000, tokens=16384)
+    assert (p.tokens, p.checkpoint_fraction) == (16384, 1.0)  # too long without checkpointing: kept, checkpointed
+    with pytest.raises(DoesNotFit, match="--max-tokens-per-microbatch 500000 needs"):
+        plan_trainer(SMOL, 12 * GIB, N_SMOL, 1_000_000, tokens=500_000)
+
+
 def test_checkpointing_shrinks_activations_and_a_given_fraction_is_kept():
     assert activation_bytes_per_token(SMOL, 1.0) < activation_bytes_per_token(SMOL, 0.5) < activation_bytes_per_token(SMOL, 0.0)
     p = plan_trainer(SMOL, 40 * GIB, N_SMOL, 1_000_000, checkpoint_fraction=0.5)

@@ -182,7 +182,7 @@ def plan_trainer(
     def longest(f: float) -> int:
         free = usable - step_bytes(s, 0, f, n_params, trainable_params, dtype_bytes)
         n = int(free // activation_bytes_per_token(s, f, dtype_bytes)) if free > 0 else 0
-        return min(want_tokens if tokens is None else tokens, n // ROW_STEP * ROW_STEP if n >= ROW_STEP else n)
+        return min(want_tokens, n // ROW_STEP * ROW_STEP if n >= ROW_STEP else n)
 
     def plan(n: int, f: float) -> TrainerPlan:
         est = step_bytes(s, n, f, n_params, trainable_params, dtype_bytes)
@@ -199,9 +199,19 @@ def plan_trainer(
             )
         return plan(tokens, checkpoint_fraction)
     options = [checkpoint_fraction] if checkpoint_fraction is not None else [0.0, 1.0]
+    if tokens is not None:  # the user's row length stays: the least checkpointing that fits it
+        for f in options:
+            if fits(max(tokens, need), f):
+                return plan(tokens, f)
+        est = step_bytes(s, max(tokens, need), options[-1], n_params, trainable_params, dtype_bytes)
+        raise DoesNotFit(
+            f"--max-tokens-per-microbatch {tokens} needs ~{est / GIB:.1f} GiB even with every layer checkpointed, "
+            f"more than the trainer's {budget_bytes / GIB:.1f} GiB: lower it (or leave it unset to have it sized) "
+            "or give the run more memory (--gpu-share)"
+        )
     for f in options:
         n = longest(f)
-        enough = min(want_tokens if tokens is None else tokens, min_fast_tokens) if f == 0.0 and len(options) > 1 else need
+        enough = min(want_tokens, min_fast_tokens) if f == 0.0 and len(options) > 1 else need
         if n >= max(enough, need):
             return plan(n, f)
     best = step_bytes(s, need, options[-1], n_params, trainable_params, dtype_bytes)

@@ -9,16 +9,22 @@ logs one row to metrics.jsonl / TensorBoard:
      "eval/n_tasks": 32, "time/eval_s": 9.8}
 
 With ``--eval-samples K`` the same tasks also run K times at the rollout temperature (1.0: the policy RL
-trains and samples from; greedy success moves only when an argmax flips), each sample with its own seed and
-directory (``OUT/evals/step_SSSSS_sample_k/``), all in flight together with the greedy pass, and the row adds
+trains and samples from; greedy success moves only when an argmax flips), each sample with its own seed
+(:func:`sampled_eval_seed`: no two training seeds share one) and directory (``OUT/evals/step_SSSSS_sample_k/``), all in flight together with the greedy pass, and the row adds
 ``eval/sampled_success`` (the mean over tasks of each task's success rate over its K samples),
 ``eval/sampled_ci95`` and ``eval/sampled_k``. Every ``*_ci95`` is the half-width of a 95 % interval over
 tasks (1.96 standard errors of the mean of the per-task values).
 
 ``round`` is the next round to run, so a resumed run's ``truncate_logs`` drops that row together with the
 rounds after the checkpoint, and the loop writes it again from ``OUT/evals/step_SSSSS/`` (the evaluation's
-own resumable directory: finished tasks are read back, not re-run). Agent sizes (steps, reply tokens, depth)
-are the run's own rollout settings, so the held-out number measures the same agent that trains.
+own resumable directory: finished tasks are read back, not re-run).
+
+The agent evaluated is the agent that trains: every setting of :data:`AGENT_SETTINGS` (steps, depth, prompt
+and reply caps, rubric and score caps, step and tree deadlines, launch and agent bounds) is the run's own
+rollout setting, not ``sera eval``'s paper caps; the run says so in one ``[eval]`` line before the first
+evaluation, and each evaluation's ``report.json`` records them (``agent_settings``). What stays the
+protocol's: greedy decoding (the sampled passes: the rollout temperature), one trajectory per task, no
+counterfactual branches, root success judged by the environment.
 """
 
 from __future__ import annotations
@@ -58,10 +64,57 @@ def eval_policy(policy: Any) -> Any:
     return policy
 
 
+AGENT_SETTINGS = (
+    "max_steps", "max_depth", "max_prompt_tokens", "max_new_tokens", "rubric_max_new_tokens",
+    "score_max_new_tokens", "step_timeout_s", "tree_timeout_s", "cancel_grace_s", "max_launches_per_step",
+    "max_agents_per_tree", "prompts_dir",
+)  # fmt: skip
+"""The rollout settings the in-run evaluation takes from the run (the agent that trains), in place of
+``sera eval``'s protocol values. Not taken: the temperature (greedy; the sampled passes use the rollout's),
+the Rubric stage's counterfactual branches and environment budget, the training group's deadline."""
+
+
+def agent_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """The trained agent's :data:`AGENT_SETTINGS`, as the in-run evaluation runs them.
+
+    >>> s = agent_settings(TrainConfig.make(step_timeout_s=60, max_launches_per_step=4))
+    >>> s["max_prompt_tokens"], s["step_timeout_s"], s["max_launches_per_step"]
+    (2048, 60, 4)
+    """
+    return {name: getattr(cfg.rollout, name) for name in AGENT_SETTINGS}
+
+
+def settings_line(cfg: TrainConfig) -> str:
+    """The one line a run prints before its first in-run evaluation: which agent is evaluated."""
+    a = agent_settings(cfg)
+
+    def bound(n: int) -> str:
+        return str(n) if n else "no bound"
+
+    return (
+        f"[eval] held-out evaluation with the trained agent's settings (not sera eval's paper caps): "
+        f"{a['max_steps']} steps, depth {a['max_depth']}, prompt cap {a['max_prompt_tokens']}, reply cap "
+        f"{a['max_new_tokens']}, step deadline {a['step_timeout_s']:g} s, tree deadline {a['tree_timeout_s']:g} s, "
+        f"launches per step {bound(a['max_launches_per_step'])}, agents per tree {bound(a['max_agents_per_tree'])}"
+        f"; greedy{f' + {cfg.eval_samples} sampled passes' if cfg.eval_samples else ''}"
+    )
+
+
+def sampled_eval_seed(seed: int, k: int) -> int:
+    """The seed of sampled pass ``k`` of training seed ``seed``: the Cantor pairing of the two, one-to-one,
+    so no two (training seed, sample) pairs share a seed (``seed + 1 + k`` made seed 0's sample 1 seed 1's
+    sample 0). It depends on nothing else, so SERA and RAO at one training seed sample with the same seeds.
+
+    >>> [sampled_eval_seed(0, k) for k in range(3)], [sampled_eval_seed(1, k) for k in range(3)]
+    ([0, 2, 5], [1, 4, 8])
+    """
+    return (seed + k) * (seed + k + 1) // 2 + k
+
+
 def eval_config(cfg: TrainConfig, step: int, sample: int | None = None) -> Any:
     """The ``sera eval`` config of the evaluation at ``step`` (its directory: ``OUT/evals/step_SSSSS``);
     with ``sample`` k, the k-th sampled pass (``OUT/evals/step_SSSSS_sample_k``: the rollout temperature,
-    seed ``seed + 1 + k``)."""
+    seed :func:`sampled_eval_seed`). The agent's other settings: :func:`agent_settings`."""
     from common.eval import EvalConfig
 
     n = cfg.eval_limit
@@ -77,7 +130,7 @@ def eval_config(cfg: TrainConfig, step: int, sample: int | None = None) -> Any:
         max_steps=cfg.rollout.max_steps,
         max_depth=cfg.rollout.max_depth,
         max_new_tokens=cfg.rollout.max_new_tokens,
-        seed=cfg.seed if sample is None else cfg.seed + 1 + sample,
+        seed=cfg.seed if sample is None else sampled_eval_seed(cfg.seed, sample),
         prompts_dir=cfg.rollout.prompts_dir,
     )
 
@@ -145,6 +198,8 @@ class InRunEval:
 
     cfg: TrainConfig
     done: set[int] = field(default_factory=set)
+    said: bool = False
+    """Whether :func:`settings_line` was logged."""
 
     def __call__(self, policy: Any, rnd: int, step: int) -> dict[str, Any] | None:
         """Evaluate ``policy`` (the run's engine, holding the weights of ``step``) if due; returns the row to
@@ -159,7 +214,8 @@ class InRunEval:
         inner = eval_policy(policy)
 
         async def all_passes() -> list[dict[str, Any]]:
-            return await asyncio.gather(*(evaluate(c, policy=inner, progress=False) for c in configs))
+            agent = agent_settings(self.cfg)  # the agent that trains, not sera eval's paper caps
+            return await asyncio.gather(*(evaluate(c, inner, False, agent) for c in configs))
 
         reports = asyncio.run(all_passes())
         self.done.add(step)
@@ -169,7 +225,11 @@ class InRunEval:
         return row
 
     def log_if_due(self, policy: Any, rnd: int, step: int, writer: Any, log: Any) -> None:
-        """Evaluate if due; write the row with ``writer`` (a MetricsWriter) and one line with ``log``."""
+        """Evaluate if due; write the row with ``writer`` (a MetricsWriter) and one line with ``log`` (before
+        the first evaluation, :func:`settings_line` too)."""
+        if not self.said and eval_due(self.cfg, step) and step not in self.done:
+            log(settings_line(self.cfg))
+            self.said = True
         if (row := self(policy, rnd, step)) is not None:
             writer.write(row)
             log(eval_line(row))

@@ -134,6 +134,65 @@ def test_in_run_eval_runs_greedy_and_sampled_passes(tmp_path: Path):
     assert row["eval/success_ci95"] >= 0
 
 
+def test_in_run_eval_runs_the_trained_agent_and_says_so(tmp_path: Path, monkeypatch):
+    """The in-run evaluation's trees run with the run's own prompt cap, deadlines and launch bounds (not
+    ``sera eval``'s paper caps: prompt cap 9,728, 1,800 s / 3,600 s, 10 launches, 200 agents), the greedy and
+    the sampled pass alike; each report records them and the run says so in one line before the first."""
+    import common.agent.runtime as runtime
+    from common.data import write_jsonl
+    from common.envs.textcraft.tasks import generate_tasks
+    from common.policy import make_policy
+    from common.train_config import TrainConfig
+    from common.train_eval import AGENT_SETTINGS, InRunEval, agent_settings
+
+    write_jsonl(tmp_path / "val.jsonl", generate_tasks("val", 2))
+    cfg = TrainConfig.make(model="tiny", out=str(tmp_path / "run"), eval_tasks=str(tmp_path / "val.jsonl"),
+                           eval_every=1, eval_samples=1, max_steps=2, max_new_tokens=8, step_timeout_s=60,
+                           tree_timeout_s=120, max_launches_per_step=4, max_agents_per_tree=40)  # fmt: skip
+    seen = []
+    real = runtime.run_root
+
+    async def spy(task, env, policy, rcfg, *args, **kw):
+        seen.append(rcfg)
+        return await real(task, env, policy, rcfg, *args, **kw)
+
+    monkeypatch.setattr(runtime, "run_root", spy)
+    lines = []
+    ev = InRunEval(cfg)
+    ev.log_if_due(make_policy("oracle", env="textcraft", delegate=True), 0, 0, writer=type(
+        "W", (), {"write": lambda self, row: None})(), log=lines.append)  # fmt: skip
+    assert len(seen) == 4  # 2 tasks x (greedy + 1 sample)
+    for rcfg in seen:
+        assert {n: getattr(rcfg, n) for n in AGENT_SETTINGS} == {n: getattr(cfg.rollout, n) for n in AGENT_SETTINGS}
+        assert (rcfg.max_prompt_tokens, rcfg.step_timeout_s, rcfg.tree_timeout_s) == (2048, 60, 120)
+        assert (rcfg.max_launches_per_step, rcfg.max_agents_per_tree, rcfg.counterfactual_k) == (4, 40, 1)
+    assert sorted(r.temperature for r in seen) == [0.0, 0.0, 1.0, 1.0]
+    for name in ("step_00000", "step_00000_sample_0"):
+        report = json.loads((tmp_path / "run" / "evals" / name / "report.json").read_text())
+        assert report["agent_settings"] == agent_settings(cfg)
+    assert lines[0].startswith("[eval] held-out evaluation with the trained agent's settings")
+    assert "prompt cap 2048" in lines[0] and "step deadline 60 s, tree deadline 120 s" in lines[0]
+    assert "launches per step 4, agents per tree 40" in lines[0] and lines[1].startswith("eval step=0")
+    ev.log_if_due(None, 1, 0, writer=None, log=lines.append)  # done already: no second line, no eval
+    assert len(lines) == 2
+
+
+def test_sampled_eval_seeds_are_distinct_across_training_seeds():
+    """Every (training seed, sample) pair gets its own seed (``seed + 1 + k`` gave seed 0's sample 1 and
+    seed 1's sample 0 the same one); the greedy pass keeps the training seed; the rule depends on nothing
+    but the seed and k, so SERA and RAO at one training seed use the same seeds."""
+    from common.train_config import TrainConfig
+    from common.train_eval import eval_config
+
+    def cfg(seed, method="sera"):
+        return TrainConfig.make(model="tiny", seed=seed, method=method, eval_tasks="v.jsonl", eval_every=1)
+
+    seeds = {(s, k): eval_config(cfg(s), 3, k).seed for s in range(8) for k in range(8)}
+    assert len(set(seeds.values())) == len(seeds)
+    assert eval_config(cfg(5), 3).seed == 5
+    assert [eval_config(cfg(2, "rao"), 0, k).seed for k in range(3)] == [seeds[2, k] for k in range(3)]
+
+
 # ---------------------------------------------------------------------------------------------- item 2
 def lora_model(rank: int = 4, alpha: float = 8.0):
     from common.policy.lora import add_lora

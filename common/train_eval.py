@@ -5,15 +5,16 @@ task file with ``sera eval``'s protocol (``common.eval.evaluate``: greedy, one t
 success judged by the environment) on the engine the run already has (no restart, no weight export), and
 logs one row to metrics.jsonl / TensorBoard:
 
-    {"round": R, "step": S, "eval/success": 0.25, "eval/success_ci95": 0.15, "eval/success_easy": 0.25,
-     "eval/n_tasks": 32, "time/eval_s": 9.8}
+    {"round": R, "step": S, "eval/success": 0.25, "eval/success_lo": 0.13, "eval/success_hi": 0.42,
+     "eval/success_easy": 0.25, "eval/n_tasks": 32, "time/eval_s": 9.8}
 
 With ``--eval-samples K`` the same tasks also run K times at the rollout temperature (1.0: the policy RL
 trains and samples from; greedy success moves only when an argmax flips), each sample with its own seed
 (:func:`sampled_eval_seed`: no two training seeds share one) and directory (``OUT/evals/step_SSSSS_sample_k/``), all in flight together with the greedy pass, and the row adds
 ``eval/sampled_success`` (the mean over tasks of each task's success rate over its K samples),
-``eval/sampled_ci95`` and ``eval/sampled_k``. Every ``*_ci95`` is the half-width of a 95 % interval over
-tasks (1.96 standard errors of the mean of the per-task values).
+``eval/sampled_lo`` / ``eval/sampled_hi`` and ``eval/sampled_k``. The 95 % intervals: the greedy rate is one
+proportion over tasks, Wilson's interval (:func:`wilson`); the sampled rate pools K correlated samples per
+task, an interval clustered by task (:func:`clustered_interval`).
 
 ``round`` is the next round to run, so a resumed run's ``truncate_logs`` drops that row together with the
 rounds after the checkpoint, and the loop writes it again from ``OUT/evals/step_SSSSS/`` (the evaluation's
@@ -135,21 +136,43 @@ def eval_config(cfg: TrainConfig, step: int, sample: int | None = None) -> Any:
     )
 
 
-def ci95(values: list[float]) -> float:
-    """Half-width of the 95 % interval of the mean of ``values`` (1.96 standard errors; the sample standard
-    deviation, so 0/1 values give the binomial interval's normal approximation).
+def wilson(p: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``p`` of ``n`` independent trials (NaNs without trials):
+    where one proportion stands alone (a greedy evaluation: one 0/1 outcome per task). Unlike the normal
+    (Wald) interval it is never of zero width at 0 or 1 and never leaves [0, 1].
 
-    >>> round(ci95([1, 0, 0, 0]), 4)   # p = 0.25, sd 0.5, n 4: 1.96 * 0.5 / 2
-    0.49
-    >>> ci95([1.0]), ci95([])
-    (0.0, 0.0)
+    >>> [round(x, 4) for x in wilson(0.5, 64)], [round(x, 4) for x in wilson(0.0, 20)]
+    ([0.381, 0.619], [0.0, 0.1611])
     """
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean = sum(values) / n
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return 1.96 * (var / n) ** 0.5
+    if not n or p != p:
+        return float("nan"), float("nan")
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / d
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def clustered_interval(clusters: list[tuple[float, float]], z: float = 1.96) -> dict[str, float]:
+    """The 95 % interval of a success rate pooled over clusters of correlated 0/1 outcomes (a task's K
+    sampled trajectories, or its rollouts in a training window: one task is one unit). ``clusters``: one
+    ``(successes, outcomes)`` pair per task. The rate is successes / outcomes; its cluster-robust variance
+    (CR1: G/(G-1) sum_g (y_g - p m_g)^2 / M^2) gives the effective sample size n_eff = p(1-p) / var (Kish),
+    at most the M outcomes (never narrower than treating them as independent) and G, the number of tasks,
+    when the variance is 0 (every task at the same rate); the interval is Wilson's at n_eff.
+
+    >>> r = clustered_interval([(4, 4), (0, 4), (4, 4), (0, 4)])   # each task all or nothing
+    >>> r["p"], r["n_eff"], [round(x, 3) for x in (r["lo"], r["hi"])]  # 4 tasks, not 16 draws
+    (0.5, 3.0, [0.125, 0.875])
+    """
+    g = len(clusters)
+    m = sum(n for _, n in clusters)
+    if not g or not m:
+        return {"p": float("nan"), "lo": float("nan"), "hi": float("nan"), "n_eff": 0.0, "tasks": g}
+    p = sum(y for y, _ in clusters) / m
+    var = g / max(1, g - 1) * sum((y - p * n) ** 2 for y, n in clusters) / (m * m)
+    n_eff = min(float(m), p * (1 - p) / var) if var > 0 else float(g)
+    lo, hi = wilson(p, n_eff, z)
+    return {"p": p, "lo": lo, "hi": hi, "n_eff": n_eff, "tasks": g}
 
 
 def per_task_success(directory: Path) -> dict[str, float]:
@@ -163,30 +186,36 @@ def per_task_success(directory: Path) -> dict[str, float]:
 
 
 def sampled_row(directories: list[Path]) -> dict[str, float]:
-    """``eval/sampled_success`` / ``eval/sampled_ci95`` / ``eval/sampled_k`` from the K sampled passes:
-    each task's success rate over its samples, then the mean (and interval) over tasks."""
+    """``eval/sampled_success``, its 95 % interval ``eval/sampled_lo`` / ``eval/sampled_hi`` and
+    ``eval/sampled_k`` from the K sampled passes: each task's success rate over its samples, then the mean
+    over tasks; the interval is clustered by task (:func:`clustered_interval`: a task's K samples are one
+    unit, not K independent draws)."""
     passes = [per_task_success(d) for d in directories]
     tasks = sorted(set().union(*passes)) if passes else []
-    rates = [sum(p.get(t, 0.0) for p in passes) / len(passes) for t in tasks]
+    clustered = clustered_interval([(sum(p.get(t, 0.0) for p in passes), len(passes)) for t in tasks])
     return {
-        "eval/sampled_success": sum(rates) / len(rates) if rates else 0.0,
-        "eval/sampled_ci95": ci95(rates),
+        "eval/sampled_success": clustered["p"] if tasks else 0.0,
+        "eval/sampled_lo": clustered["lo"],
+        "eval/sampled_hi": clustered["hi"],
         "eval/sampled_k": len(passes),
     }
 
 
 def eval_row(report: dict[str, Any], rnd: int, step: int, seconds: float) -> dict[str, Any]:
-    """The metrics row of one evaluation (``eval/success`` and one ``eval/success_TIER`` per tier)."""
-    p, n = report["task_weighted_rate"], max(1, report["n_done"])
+    """The metrics row of one evaluation (``eval/success`` and one ``eval/success_TIER`` per tier). The
+    greedy rate is one proportion over the tasks (one 0/1 outcome each): its 95 % interval
+    (``eval/success_lo`` / ``eval/success_hi``) is Wilson's. A macro rate over tiers (TextWorld) gets none:
+    Wilson's would be the task-weighted rate's."""
     row: dict[str, Any] = {
         "round": rnd,
         "step": step,
         "eval/success": report["success_rate"],
-        "eval/success_ci95": 1.96 * (p * (1 - p) * n / max(1, n - 1) / n) ** 0.5,  # as ci95 over 0/1 tasks
         "eval/n_tasks": report["n_tasks"],
         "eval/errors": report["errors"],
         "time/eval_s": seconds,
     }
+    if report.get("aggregation") != "macro_over_tiers":
+        row["eval/success_lo"], row["eval/success_hi"] = wilson(report["task_weighted_rate"], report["n_done"])
     for tier, t in report["per_tier"].items():
         row[f"eval/success_{tier}"] = t["rate"]
     return row
@@ -240,14 +269,19 @@ def eval_line(row: dict[str, Any]) -> str:
     tiers = " ".join(
         f"{k.removeprefix('eval/success_')}={v:.3f}"
         for k, v in row.items()
-        if k.startswith("eval/success_") and k != "eval/success_ci95"
+        if k.startswith("eval/success_") and k not in ("eval/success_lo", "eval/success_hi")
     )
+
+    def band(lo: str, hi: str) -> str:
+        return f" [{row[lo]:.3f}, {row[hi]:.3f}]" if lo in row and hi in row else ""
+
     sampled = (
-        f" sampled={row['eval/sampled_success']:.3f}±{row['eval/sampled_ci95']:.3f} (k={row['eval/sampled_k']})"
+        f" sampled={row['eval/sampled_success']:.3f}{band('eval/sampled_lo', 'eval/sampled_hi')} "
+        f"(k={row['eval/sampled_k']}, clustered by task)"
         if "eval/sampled_success" in row
         else ""
     )
     return (
-        f"eval step={row['step']} success={row['eval/success']:.3f}±{row.get('eval/success_ci95', 0.0):.3f} "
+        f"eval step={row['step']} success={row['eval/success']:.3f}{band('eval/success_lo', 'eval/success_hi')} "
         f"({tiers}){sampled} n={row['eval/n_tasks']} errors={row['eval/errors']} {row['time/eval_s']:.1f}s"
     )

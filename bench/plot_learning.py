@@ -605,8 +605,8 @@ def figure(res: dict[str, dict[int, dict[str, Any]]], png: Path, title: str) -> 
             a.fill_between(
                 c["x"], [100 * v for v in c["lo"]], [100 * v for v in c["hi"]], color=f"C{i}", alpha=0.15
             )
-    a.set(title=f"training root success (%), rolling mean of {WINDOW} steps, 95 % band (by task)", xlabel="optimizer step",
-          ylim=(-2, 102))  # fmt: skip
+    a.set(title=f"training root success (%), rolling mean of {WINDOW} steps, 95 % band (by task)",
+          xlabel="optimizer step", ylim=(-2, 102))  # fmt: skip
     if runs:
         a.legend(fontsize=7)
     a = ax[1]

@@ -10,7 +10,8 @@ logs one row to metrics.jsonl / TensorBoard:
 
 With ``--eval-samples K`` the same tasks also run K times at the rollout temperature (1.0: the policy RL
 trains and samples from; greedy success moves only when an argmax flips), each sample with its own seed
-(:func:`sampled_eval_seed`: no two training seeds share one) and directory (``OUT/evals/step_SSSSS_sample_k/``), all in flight together with the greedy pass, and the row adds
+(:func:`sampled_eval_seed`: no two training seeds share one) and directory
+(``OUT/evals/step_SSSSS_sample_k/``), all in flight together with the greedy pass, and the row adds
 ``eval/sampled_success`` (the mean over tasks of each task's success rate over its K samples),
 ``eval/sampled_lo`` / ``eval/sampled_hi`` and ``eval/sampled_k``. The 95 % intervals: the greedy rate is one
 proportion over tasks, Wilson's interval (:func:`wilson`); the sampled rate pools K correlated samples per

@@ -124,8 +124,9 @@ def test_eval_intervals_and_the_sampled_row(tmp_path: Path):
 
     # greedy at p = 0 and p = 1 over 20 tasks: Wilson has width (Wald: 0), inside [0, 1]
     for successes in (0, 20):
-        r = eval_row({"success_rate": successes / 20, "task_weighted_rate": successes / 20, "n_done": 20,
-                      "n_tasks": 20, "errors": 0, "per_tier": {}, "aggregation": "task_weighted"}, 0, 0, 1.0)  # fmt: skip
+        report = {"success_rate": successes / 20, "task_weighted_rate": successes / 20, "n_done": 20,
+                  "n_tasks": 20, "errors": 0, "per_tier": {}, "aggregation": "task_weighted"}  # fmt: skip
+        r = eval_row(report, 0, 0, 1.0)
         lo, hi = r["eval/success_lo"], r["eval/success_hi"]
         assert 0.0 <= lo <= r["eval/success"] <= hi <= 1.0 and hi - lo > 0.15
     macro = eval_row({"success_rate": 0.4, "task_weighted_rate": 0.5, "n_done": 4, "n_tasks": 4, "errors": 0,

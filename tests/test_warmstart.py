@@ -352,7 +352,8 @@ def test_lora_resume_refuses_another_base_in_one_line(sft_run, tmp_path, capsys)
 
     adapter = str(sft_run / "adapter")
     kw = dict(model="tiny", lora_rank=2, lr=1e-2, oracle_mix=0.5, score_noise=0.3, max_batch_size=1,
-              schedule="execution:1", max_idle_rounds=4, max_steps=2, max_new_tokens=12, out=str(tmp_path / "r"))  # fmt: skip
+              schedule="execution:1", max_idle_rounds=4, max_steps=2, max_new_tokens=12,
+              out=str(tmp_path / "r"))  # fmt: skip
     train(TrainConfig.make(steps=1, init_adapter=adapter, **kw), progress=False)
     ckpt = sorted((tmp_path / "r" / "checkpoints").glob("step_*"))[-1] / "state.pt"
     base = torch.load(ckpt, weights_only=False)["config"]["resolved_base"]

@@ -19,7 +19,9 @@ task, an interval clustered by task (:func:`clustered_interval`).
 
 ``round`` is the next round to run, so a resumed run's ``truncate_logs`` drops that row together with the
 rounds after the checkpoint, and the loop writes it again from ``OUT/evals/step_SSSSS/`` (the evaluation's
-own resumable directory: finished tasks are read back, not re-run).
+own resumable directory: finished tasks are read back, not re-run). Directories of that step that hold passes
+of other settings (made before the in-run evaluation ran the trained agent's settings and seeds) are set aside
+as ``NAME.stale`` with one line, and the step is evaluated again.
 
 The agent evaluated is the agent that trains: every setting of :data:`AGENT_SETTINGS` (steps, depth, prompt
 and reply caps, rubric and score caps, step and tree deadlines, launch and agent bounds) is the run's own
@@ -222,6 +224,17 @@ def eval_row(report: dict[str, Any], rnd: int, step: int, seconds: float) -> dic
     return row
 
 
+def set_aside(directory: Path) -> Path:
+    """Rename ``directory`` to the first free ``NAME.stale``, ``NAME.stale1``, ... beside it (kept, never
+    read again: the plot scripts read ``step_SSSSS[_sample_k]`` only); returns the new path."""
+    for i in range(10**6):
+        target = directory.with_name(f"{directory.name}.stale{i or ''}")
+        if not target.exists():
+            directory.rename(target)
+            return target
+    raise RuntimeError(f"no free name to set {directory} aside")
+
+
 @dataclass
 class InRunEval:
     """Evaluates at the steps :func:`eval_due` names, at most once per step in this process."""
@@ -236,7 +249,7 @@ class InRunEval:
         log, or None. Call it where no rollout is in flight (it runs its own asyncio loop)."""
         if step in self.done or not eval_due(self.cfg, step):
             return None
-        from common.eval import evaluate
+        from common.eval import ManifestMismatch, evaluate
 
         t0 = time.perf_counter()
         configs = [eval_config(self.cfg, step)]  # greedy, then the sampled passes: all in flight at once
@@ -247,7 +260,13 @@ class InRunEval:
             agent = agent_settings(self.cfg)  # the agent that trains, not sera eval's paper caps
             return await asyncio.gather(*(evaluate(c, inner, False, agent) for c in configs))
 
-        reports = asyncio.run(all_passes())
+        try:
+            reports = asyncio.run(all_passes())
+        except ManifestMismatch:  # a resumed run's step redone: its directories hold another agent's passes
+            moved = [set_aside(Path(c.out)) for c in configs if Path(c.out).exists()]
+            print(f"[eval] step {step}: {', '.join(m.name for m in moved)} held passes of other settings "
+                  "(made before this code, or by another agent); set aside, evaluating again", flush=True)  # fmt: skip
+            reports = asyncio.run(all_passes())
         self.done.add(step)
         row = eval_row(reports[0], rnd, step, time.perf_counter() - t0)
         if self.cfg.eval_samples:

@@ -205,6 +205,32 @@ def test_in_run_eval_runs_the_trained_agent_and_says_so(tmp_path: Path, monkeypa
     assert len(lines) == 2
 
 
+def test_a_redone_step_sets_aside_passes_of_another_agent(tmp_path: Path, capsys):
+    """A resumed run redoes the evaluation of its checkpoint's step from that step's directories; ones made
+    by another agent (before the in-run evaluation ran the trained agent's settings) are set aside with one
+    line and evaluated again, not refused mid-run and not mixed in."""
+    from common.data import write_jsonl
+    from common.envs.textcraft.tasks import generate_tasks
+    from common.policy import make_policy
+    from common.train_config import TrainConfig
+    from common.train_eval import InRunEval, agent_settings
+
+    write_jsonl(tmp_path / "val.jsonl", generate_tasks("val", 2))
+    kw = dict(model="tiny", out=str(tmp_path / "run"), eval_tasks=str(tmp_path / "val.jsonl"), eval_every=1,
+              eval_samples=1, max_steps=2, max_new_tokens=8)  # fmt: skip
+    policy = make_policy("oracle", env="textcraft", delegate=True)
+    InRunEval(TrainConfig.make(max_prompt_tokens=1024, **kw))(policy, 0, 0)  # "another agent"
+    cfg = TrainConfig.make(**kw)
+    row = InRunEval(cfg)(policy, 0, 0)
+    evals = tmp_path / "run" / "evals"
+    assert sorted(p.name for p in evals.iterdir()) == ["step_00000", "step_00000.stale", "step_00000_sample_0",
+                                                       "step_00000_sample_0.stale"]  # fmt: skip
+    assert json.loads((evals / "step_00000" / "report.json").read_text())["agent_settings"] == agent_settings(cfg)
+    assert json.loads((evals / "step_00000.stale" / "report.json").read_text())["agent_settings"][
+        "max_prompt_tokens"] == 1024  # fmt: skip
+    assert "set aside, evaluating again" in capsys.readouterr().out and row["eval/n_tasks"] == 2
+
+
 def test_sampled_eval_seeds_are_distinct_across_training_seeds():
     """Every (training seed, sample) pair gets its own seed (``seed + 1 + k`` gave seed 0's sample 1 and
     seed 1's sample 0 the same one); the greedy pass keeps the training seed; the rule depends on nothing

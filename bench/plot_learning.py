@@ -178,13 +178,11 @@ def eval_point(dirs: list[Path], row: dict[str, Any] | None = None, mode: str = 
         done = min(len(p) for _, p in got) if len(got) == len(dirs) else 0  # tasks every sample finished
         return {"tasks": values, "rate": mean(list(values.values())), "lo": lo, "hi": hi, "n": len(values),
                 "done": done, "planned": planned, "k": len(dirs)}  # fmt: skip
-    key = "eval/success" if mode == "greedy" else "eval/sampled_success"
+    prefix = "eval/success" if mode == "greedy" else "eval/sampled"  # eval/success, eval/sampled_success
     r = row or {}
-    if finite(rate := r.get(key)):
+    if finite(rate := r.get("eval/success" if mode == "greedy" else "eval/sampled_success")):
         n = int(r["eval/n_tasks"]) if finite(r.get("eval/n_tasks")) else None
-        lo, hi = (r.get("eval/sampled_lo"), r.get("eval/sampled_hi")) if mode == "sampled" else (
-            r.get("eval/success_lo"), r.get("eval/success_hi"))  # fmt: skip
-        half = r.get("eval/sampled_ci95" if mode == "sampled" else "eval/success_ci95")
+        lo, hi, half = r.get(f"{prefix}_lo"), r.get(f"{prefix}_hi"), r.get(f"{prefix}_ci95")
         if not (finite(lo) and finite(hi)):
             lo, hi = (rate - half, rate + half) if finite(half) else (float("nan"), float("nan"))
         return {"tasks": None, "rate": float(rate), "lo": float(lo), "hi": float(hi), "n": n, "done": n,

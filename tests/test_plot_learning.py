@@ -232,6 +232,10 @@ def test_missing_method_and_helpers(tmp_path, bench_module):
         {"mean": 0.1, "se": float("nan")}
     )
     assert pl.pool([{"a": 1.0, "b": 0.0}, {"a": 0.0}]) == {"a": 0.5, "b": 0.0}
+    row = {"eval/success": 0.0, "eval/success_lo": 0.0, "eval/success_hi": 0.16, "eval/n_tasks": 20,
+           "eval/sampled_success": 0.5, "eval/sampled_lo": 0.3, "eval/sampled_hi": 0.7}  # a row's Wilson bounds
+    assert (pl.eval_point([], row)["lo"], pl.eval_point([], row)["hi"]) == (0.0, 0.16)
+    assert (pl.eval_point([], row, "sampled")["lo"], pl.eval_point([], row, "sampled")["hi"]) == (0.3, 0.7)
     assert doctest.testmod(pl, optionflags=doctest.ELLIPSIS).failed == 0
 
 

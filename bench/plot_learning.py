@@ -7,24 +7,33 @@ Reads, per method M (sera, rao) and seed S, OUT_DIR/rl_M/sS/:
 
 * ``metrics.jsonl``: one row per rollout round (``reward/root_success``, ``stage``, ``train/skipped``,
   ``grad_norm/<stage>``, ``loss/ratio_*``, ...) and one row per in-run held-out evaluation (``eval/success``,
-  ``eval/success_ci95``, ``eval/sampled_success``, ...);
+  ``eval/success_lo``, ``eval/success_hi``, ``eval/sampled_success``, ...);
 * ``evals/step_SSSSS/results/*.json`` (greedy, one trajectory per task) and
   ``evals/step_SSSSS_sample_k/results/*.json`` (sample k at the rollout temperature): the per-task outcomes
   the intervals are computed from;
-* ``config.json``: ``tasks_per_step`` x ``rollouts_per_task`` = the rollouts behind one round's root success.
+* ``config.json``: ``tasks_per_step`` x ``rollouts_per_task`` = the rollouts behind one round's root success;
+* ``trees.jsonl``: each training rollout's task and root success (``meta.round``), for the curves' bands.
 
-Statistics (all over held-out tasks; Z = 1.96):
+Statistics (Z = 1.96). A task is one unit everywhere: its K samples, its rollouts in a training window, its
+outcomes under several seeds are never counted as independent draws.
 
 * a per-task value is the greedy outcome (0/1) or the mean outcome of the task's K samples;
-* a success rate's 95 % interval is mean +- Z * SE, SE = the tasks' standard deviation (n - 1) / sqrt(n);
-* the improvement of a method = its per-task value at its last evaluated step minus at step 0, averaged per
-  task over the seeds (seeds pooled), then mean +- Z * SE of those per-task differences (paired over tasks);
-  it is called significant when |mean| > Z * SE;
-* SERA - RAO at the last step = per task, SERA's value (mean over its seeds) minus RAO's, paired the same way.
+* a greedy success rate (one 0/1 outcome per task, a proportion standing alone): Wilson's 95 % interval;
+* a sampled success rate (K correlated samples per task): Wilson's interval at the task-clustered effective
+  sample size (``common.train_eval.clustered_interval``: cluster-robust variance, tasks as clusters);
+* the improvement of a method = its per-task value at its last evaluated step minus at step 0, paired over
+  tasks: for each seed on its own, and with the seeds pooled (per task, the mean over seeds), mean +- Z * SE of
+  the per-task differences; beside them the spread between seeds (the standard deviation of the seeds'
+  changes). It is called significant when the pooled |mean| > Z * SE and every seed's change has its sign;
+* SERA - RAO at the last step = per task, SERA's value (mean over its seeds) minus RAO's, paired the same way,
+  and per seed number (SERA sS - RAO sS: the same sampled-eval seeds, common random numbers);
+* the training curves: the rolling mean of root success over WINDOW optimizer steps, its band clustered by
+  task over the window's rollouts (from ``trees.jsonl``; without it, no band).
 
-These intervals cover the sample of held-out tasks (and of the K samples), NOT the variation between training
-seeds (the per-seed numbers are in the first table). A cut-off evaluation is shown from its finished tasks,
-marked "n of N done"; a run or evaluation that does not exist is "not run", never zero.
+The pooled intervals cover the sample of held-out tasks (and of the K samples); the variation between training
+seeds is what the per-seed columns and their spread show (2 seeds: a rough guide). A cut-off evaluation is
+shown from its finished tasks, marked "n of N done"; a run or evaluation that does not exist is "not run",
+never zero.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from common.eval import aggregate, load_results  # noqa: E402
 from common.run.metrics import pyplot_or_note, read_metrics  # noqa: E402
+from common.train_eval import clustered_interval, wilson  # noqa: E402, F401 - wilson: plot_tiny_set's too
 
 METHODS = {"sera": "SERA", "rao": "RAO"}
 MODES = ("greedy", "sampled")
@@ -96,20 +106,6 @@ def pool(per_seed: list[dict[Any, float]]) -> dict[Any, float]:
     return {k: mean([d[k] for d in per_seed if k in d]) for k in keys}
 
 
-def wilson(p: float, n: float, z: float = Z) -> tuple[float, float]:
-    """The Wilson score interval of a proportion ``p`` of ``n`` trials (NaNs without trials).
-
-    >>> [round(x, 4) for x in wilson(0.5, 64)]
-    [0.381, 0.619]
-    """
-    if not n or not finite(p):
-        return float("nan"), float("nan")
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
-
-
 def rolling(ys: list[float], w: int = WINDOW) -> list[float]:
     """Trailing mean over the last ``w`` values (fewer at the start).
 
@@ -162,25 +158,35 @@ def task_outcomes(d: Path) -> dict[Any, float]:
     }
 
 
-def eval_point(
-    dirs: list[Path], row_rate: Any = None, row_half: Any = None, row_n: Any = None
-) -> dict | None:
+def eval_point(dirs: list[Path], row: dict[str, Any] | None = None, mode: str = "greedy") -> dict | None:
     """One evaluation (greedy: one directory; sampled: one per sample): per-task values (the mean over the
-    samples that finished the task), rate, 95 % half-width, tasks done / planned. Without per-task results it
-    falls back to the metrics row's numbers (``tasks`` is then None: no paired statistics)."""
+    samples that finished the task), rate, 95 % interval ``lo``-``hi`` (greedy: Wilson; sampled: clustered by
+    task), tasks done / planned. Without per-task results it falls back to the metrics row's numbers
+    (``tasks`` is then None: no paired statistics; a row written before the Wilson bounds has a symmetric
+    half-width, ``eval/*_ci95``)."""
     got = [(d, task_outcomes(d)) for d in dirs]
     got = [(d, p) for d, p in got if p]
     if got:
         values = pool([p for _, p in got])
-        iv = interval(list(values.values()))
+        if len(dirs) == 1:
+            lo, hi = wilson(mean(list(values.values())), len(values))
+        else:  # per task: its successes over the samples that finished it
+            iv = clustered_interval([(sum(p[t] for _, p in got if t in p), sum(t in p for _, p in got))
+                                     for t in values])  # fmt: skip
+            lo, hi = iv["lo"], iv["hi"]
         planned = max(planned_tasks(d, len(p)) for d, p in got)
         done = min(len(p) for _, p in got) if len(got) == len(dirs) else 0  # tasks every sample finished
-        return {"tasks": values, "rate": iv["mean"], "half": iv["half"], "n": len(values), "done": done,
-                "planned": planned, "k": len(dirs)}  # fmt: skip
-    if finite(row_rate):
-        n = int(row_n) if finite(row_n) else None
-        return {"tasks": None, "rate": float(row_rate), "half": float(row_half) if finite(row_half) else float("nan"),
-                "n": n, "done": n, "planned": n, "k": len(dirs) or None}  # fmt: skip
+        return {"tasks": values, "rate": mean(list(values.values())), "lo": lo, "hi": hi, "n": len(values),
+                "done": done, "planned": planned, "k": len(dirs)}  # fmt: skip
+    prefix = "eval/success" if mode == "greedy" else "eval/sampled"  # eval/success, eval/sampled_success
+    r = row or {}
+    if finite(rate := r.get("eval/success" if mode == "greedy" else "eval/sampled_success")):
+        n = int(r["eval/n_tasks"]) if finite(r.get("eval/n_tasks")) else None
+        lo, hi, half = r.get(f"{prefix}_lo"), r.get(f"{prefix}_hi"), r.get(f"{prefix}_ci95")
+        if not (finite(lo) and finite(hi)):
+            lo, hi = (rate - half, rate + half) if finite(half) else (float("nan"), float("nan"))
+        return {"tasks": None, "rate": float(rate), "lo": float(lo), "hi": float(hi), "n": n, "done": n,
+                "planned": n, "k": len(dirs) or None}  # fmt: skip
     return None
 
 
@@ -201,16 +207,35 @@ def load_run(d: Path) -> dict[str, Any]:
     for s in sorted(set(greedy) | set(samples) | set(erows)):
         r = erows.get(s, {})
         pts = {
-            "greedy": eval_point([greedy[s]] if s in greedy else [], r.get("eval/success"),
-                                 r.get("eval/success_ci95"), r.get("eval/n_tasks")),
-            "sampled": eval_point(samples.get(s, []), r.get("eval/sampled_success"),
-                                  r.get("eval/sampled_ci95"), r.get("eval/n_tasks")),
-        }  # fmt: skip
+            "greedy": eval_point([greedy[s]] if s in greedy else [], r, "greedy"),
+            "sampled": eval_point(samples.get(s, []), r, "sampled"),
+        }
         if any(pts.values()):
             evals[s] = pts
     rounds = [r for r in rows if "stage" in r]
     trained = [r for r in rounds if not r.get("train/skipped")]
-    return {"dir": d, "rows": rows, "config": config, "evals": evals, "rounds": rounds, "trained": trained}
+    return {"dir": d, "rows": rows, "config": config, "evals": evals, "rounds": rounds, "trained": trained,
+            "tasks_by_round": tasks_by_round(d / "trees.jsonl")}  # fmt: skip
+
+
+def tasks_by_round(path: Path) -> dict[int, dict[str, list[int]]]:
+    """``{round: {task_id: [successes, rollouts]}}`` of the training rollouts a run logged (``trees.jsonl``,
+    one root rollout a line); empty without the file."""
+    out: dict[int, dict[str, list[int]]] = {}
+    if not path.is_file():
+        return out
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            t = json.loads(line)
+            rnd = (t.get("meta") or {}).get("round")
+            if rnd is None:
+                continue
+            cell = out.setdefault(int(rnd), {}).setdefault(str(t.get("task_id")), [0, 0])
+            cell[0] += int(bool(t.get("success")))
+            cell[1] += 1
+    return out
 
 
 def load(out: Path) -> dict[str, dict[int, dict[str, Any]]]:
@@ -261,6 +286,7 @@ def improvement(runs: dict[int, dict[str, Any]], mode: str) -> dict[str, Any] | 
     res.update(
         seeds=seeds, lasts=lasts, a=mean(list(pool(before).values())), b=mean(list(pool(after).values()))
     )
+    res["per_seed"] = [interval(list(d.values())) for d in diffs]  # each seed on its own, paired over tasks
     return res
 
 
@@ -287,27 +313,55 @@ def sera_minus_rao(res: dict[str, dict[int, dict[str, Any]]], mode: str) -> dict
         return None
     out = paired(rao, sera)  # sera - rao; a = RAO's mean, b = SERA's
     out.update(sera_seeds=s_seeds, sera_lasts=s_lasts, rao_seeds=r_seeds, rao_lasts=r_lasts)
+    out["per_seed"], out["seeds"] = [], []  # SERA sS - RAO sS, the seeds both methods ran
+    for seed in sorted(set(res["sera"]) & set(res["rao"])):
+        one_s, _, _ = last_values({seed: res["sera"][seed]}, mode)
+        one_r, _, _ = last_values({seed: res["rao"][seed]}, mode)
+        if set(one_s) & set(one_r):
+            out["per_seed"].append(paired(one_r, one_s))
+            out["seeds"].append(seed)
     return out
 
 
-def per_round(run: dict[str, Any]) -> int | None:
-    """Root rollouts behind one round's root success: tasks_per_step x rollouts_per_task (config.json)."""
-    c = run["config"]
-    if finite(c.get("tasks_per_step")) and finite(c.get("rollouts_per_task")):
-        return int(c["tasks_per_step"]) * int(c["rollouts_per_task"])
-    return None
+def seed_spread(r: dict[str, Any]) -> float:
+    """The standard deviation (n - 1) of the seeds' own changes: the variation between training seeds (NaN
+    with fewer than 2 seeds)."""
+    ms = [s["mean"] for s in r.get("per_seed", [])]
+    if len(ms) < 2:
+        return float("nan")
+    m = mean(ms)
+    return math.sqrt(sum((x - m) ** 2 for x in ms) / (len(ms) - 1))
+
+
+def per_seed_text(r: dict[str, Any], seeds: list[int]) -> str:
+    """``s0 +25.0 ± 49.0; s1 +50.0 ± 56.6`` (pp): each seed's change with its own 95 % half-width."""
+    return "; ".join(f"s{s} {pp(x['mean'])} ± {pp(x['half'], False)}"
+                     for s, x in zip(seeds, r.get("per_seed", []), strict=True))  # fmt: skip
 
 
 def train_curve(run: dict[str, Any], w: int = WINDOW) -> dict[str, list[float]]:
     """Root success of the rollouts per optimizer step (the policy version that sampled them; rounds without
-    an update are left out), its trailing rolling mean over ``w`` steps and that mean's binomial 95 % band
-    (Wilson, n = the rounds in the window x rollouts per round: tasks are treated as independent draws)."""
-    pts = [(int(r["step"]), float(r["reward/root_success"])) for r in run["trained"]
+    an update are left out), its trailing rolling mean over ``w`` steps and that mean's 95 % band clustered
+    by task (:func:`common.train_eval.clustered_interval` over the window's rollouts, a task's rollouts one
+    unit: they share its difficulty), from ``trees.jsonl``; NaN where a round of the window has no trees."""
+    pts = [(int(r["step"]), float(r["reward/root_success"]), r.get("round")) for r in run["trained"]
            if finite(r.get("reward/root_success"))]  # fmt: skip
-    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    xs, ys, rounds = [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
     roll = rolling(ys, w)
-    n = per_round(run)
-    band = [wilson(v, n * min(w, i + 1)) if n else (float("nan"),) * 2 for i, v in enumerate(roll)]
+    by_round = run.get("tasks_by_round") or {}
+    band = []
+    for i in range(len(pts)):
+        window = rounds[max(0, i - w + 1) : i + 1]
+        if not all(r in by_round for r in window):
+            band.append((float("nan"), float("nan")))
+            continue
+        tasks: dict[str, list[int]] = {}
+        for r in window:
+            for t, (y, n) in by_round[r].items():
+                cell = tasks.setdefault(t, [0, 0])
+                cell[0], cell[1] = cell[0] + y, cell[1] + n
+        iv = clustered_interval([(y, n) for y, n in tasks.values()])
+        band.append((iv["lo"], iv["hi"]))
     return {"x": xs, "y": ys, "roll": roll, "lo": [b[0] for b in band], "hi": [b[1] for b in band]}
 
 
@@ -378,7 +432,7 @@ def pp(v: float, sign: bool = True) -> str:
 def point_cell(p: dict[str, Any] | None) -> str:
     if p is None:
         return "not run"
-    half = f" ± {pp(p['half'], False)}" if finite(p["half"]) else ""
+    half = f" [{pp(p['lo'], False)}, {pp(p['hi'], False)}]" if finite(p["lo"]) and finite(p["hi"]) else ""
     k = f", K={p['k']}" if p.get("k", 1) and p.get("k", 1) > 1 else ""
     done = f", {p['done']} of {p['planned']} done" if (p["done"] or 0) < (p["planned"] or 0) else ""
     n = f" (n={p['n']}{k}{done})" if p["n"] is not None else ""
@@ -386,13 +440,18 @@ def point_cell(p: dict[str, Any] | None) -> str:
 
 
 def verdict(r: dict[str, Any]) -> str:
+    """Significant when the pooled change is beyond 1.96 SE and every seed's own change has its sign.
+
+    >>> verdict({"mean": 0.3, "se": 0.1, "per_seed": [{"mean": 0.5}, {"mean": -0.1}]})
+    'not significant: the seeds disagree in sign (pooled > 1.96 SE)'
+    """
     if not finite(r["se"]):
         return "no interval (fewer than 2 tasks)"
-    if r["mean"] > Z * r["se"]:
-        return "significant increase (> 1.96 SE)"
-    if r["mean"] < -Z * r["se"]:
-        return "significant decrease (> 1.96 SE)"
-    return "not significant (within 1.96 SE)"
+    if abs(r["mean"]) <= Z * r["se"]:
+        return "not significant (within 1.96 SE)"
+    if any(s["mean"] * r["mean"] <= 0 for s in r.get("per_seed", [])):
+        return "not significant: the seeds disagree in sign (pooled > 1.96 SE)"
+    return f"significant {'increase' if r['mean'] > 0 else 'decrease'} (> 1.96 SE, every seed the same sign)"
 
 
 def seeds_text(seeds: list[int], lasts: list[int]) -> str:
@@ -404,8 +463,9 @@ def markdown(res: dict[str, dict[int, dict[str, Any]]], out: Path) -> str:
         f"# Held-out success, SERA vs RAO from one warm start: `{out}`",
         "",
         "Held-out TextCraft-Synth val tasks. greedy = one trajectory per task at temperature 0; sampled = the "
-        "mean over the task's K trajectories at the rollout temperature. ± = 95 % half-width (1.96 standard "
-        "errors over held-out tasks), in percentage points.",
+        "mean over the task's K trajectories at the rollout temperature. [lo, hi] = 95 % interval in percent "
+        "(greedy: Wilson; sampled: clustered by task, a task's K samples one unit); ± = 95 % half-width of a "
+        "change paired over tasks (1.96 standard errors), in percentage points.",
         "",
         "## Per run",
         "",
@@ -429,10 +489,11 @@ def markdown(res: dict[str, dict[int, dict[str, Any]]], out: Path) -> str:
                          + " | ".join(cells) + " |")  # fmt: skip
     lines += [
         "",
-        "## Improvement: last evaluated step − step 0 (seeds pooled per task, paired over tasks)",
+        "## Improvement: last evaluated step − step 0 (paired over tasks; seeds pooled per task, and each seed)",
         "",
-        "| method | mode | seeds@last step | tasks | step 0 | last | change (pp) | 95 % interval (pp) | |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | mode | seeds@last step | tasks | step 0 | last | change (pp) | 95 % interval (pp) | each seed "
+        "(pp) | between seeds, sd (pp) | |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     imps: dict[tuple[str, str], dict[str, Any] | None] = {}
     for m in res:
@@ -440,30 +501,32 @@ def markdown(res: dict[str, dict[int, dict[str, Any]]], out: Path) -> str:
             r = imps[m, mode] = improvement(res[m], mode)
             name = METHODS.get(m, m)
             if r is None:
-                lines.append(f"| {name} | {mode} | not run | | | | | | |")
+                lines.append(f"| {name} | {mode} | not run | | | | | | | | |")
                 continue
             lines.append(
                 f"| {name} | {mode} | {seeds_text(r['seeds'], r['lasts'])} | {r['n']} | {pct(r['a'])} | "
                 f"{pct(r['b'])} | {pp(r['mean'])} ± {pp(r['half'], False)} | [{pp(r['lo'])}, {pp(r['hi'])}] | "
-                f"{verdict(r)} |"
+                f"{per_seed_text(r, r['seeds'])} | {pp(seed_spread(r), False)} | {verdict(r)} |"
             )
     lines += [
         "",
-        "## SERA − RAO at the last evaluated step (each method's seeds pooled per task, paired over tasks)",
+        "## SERA − RAO at the last evaluated step (paired over tasks; each method's seeds pooled per task, and "
+        "SERA sS − RAO sS per seed)",
         "",
-        "| mode | SERA seeds@step | RAO seeds@step | tasks | SERA | RAO | SERA − RAO (pp) | 95 % interval (pp) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | SERA seeds@step | RAO seeds@step | tasks | SERA | RAO | SERA − RAO (pp) | 95 % interval (pp) | "
+        "each seed (pp) | between seeds, sd (pp) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     diffs = {}
     for mode in MODES:
         d = diffs[mode] = sera_minus_rao(res, mode)
         if d is None:
-            lines.append(f"| {mode} | not run | | | | | | |")
+            lines.append(f"| {mode} | not run | | | | | | | | |")
             continue
         lines.append(
             f"| {mode} | {seeds_text(d['sera_seeds'], d['sera_lasts'])} | {seeds_text(d['rao_seeds'], d['rao_lasts'])}"
             f" | {d['n']} | {pct(d['b'])} | {pct(d['a'])} | {pp(d['mean'])} ± {pp(d['half'], False)} | "
-            f"[{pp(d['lo'])}, {pp(d['hi'])}] |"
+            f"[{pp(d['lo'])}, {pp(d['hi'])}] | {per_seed_text(d, d['seeds'])} | {pp(seed_spread(d), False)} |"
         )
     cols = stat_columns(res)
     lines += [
@@ -489,24 +552,28 @@ def markdown(res: dict[str, dict[int, dict[str, Any]]], out: Path) -> str:
             continue
         lines.append(
             f"- {name}, {mode}: RL changed held-out {mode} success by {pp(r['mean'])} ± {pp(r['half'], False)} pp "
-            f"({pct(r['a'])} -> {pct(r['b'])}; {r['n']} tasks, seeds {seeds_text(r['seeds'], r['lasts'])}): "
-            f"{verdict(r)}."
+            f"({pct(r['a'])} -> {pct(r['b'])}; {r['n']} tasks, seeds {seeds_text(r['seeds'], r['lasts'])}; "
+            f"each seed: {per_seed_text(r, r['seeds'])}): {verdict(r)}."
         )
     for mode, d in diffs.items():
         if d is None:
             lines.append(f"- SERA − RAO, {mode}: not shown (needs both methods evaluated after step 0).")
             continue
-        side = ("SERA higher" if d["lo"] > 0 else "RAO higher" if d["hi"] < 0
-                else "no difference shown (the interval contains 0)")  # fmt: skip
+        agree = all(x["mean"] * d["mean"] > 0 for x in d["per_seed"])
+        side = ("no difference shown (the interval contains 0)" if d["lo"] <= 0 <= d["hi"]
+                else "no difference shown (the seeds disagree in sign)" if not agree
+                else "SERA higher" if d["lo"] > 0 else "RAO higher")  # fmt: skip
         lines.append(
             f"- SERA − RAO at the last step, {mode}: {pp(d['mean'])} pp, 95 % interval [{pp(d['lo'])}, "
-            f"{pp(d['hi'])}] over {d['n']} tasks: {side}."
+            f"{pp(d['hi'])}] over {d['n']} tasks (each seed: {per_seed_text(d, d['seeds']) or 'none in both'}): "
+            f"{side}."
         )
     n_seeds = {m: len(runs) for m, runs in res.items()}
     lines += [
-        "- Not shown: the variation between training seeds (the intervals cover the held-out tasks and samples "
-        f"only; seeds per method: {', '.join(f'{METHODS.get(m, m)} {n}' for m, n in n_seeds.items()) or 'none'}); "
-        "the training curves' bands treat the rollouts of a round as independent draws.",
+        "- Between training seeds: the pooled intervals cover the held-out tasks and samples; the seeds' own "
+        "changes and their spread are beside them (seeds per method: "
+        f"{', '.join(f'{METHODS.get(m, m)} {n}' for m, n in n_seeds.items()) or 'none'}; 2 seeds are a rough "
+        "guide). The training curves' bands are clustered by task (trees.jsonl; none without it).",
     ]
     configs = {
         f"{METHODS.get(m, m)} s{seed}": run["config"]
@@ -536,8 +603,8 @@ def figure(res: dict[str, dict[int, dict[str, Any]]], png: Path, title: str) -> 
             a.fill_between(
                 c["x"], [100 * v for v in c["lo"]], [100 * v for v in c["hi"]], color=f"C{i}", alpha=0.15
             )
-    a.set(title=f"training root success (%), rolling mean of {WINDOW} steps, 95 % band", xlabel="optimizer step",
-          ylim=(-2, 102))  # fmt: skip
+    a.set(title=f"training root success (%), rolling mean of {WINDOW} steps, 95 % band (by task)",
+          xlabel="optimizer step", ylim=(-2, 102))  # fmt: skip
     if runs:
         a.legend(fontsize=7)
     a = ax[1]
@@ -552,7 +619,8 @@ def figure(res: dict[str, dict[int, dict[str, Any]]], png: Path, title: str) -> 
                 continue
             xs = [s + (i - (len(runs) - 1) / 2) * 0.012 * span for s, _ in pts]  # side by side, not on top
             ys = [100 * p["rate"] for _, p in pts]
-            err = [100 * p["half"] if finite(p["half"]) else 0.0 for _, p in pts]
+            err = [[100 * (p["rate"] - p["lo"]) if finite(p["lo"]) else 0.0 for _, p in pts],
+                   [100 * (p["hi"] - p["rate"]) if finite(p["hi"]) else 0.0 for _, p in pts]]  # fmt: skip
             a.errorbar(
                 xs,
                 ys,

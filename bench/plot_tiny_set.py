@@ -8,10 +8,11 @@ from the files.
 Reads OUT_DIR/variants.txt (the variants in order, ``NAME<TAB>FLAGS``, written by tiny_set.sh) and each
 OUT_DIR/NAME/metrics.jsonl and config.json (any other OUT_DIR/*/metrics.jsonl too). Rounds without an
 optimizer step are left out; x = the optimizer step whose policy sampled the rollouts. The rolling mean at
-step i is the mean of the last WINDOW steps' root success (fewer at the start); its band is the Wilson 95 %
-interval with n = the steps in the window x tasks_per_step x rollouts_per_task (rollouts treated as
-independent draws). "Reaches TARGET" and "best" count full windows only. A variant that did not run is "not
-run", never zero.
+step i is the mean of the last WINDOW steps' root success (fewer at the start); its 95 % band is clustered by
+task (each task's rollouts in the window are one unit: they share its difficulty; read from the run's
+trees.jsonl, no band without it; :func:`plot_learning.train_curve`). "Reaches TARGET" and "best" count full
+windows only; the best window's band is that window's own, not corrected for picking the best of several. A
+variant that did not run is "not run", never zero.
 """
 
 from __future__ import annotations
@@ -29,10 +30,8 @@ from plot_learning import (
     finite,
     load_run,
     mean,
-    per_round,
     pyplot_or_note,
     train_curve,
-    wilson,
 )  # noqa: E402
 
 
@@ -59,7 +58,6 @@ def summarise(run: dict[str, Any], target: float, window: int) -> dict[str, Any]
     full = [i for i in range(len(c["y"])) if i + 1 >= window]
     reach = next((c["x"][i] for i in full if c["roll"][i] >= target), None)
     best_i = max(full, key=lambda i: c["roll"][i]) if full else None  # the earliest of equal bests
-    n = per_round(run)
 
     def vals(key: str) -> list[float]:
         return [float(r[key]) for r in run["trained"] if finite(r.get(key))]
@@ -73,7 +71,7 @@ def summarise(run: dict[str, Any], target: float, window: int) -> dict[str, Any]
         "reach": reach,
         "best": None if best_i is None else c["roll"][best_i],
         "best_step": None if best_i is None else c["x"][best_i],
-        "best_band": None if best_i is None or not n else wilson(c["roll"][best_i], n * window),
+        "best_band": None if best_i is None or not finite(c["lo"][best_i]) else (c["lo"][best_i], c["hi"][best_i]),
         "last": c["roll"][-1] if c["roll"] else None,
         "grad_norm": (mean(gn), max(gn)) if gn else None,
         "ratio_max": max(vals("loss/ratio_max")) if vals("loss/ratio_max") else None,
@@ -98,7 +96,8 @@ def markdown(
         f"# Tiny-set check: `{out}`",
         "",
         f"Root success of the training rollouts (the fixed train tasks, rollout temperature) per optimizer step; "
-        f"rolling mean over {window} steps, 95 % band (Wilson, rollouts as independent draws). First step and best "
+        f"rolling mean over {window} steps, 95 % band clustered by task (a task's rollouts are one unit; the best "
+        f"window's band is not corrected for being the best of several). First step and best "
         f"count full windows of {window} steps only.",
         "",
         f"| variant | flags | steps done (rounds) | first step -> last step | last rolling mean | best rolling mean "

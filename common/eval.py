@@ -376,10 +376,14 @@ def load_results(out: Path) -> dict[int, dict[str, Any]]:
     return done
 
 
-def write_report(cfg: EvalConfig, out: Path, n_tasks: int, wall: float, init: Any = None) -> dict[str, Any]:
+def write_report(
+    cfg: EvalConfig, out: Path, n_tasks: int, wall: float, init: Any = None, agent: dict | None = None
+) -> dict[str, Any]:
     results = load_results(out)
     report = aggregate(list(results.values()), cfg.env, n_tasks=n_tasks)
     report.update(policy=cfg.policy, tasks_file=str(cfg.tasks), wall_seconds=wall)
+    if agent:
+        report["agent_settings"] = agent  # what replaced the protocol's settings (the trained agent's)
     if init is not None:
         report["init_weights"] = init.record()
     write_json_atomic(out / "report.json", report)
@@ -389,8 +393,13 @@ def write_report(cfg: EvalConfig, out: Path, n_tasks: int, wall: float, init: An
 
 
 # ---- the run -----------------------------------------------------------------------------------------
-async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) an evaluation and return the report. ``policy`` may be passed pre-built."""
+async def evaluate(
+    cfg: EvalConfig, policy: Any = None, progress: bool = True, agent: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Run (or resume) an evaluation and return the report. ``policy`` may be passed pre-built. ``agent``:
+    RuntimeConfig fields that replace the protocol's (the in-run evaluation passes the trained agent's
+    prompt cap, deadlines and launch bounds, :func:`common.train_eval.agent_settings`); the report records
+    them as ``agent_settings``."""
     from common.agent.runtime import run_root
     from common.envs import load_tasks
     from common.policy import make_policy
@@ -403,8 +412,7 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
     tasks = load_tasks(cfg.env, cfg.tasks)
     if cfg.limit is not None:
         tasks = tasks[: cfg.limit]
-    rcfg = runtime_config_for(
-        cfg.env,
+    protocol = dict(
         temperature=cfg.temperature,
         max_steps=cfg.max_steps,
         max_depth=cfg.max_depth,
@@ -415,6 +423,7 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
         prompts_dir=cfg.prompts_dir,
         **({"max_new_tokens": cfg.max_new_tokens} if cfg.max_new_tokens else {}),
     )
+    rcfg = runtime_config_for(cfg.env, **{**protocol, **(agent or {})})
     init = eval_init(cfg) if policy is None else None  # --init-adapter (a mismatched adapter fails here)
     manifest = make_manifest(cfg, rcfg.hash(), init)
     check_manifest(out, manifest, write=False)  # refuse a mismatch early, write nothing yet
@@ -498,7 +507,7 @@ async def evaluate(cfg: EvalConfig, policy: Any = None, progress: bool = True) -
         if (out / "report.json").exists()
         else 0.0
     )
-    return write_report(cfg, out, len(tasks), prev + time.perf_counter() - t0, init)
+    return write_report(cfg, out, len(tasks), prev + time.perf_counter() - t0, init, agent)
 
 
 def _read_report(directory: Path) -> dict[str, Any]:

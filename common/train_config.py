@@ -249,7 +249,7 @@ class TrainConfig:
     tensorboard: bool = False
     """Also write TensorBoard event files to `out/tb` (needs the `tensorboard` package; no account)."""
     eval_tasks: str | None = None
-    """Held-out task file evaluated during training (greedy, the run's own engine and agent sizes), at step
+    """Held-out task file evaluated during training (greedy, the run's own engine and agent settings), at step
     0, every --eval-every steps and at the last step; logs eval/success to metrics.jsonl (common/train_eval.py)."""
     eval_every: int = 0
     """With --eval-tasks: evaluate every N optimizer steps (0 = no evaluation during training)."""

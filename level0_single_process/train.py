@@ -51,7 +51,7 @@ from common.memory import release_memory
 from common.policy.lora import add_lora, checkpointed
 from common.rl.batch import build_stage_batch
 from common.rl.loss import RatioStats, cispo_loss, token_logprobs
-from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
+from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs, with_base
 from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.metrics import (
     NO_UPDATE,
@@ -209,7 +209,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     place_optimizer_state(optimizer, cfg.optim.optimizer_state, out / "optimizer_state", device)  # CPU: on disk
     ckpt = TorchCheckpointer(out, keep=cfg.keep_checkpoints)
     trained = checkpointed(model)  # what a checkpoint holds: the model, or a LoRA run's adapter only
-    state = (ckpt.load_latest(trained, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
+    saved_config = with_base(asdict(cfg), init)  # what checkpoints record; a LoRA resume checks its base
+    state = (ckpt.load_latest(trained, optimizer, saved_config) if cfg.resume else None) or RunState()
     truncate_logs(out, state.round)
     env, sampler = (
         make_env_with_prompts(cfg.env, cfg.rollout.prompts_dir, cfg.codeact_executor),
@@ -279,7 +280,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
         state.round, state.cursor = state.round + 1, sampler.cursor
         state.step += int(updated)
         if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps):
-            ckpt.save(state, trained, optimizer, asdict(cfg))
+            ckpt.save(state, trained, optimizer, saved_config)
         bar.log(log_line(metrics), state.step)
         idle = 0 if updated else idle + 1
         if not updated:

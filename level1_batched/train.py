@@ -69,7 +69,7 @@ from common.envs import env_spec
 from common.policy.lora import add_lora, checkpointed
 from common.rl.batch import build_stage_batch
 from common.rl.loss import RatioStats
-from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs
+from common.run.checkpoint import RunState, TorchCheckpointer, prepare_out, truncate_logs, with_base
 from common.run.data import TaskSampler, seed_everything, task_pool
 from common.run.metrics import (
     NO_UPDATE,
@@ -298,7 +298,8 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     place_optimizer_state(optimizer, cfg.optim.optimizer_state, state_dir, device.type)  # CPU: on disk
     ckpt = TorchCheckpointer(out, keep=cfg.keep_checkpoints)
     trained = checkpointed(model)  # what a checkpoint holds: the model, or a LoRA run's adapter only
-    state = (ckpt.load_latest(trained, optimizer, asdict(cfg)) if cfg.resume else None) or RunState()
+    saved_config = with_base(asdict(cfg), init)  # what checkpoints record; a LoRA resume checks its base
+    state = (ckpt.load_latest(trained, optimizer, saved_config) if cfg.resume else None) or RunState()
     if engine is not None:
         from level1_batched.vllm_engine import sync_weights
 
@@ -432,7 +433,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             log_deadline_groups(out, dropped, metrics["step"], metrics["round"])
             writer.write(metrics)  # logs first, checkpoint second (as level 0)
             if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps):
-                ckpt.save(state, trained, optimizer, asdict(cfg))
+                ckpt.save(state, trained, optimizer, saved_config)
             bar.log(f"{log_line(metrics)} train_tokens_per_s={metrics['train/tokens_per_s']:.4g}", state.step)
             if not updated:
                 bar.log(idle_hint(cfg, stage, batch, groups))

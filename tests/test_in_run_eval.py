@@ -37,6 +37,7 @@ def test_eval_options_go_together():
 @pytest.mark.slow
 def test_in_run_eval_equals_sera_eval_of_the_checkpoint(tmp_path: Path):
     from common.eval import EvalConfig, evaluate, load_results
+    from common.train_eval import agent_settings
     from level0_single_process.sft import export_checkpoint
     from level1_batched.train import Level1Config, train
 
@@ -62,7 +63,7 @@ def test_in_run_eval_equals_sera_eval_of_the_checkpoint(tmp_path: Path):
         env="textcraft", tasks=str(held_out), policy=f"hf:{model_dir}", out=str(tmp_path / "eval"),
         concurrency=100, batch_size=1, max_steps=2, max_new_tokens=12,
     )  # fmt: skip
-    report = asyncio.run(evaluate(ecfg, progress=False))
+    report = asyncio.run(evaluate(ecfg, progress=False, agent=agent_settings(cfg)))  # the trained agent's
     assert report["success_rate"] == evals[-1]["eval/success"]
     assert (
         sorted(load_results(run / "evals" / "step_00002"))

@@ -91,23 +91,50 @@ def test_step_metrics_name_the_stage_norm_the_largest_weight_and_the_zero_advant
 
 
 def test_eval_intervals_and_the_sampled_row(tmp_path: Path):
+    """The sampled rate pools K samples per task: its interval is clustered by task (a task's samples are
+    one unit), so K perfectly correlated samples are worth one draw each task, not K; the greedy rate stands
+    alone: Wilson, not Wald (which is 0 wide at 0 and 1)."""
     from common.eval import write_json_atomic
-    from common.train_eval import ci95, eval_line, sampled_row
+    from common.train_eval import clustered_interval, eval_line, eval_row, sampled_row, wilson
 
-    for k, outcomes in enumerate(([1, 0, 0, 1], [1, 1, 0, 0])):
-        for i, ok in enumerate(outcomes):
-            write_json_atomic(tmp_path / f"s{k}" / "results" / f"{i:05d}.json",
-                              {"index": i, "task_id": f"t{i}", "success": bool(ok), "error": None})  # fmt: skip
-    row = sampled_row([tmp_path / "s0", tmp_path / "s1"])
-    rates = [1.0, 0.5, 0.0, 0.5]  # per task, over its 2 samples
-    assert row["eval/sampled_success"] == pytest.approx(0.5)
-    assert row["eval/sampled_ci95"] == pytest.approx(ci95(rates))
-    sd = math.sqrt(sum((r - 0.5) ** 2 for r in rates) / 3)
-    assert row["eval/sampled_ci95"] == pytest.approx(1.96 * sd / 2)
-    assert row["eval/sampled_k"] == 2
-    line = eval_line({"step": 4, "eval/success": 0.25, "eval/success_ci95": 0.1, "eval/success_easy": 0.25,
-                      "eval/n_tasks": 4, "eval/errors": 0, "time/eval_s": 1.0, **row})  # fmt: skip
-    assert "sampled=0.500±" in line and "ci95=" not in line and "easy=0.250" in line
+    def write(outcomes_per_pass):
+        dirs = []
+        for outcomes in outcomes_per_pass:
+            d = tmp_path / f"p{len(list(tmp_path.iterdir()))}"
+            for i, ok in enumerate(outcomes):
+                write_json_atomic(d / "results" / f"{i:05d}.json",
+                                  {"index": i, "task_id": f"t{i}", "success": bool(ok), "error": None})  # fmt: skip
+            dirs.append(d)
+        return dirs
+
+    row = sampled_row(write(([1, 0, 0, 1], [1, 1, 0, 0])))
+    assert row["eval/sampled_success"] == pytest.approx(0.5) and row["eval/sampled_k"] == 2
+    # per task 2/2, 1/2, 0/2, 1/2: CR1 variance 4/3 * (1 + 0 + 1 + 0) / 64 = 1/24 -> n_eff 0.25 * 24 = 6
+    assert (row["eval/sampled_lo"], row["eval/sampled_hi"]) == pytest.approx(wilson(0.5, 6.0))
+    # correlated: 8 tasks x 4 samples, each task all-or-nothing -> wider than 32 independent draws
+    corr = sampled_row(write([[1, 1, 1, 0, 0, 0, 1, 0]] * 4))
+    naive = wilson(0.5, 32)
+    assert corr["eval/sampled_hi"] - corr["eval/sampled_lo"] > 1.5 * (naive[1] - naive[0])
+    all_or_nothing = clustered_interval([(4, 4)] * 3 + [(0, 4)] * 5)  # 8 tasks x 4 samples
+    assert all_or_nothing["n_eff"] == pytest.approx(7)  # G - 1 draws, not 32
+    # independent samples (one per task): the clustered interval is Wilson's at about n
+    ind = clustered_interval([(1, 1)] * 10 + [(0, 1)] * 30)
+    assert ind["n_eff"] == pytest.approx(39)  # 40 x (G - 1) / G
+    assert ind["hi"] - ind["lo"] < 1.02 * (wilson(0.25, 40)[1] - wilson(0.25, 40)[0])
+
+    # greedy at p = 0 and p = 1 over 20 tasks: Wilson has width (Wald: 0), inside [0, 1]
+    for successes in (0, 20):
+        report = {"success_rate": successes / 20, "task_weighted_rate": successes / 20, "n_done": 20,
+                  "n_tasks": 20, "errors": 0, "per_tier": {}, "aggregation": "task_weighted"}  # fmt: skip
+        r = eval_row(report, 0, 0, 1.0)
+        lo, hi = r["eval/success_lo"], r["eval/success_hi"]
+        assert 0.0 <= lo <= r["eval/success"] <= hi <= 1.0 and hi - lo > 0.15
+    macro = eval_row({"success_rate": 0.4, "task_weighted_rate": 0.5, "n_done": 4, "n_tasks": 4, "errors": 0,
+                      "per_tier": {}, "aggregation": "macro_over_tiers"}, 0, 0, 1.0)  # fmt: skip
+    assert "eval/success_lo" not in macro  # no Wilson of another rate
+    line = eval_line({**r, "eval/success_easy": 1.0, **row})
+    assert "success=1.000 [0.839, 1.000]" in line and "sampled=0.500 [" in line and "clustered by task" in line
+    assert "easy=1.000" in line and "lo=" not in line
 
 
 def test_in_run_eval_runs_greedy_and_sampled_passes(tmp_path: Path):
@@ -131,7 +158,93 @@ def test_in_run_eval_runs_greedy_and_sampled_passes(tmp_path: Path):
     greedy = per_task_success(evals / "step_00000")
     assert row["eval/success"] == pytest.approx(sum(greedy.values()) / 3)
     assert row["eval/sampled_k"] == 2 and 0 <= row["eval/sampled_success"] <= 1
-    assert row["eval/success_ci95"] >= 0
+    assert 0 <= row["eval/success_lo"] <= row["eval/success"] <= row["eval/success_hi"] <= 1
+    assert row["eval/sampled_lo"] <= row["eval/sampled_success"] <= row["eval/sampled_hi"]
+
+
+def test_in_run_eval_runs_the_trained_agent_and_says_so(tmp_path: Path, monkeypatch):
+    """The in-run evaluation's trees run with the run's own prompt cap, deadlines and launch bounds (not
+    ``sera eval``'s paper caps: prompt cap 9,728, 1,800 s / 3,600 s, 10 launches, 200 agents), the greedy and
+    the sampled pass alike; each report records them and the run says so in one line before the first."""
+    import common.agent.runtime as runtime
+    from common.data import write_jsonl
+    from common.envs.textcraft.tasks import generate_tasks
+    from common.policy import make_policy
+    from common.train_config import TrainConfig
+    from common.train_eval import AGENT_SETTINGS, InRunEval, agent_settings
+
+    write_jsonl(tmp_path / "val.jsonl", generate_tasks("val", 2))
+    cfg = TrainConfig.make(model="tiny", out=str(tmp_path / "run"), eval_tasks=str(tmp_path / "val.jsonl"),
+                           eval_every=1, eval_samples=1, max_steps=2, max_new_tokens=8, step_timeout_s=60,
+                           tree_timeout_s=120, max_launches_per_step=4, max_agents_per_tree=40)  # fmt: skip
+    seen = []
+    real = runtime.run_root
+
+    async def spy(task, env, policy, rcfg, *args, **kw):
+        seen.append(rcfg)
+        return await real(task, env, policy, rcfg, *args, **kw)
+
+    monkeypatch.setattr(runtime, "run_root", spy)
+    lines = []
+    ev = InRunEval(cfg)
+    ev.log_if_due(make_policy("oracle", env="textcraft", delegate=True), 0, 0, writer=type(
+        "W", (), {"write": lambda self, row: None})(), log=lines.append)  # fmt: skip
+    assert len(seen) == 4  # 2 tasks x (greedy + 1 sample)
+    for rcfg in seen:
+        assert {n: getattr(rcfg, n) for n in AGENT_SETTINGS} == {n: getattr(cfg.rollout, n) for n in AGENT_SETTINGS}
+        assert (rcfg.max_prompt_tokens, rcfg.step_timeout_s, rcfg.tree_timeout_s) == (2048, 60, 120)
+        assert (rcfg.max_launches_per_step, rcfg.max_agents_per_tree, rcfg.counterfactual_k) == (4, 40, 1)
+    assert sorted(r.temperature for r in seen) == [0.0, 0.0, 1.0, 1.0]
+    for name in ("step_00000", "step_00000_sample_0"):
+        report = json.loads((tmp_path / "run" / "evals" / name / "report.json").read_text())
+        assert report["agent_settings"] == agent_settings(cfg)
+    assert lines[0].startswith("[eval] held-out evaluation with the trained agent's settings")
+    assert "prompt cap 2048" in lines[0] and "step deadline 60 s, tree deadline 120 s" in lines[0]
+    assert "launches per step 4, agents per tree 40" in lines[0] and lines[1].startswith("eval step=0")
+    ev.log_if_due(None, 1, 0, writer=None, log=lines.append)  # done already: no second line, no eval
+    assert len(lines) == 2
+
+
+def test_a_redone_step_sets_aside_passes_of_another_agent(tmp_path: Path, capsys):
+    """A resumed run redoes the evaluation of its checkpoint's step from that step's directories; ones made
+    by another agent (before the in-run evaluation ran the trained agent's settings) are set aside with one
+    line and evaluated again, not refused mid-run and not mixed in."""
+    from common.data import write_jsonl
+    from common.envs.textcraft.tasks import generate_tasks
+    from common.policy import make_policy
+    from common.train_config import TrainConfig
+    from common.train_eval import InRunEval, agent_settings
+
+    write_jsonl(tmp_path / "val.jsonl", generate_tasks("val", 2))
+    kw = dict(model="tiny", out=str(tmp_path / "run"), eval_tasks=str(tmp_path / "val.jsonl"), eval_every=1,
+              eval_samples=1, max_steps=2, max_new_tokens=8)  # fmt: skip
+    policy = make_policy("oracle", env="textcraft", delegate=True)
+    InRunEval(TrainConfig.make(max_prompt_tokens=1024, **kw))(policy, 0, 0)  # "another agent"
+    cfg = TrainConfig.make(**kw)
+    row = InRunEval(cfg)(policy, 0, 0)
+    evals = tmp_path / "run" / "evals"
+    assert sorted(p.name for p in evals.iterdir()) == ["step_00000", "step_00000.stale", "step_00000_sample_0",
+                                                       "step_00000_sample_0.stale"]  # fmt: skip
+    assert json.loads((evals / "step_00000" / "report.json").read_text())["agent_settings"] == agent_settings(cfg)
+    assert json.loads((evals / "step_00000.stale" / "report.json").read_text())["agent_settings"][
+        "max_prompt_tokens"] == 1024  # fmt: skip
+    assert "set aside, evaluating again" in capsys.readouterr().out and row["eval/n_tasks"] == 2
+
+
+def test_sampled_eval_seeds_are_distinct_across_training_seeds():
+    """Every (training seed, sample) pair gets its own seed (``seed + 1 + k`` gave seed 0's sample 1 and
+    seed 1's sample 0 the same one); the greedy pass keeps the training seed; the rule depends on nothing
+    but the seed and k, so SERA and RAO at one training seed use the same seeds."""
+    from common.train_config import TrainConfig
+    from common.train_eval import eval_config
+
+    def cfg(seed, method="sera"):
+        return TrainConfig.make(model="tiny", seed=seed, method=method, eval_tasks="v.jsonl", eval_every=1)
+
+    seeds = {(s, k): eval_config(cfg(s), 3, k).seed for s in range(8) for k in range(8)}
+    assert len(set(seeds.values())) == len(seeds)
+    assert eval_config(cfg(5), 3).seed == 5
+    assert [eval_config(cfg(2, "rao"), 0, k).seed for k in range(3)] == [seeds[2, k] for k in range(3)]
 
 
 # ---------------------------------------------------------------------------------------------- item 2

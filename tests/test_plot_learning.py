@@ -33,6 +33,14 @@ def write_eval(d: Path, outcomes: list, limit: int = 4, errors: tuple = ()) -> N
             (d / "results" / f"{i:05d}.json").write_text(json.dumps(r))
 
 
+def write_trees(d: Path, rates: dict[int, float]) -> None:
+    """trees.jsonl of rounds whose 8 tasks x 8 rollouts are each all or nothing (a task's difficulty decides
+    its rollouts: the correlated case): in round r, task j succeeds iff j < 8 * rate."""
+    trees = [{"task_id": f"r{r}t{j}", "success": j < 8 * rate, "meta": {"round": r, "step": r}}
+             for r, rate in rates.items() for j in range(8) for _ in range(8)]  # fmt: skip
+    write_jsonl(d / "trees.jsonl", trees)
+
+
 def round_row(rnd, step, stage, success, skipped=0.0, **extra):
     return {"round": rnd, "step": step, "stage": stage, "reward/root_success": success, "train/skipped": skipped,
             "batch/datums": 4, "time/round_s": 10.0, **extra}  # fmt: skip
@@ -73,6 +81,7 @@ def run_dir(tmp_path: Path) -> Path:
     make_run(
         tmp_path / "rl_sera" / "s0", {0: [1, 0, 0, 0], 4: [1, 1, 0, 1]}, sera_s, rounds, errors={4: (3,)}
     )
+    write_trees(tmp_path / "rl_sera" / "s0", {0: 0.25, 1: 0.0, 2: 0.5, 3: 0.5, 4: 0.75})
     make_run(tmp_path / "rl_sera" / "s1", {0: [1, 0, 0, 0], 4: [1, 1, 1, 0]}, sera_s)
     make_run(tmp_path / "rl_rao" / "s0", {0: [1, 0, 0, 0], 4: [0, 0, 0, 0]},
              eval_rows=[{"round": 0, "step": 0, "eval/success": 0.25, "eval/n_tasks": 4,
@@ -99,6 +108,15 @@ def test_paired_statistics_by_hand(run_dir, bench_module):
     assert imp["half"] == pytest.approx(1.96 * 0.239357, abs=1e-5)
     assert (imp["a"], imp["b"]) == (pytest.approx(0.25), pytest.approx(0.625))
     assert pl.verdict(imp).startswith("not significant")  # 0.375 < 0.469
+    # each seed on its own (s0 [0,1,0,0], s1 [0,1,1,0]) and the spread between them
+    assert [x["mean"] for x in imp["per_seed"]] == pytest.approx([0.25, 0.5])
+    assert imp["per_seed"][0]["se"] == pytest.approx(se([0, 1, 0, 0]))
+    assert pl.seed_spread(imp) == pytest.approx(math.sqrt(0.125 ** 2 * 2))  # sd (n - 1) of 0.25 and 0.5
+    # pooled beyond 1.96 SE but the seeds disagree in sign: not called significant
+    split = {"mean": 0.3, "se": 0.1, "per_seed": [{"mean": 0.7}, {"mean": -0.1}]}
+    assert pl.verdict(split).startswith("not significant: the seeds disagree")
+    assert pl.verdict({**split, "per_seed": [{"mean": 0.7}, {"mean": 0.1}]}).startswith("significant increase")
+    assert math.isnan(pl.seed_spread({"per_seed": [{"mean": 0.7}]}))  # one seed: no spread
     # SERA sampled: per task mean of the 2 samples at step 4 [0.5, 1, 0.5, 0.5] minus step 0's 0s;
     # mean 0.625, SE = sqrt(0.1875 / 3 / 4) = 0.125 -> 0.625 > 1.96 * 0.125 = 0.245: significant
     imp = pl.improvement(res["sera"], "sampled")
@@ -124,38 +142,45 @@ def test_paired_statistics_by_hand(run_dir, bench_module):
 def test_per_run_points_and_table(run_dir, bench_module):
     pl = bench_module("plot_learning")
     res = pl.load(run_dir)
-    p = res["sera"][0]["evals"][4]["greedy"]  # [1,1,0,E]: 2 of 4, SE = sqrt(1/3) / 2
-    assert p["rate"] == pytest.approx(0.5) and p["half"] == pytest.approx(1.96 * math.sqrt(1 / 3) / 2)
+    p = res["sera"][0]["evals"][4]["greedy"]  # [1,1,0,E]: 2 of 4, one proportion: Wilson
+    z, n = 1.96, 4
+    half = z * math.sqrt(0.25 / n + z * z / (4 * n * n)) / (1 + z * z / n)  # centre 0.5 at p = 0.5
+    assert p["rate"] == pytest.approx(0.5) and (p["lo"], p["hi"]) == pytest.approx((0.5 - half, 0.5 + half))
+    p0 = res["sera"][0]["evals"][0]["sampled"]  # 0 of 2 samples on every task: not a zero-width interval
+    assert p0["rate"] == 0.0 and p0["lo"] == 0.0 and p0["hi"] == pytest.approx(pl.wilson(0.0, 4)[1])  # 4 tasks
     p = res["rao"][1]["evals"][4]["greedy"]  # cut off: 3 of 4 finished, rate over the finished ones
     assert (p["n"], p["done"], p["planned"], p["rate"]) == (3, 3, 4, pytest.approx(1 / 3))
     p = res["rao"][0]["evals"][0]["sampled"]  # from the metrics row: no per-task values
-    assert p["tasks"] is None and (p["rate"], p["half"]) == (0.25, 0.1)
+    assert p["tasks"] is None and (p["rate"], p["lo"], p["hi"]) == pytest.approx((0.25, 0.15, 0.35))  # old row
     assert res["rao"][1]["evals"][0]["sampled"] is None
     text = pl.markdown(res, run_dir)
-    assert "| SERA s0 | 4 (5) | 25.0 % ± 49.0 (n=4) | step 4: 50.0 % ± 56.6 (n=4) | 0.0 % ± 0.0 (n=4, K=2) | " \
-           "step 4: 62.5 % ± 24.5 (n=4, K=2) |" in text  # fmt: skip
-    assert "step 4: 33.3 % ± 65.3 (n=3, 3 of 4 done)" in text
+    assert "| SERA s0 | 4 (5) | 25.0 % [4.6, 69.9] (n=4) | step 4: 50.0 % [15.0, 85.0] (n=4) | 0.0 % [0.0, 49.0] " \
+           "(n=4, K=2) | step 4: 62.5 % [30.6, 86.3] (n=4, K=2) |" in text  # fmt: skip
+    assert "step 4: 33.3 % [6.1, 79.2] (n=3, 3 of 4 done)" in text
     assert (
-        "| RAO s0 | 0 (0) | 25.0 % ± 49.0 (n=4) | step 4: 0.0 % ± 0.0 (n=4) | 25.0 % ± 10.0 (n=4) | step 4: not run |"
-        in text
+        "| RAO s0 | 0 (0) | 25.0 % [4.6, 69.9] (n=4) | step 4: 0.0 % [0.0, 49.0] (n=4) | 25.0 % [15.0, 35.0] (n=4) | "
+        "step 4: not run |" in text
+    )
+    # each seed on its own beside the pooled change, and the spread between the seeds (sd of +25.0, +50.0)
+    assert (
+        "| SERA | greedy | s0@4, s1@4 | 4 | 25.0 % | 62.5 % | +37.5 ± 46.9 | [-9.4, +84.4] | s0 +25.0 ± 49.0; "
+        "s1 +50.0 ± 56.6 | 17.7 | not significant" in text
     )
     assert (
-        "| SERA | greedy | s0@4, s1@4 | 4 | 25.0 % | 62.5 % | +37.5 ± 46.9 | [-9.4, +84.4] | not significant"
-        in text
+        "| SERA | sampled | s0@4, s1@4 | 4 | 0.0 % | 62.5 % | +62.5 ± 24.5 | [+38.0, +87.0] | s0 +62.5 ± 24.5; "
+        "s1 +62.5 ± 24.5 | 0.0 | significant increase" in text
     )
-    assert (
-        "| SERA | sampled | s0@4, s1@4 | 4 | 0.0 % | 62.5 % | +62.5 ± 24.5 | [+38.0, +87.0] | significant increase"
-        in text
-    )
+    assert "| greedy | s0@4, s1@4 | s0@4, s1@4 | 4 | 62.5 % | 12.5 % | +50.0 ± 40.0 | [+10.0, +90.0] | " \
+           "s0 +50.0 ± 56.6; s1 +66.7 ± 65.3 | 11.8 |" in text  # fmt: skip
     assert "| RAO | sampled | not run |" in text  # never as zero
     assert (
         "| greedy | s0@4, s1@4 | s0@4, s1@4 | 4 | 62.5 % | 12.5 % | +50.0 ± 40.0 | [+10.0, +90.0] |" in text
     )
-    assert "RL changed held-out sampled success by +62.5 ± 24.5 pp (0.0 % -> 62.5 %; 4 tasks, seeds s0@4, s1@4): " \
-           "significant increase" in text  # fmt: skip
+    assert "RL changed held-out sampled success by +62.5 ± 24.5 pp (0.0 % -> 62.5 %; 4 tasks, seeds s0@4, s1@4; " \
+           "each seed: s0 +62.5 ± 24.5; s1 +62.5 ± 24.5): significant increase" in text  # fmt: skip
     assert (
-        "SERA − RAO at the last step, greedy: +50.0 pp, 95 % interval [+10.0, +90.0] over 4 tasks: SERA higher"
-        in text
+        "SERA − RAO at the last step, greedy: +50.0 pp, 95 % interval [+10.0, +90.0] over 4 tasks (each seed: "
+        "s0 +50.0 ± 56.6; s1 +66.7 ± 65.3): SERA higher" in text
     )
     assert "SERA − RAO, sampled: not shown" in text
     # optimizer table: per-stage grad norms (grad_norm/<stage>, else grad_norm), ratio max; the skipped round
@@ -172,12 +197,19 @@ def test_training_curve_and_band(run_dir, bench_module):
     c = pl.train_curve(run, w=2)
     assert c["x"] == [0, 1, 2, 3] and c["y"] == [0.25, 0.5, 0.5, 0.75]
     assert c["roll"] == pytest.approx([0.25, 0.375, 0.5, 0.625])
-    # Wilson 95 % of p = 0.625 over 2 steps x 64 rollouts, by hand
-    n, p, z = 128, 0.625, 1.96
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    assert (c["lo"][3], c["hi"][3]) == (pytest.approx(centre - half), pytest.approx(centre + half))
-    assert c["hi"][0] - c["lo"][0] > c["hi"][3] - c["lo"][3]  # one step's 64 rollouts: a wider band
+    # the last window (rounds 3 and 4): 16 tasks x 8 rollouts, 10 tasks all successes, 6 all failures, by hand:
+    # p = 80/128 = 0.625, CR1 variance 16/15 * (10 * 3^2 + 6 * 5^2) / 128^2 = 1/64, n_eff = p(1-p) * 64 = 15
+    def wilson(p, n, z=1.96):
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        return centre - half, centre + half
+
+    assert (c["lo"][3], c["hi"][3]) == pytest.approx(wilson(0.625, 15))
+    naive = wilson(0.625, 128)  # the 128 rollouts as independent draws: what the band was before
+    assert c["hi"][3] - c["lo"][3] > 2 * (naive[1] - naive[0])
+    assert c["hi"][0] - c["lo"][0] > c["hi"][3] - c["lo"][3]  # one step's 8 tasks: a wider band
+    without = dict(run, tasks_by_round={})  # no trees.jsonl: no band, never a made-up one
+    assert all(math.isnan(v) for v in pl.train_curve(without, w=2)["lo"])
     png = run_dir / "l.png"
     pl.figure(pl.load(run_dir), png, "t")
     assert png.stat().st_size > 10_000
@@ -190,7 +222,7 @@ def test_missing_method_and_helpers(tmp_path, bench_module):
     text = pl.markdown(res, tmp_path)
     assert (
         "| RAO | not run | not run |" in text
-        and "| SERA s0 | 0 (0) | 25.0 % ± 49.0 (n=4) | not run |" in text
+        and "| SERA s0 | 0 (0) | 25.0 % [4.6, 69.9] (n=4) | not run |" in text
     )
     assert "SERA, greedy: not shown" in text and "SERA − RAO, greedy: not shown" in text
     assert pl.improvement(res["sera"], "greedy") is None and pl.sera_minus_rao(res, "greedy") is None
@@ -200,6 +232,10 @@ def test_missing_method_and_helpers(tmp_path, bench_module):
         {"mean": 0.1, "se": float("nan")}
     )
     assert pl.pool([{"a": 1.0, "b": 0.0}, {"a": 0.0}]) == {"a": 0.5, "b": 0.0}
+    row = {"eval/success": 0.0, "eval/success_lo": 0.0, "eval/success_hi": 0.16, "eval/n_tasks": 20,
+           "eval/sampled_success": 0.5, "eval/sampled_lo": 0.3, "eval/sampled_hi": 0.7}  # a row's Wilson bounds
+    assert (pl.eval_point([], row)["lo"], pl.eval_point([], row)["hi"]) == (0.0, 0.16)
+    assert (pl.eval_point([], row, "sampled")["lo"], pl.eval_point([], row, "sampled")["hi"]) == (0.3, 0.7)
     assert doctest.testmod(pl, optionflags=doctest.ELLIPSIS).failed == 0
 
 

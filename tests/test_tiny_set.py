@@ -94,6 +94,10 @@ def write_run(d: Path, successes: list[float], steps: int, extra_rows=()) -> Non
     rows = [{"round": i, "step": i, "stage": "execution", "reward/root_success": s, "train/skipped": 0.0,
              "grad_norm": 0.1 * (i + 1)} for i, s in enumerate(successes)]  # fmt: skip
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*rows, *extra_rows]))
+    # the tiny set: the same 8 tasks every round, 8 rollouts each; task j succeeds iff j < 8 x the round's rate
+    trees = [{"task_id": f"t{j}", "success": j < 8 * s, "meta": {"round": i, "step": i}}
+             for i, s in enumerate(successes) for j in range(8) for _ in range(8)]  # fmt: skip
+    (d / "trees.jsonl").write_text("".join(json.dumps(t) + "\n" for t in trees))
 
 
 def test_tiny_set_summary_by_hand(tmp_path: Path, bench_module):
@@ -115,7 +119,11 @@ def test_tiny_set_summary_by_hand(tmp_path: Path, bench_module):
     assert a["curve"]["roll"] == pytest.approx([0.25, 0.375, 1.25 / 3, 1.75 / 3, 0.5, 2 / 3])
     assert (a["steps"], a["rounds"], a["planned"]) == (6, 7, 8)  # the skipped round is not a step
     assert a["reach"] == 3 and a["best"] == pytest.approx(2 / 3) and a["best_step"] == 5
-    p, n, z = 2 / 3, 3 * 64, 1.96  # Wilson over 3 steps x 64 rollouts
+    # the best window, steps 3-5 (rates .75, .25, 1): per task over its 24 rollouts t0-t1 24, t2-t5 16, t6-t7 8
+    # successes; p = 128/192 = 2/3, CR1 variance 8/7 * (2 * 8^2 + 2 * 8^2) / 192^2, n_eff = p(1-p) / it = 28:
+    # Wilson at 28 (a task's rollouts are one unit), not at 192 independent draws
+    p, n, z = 2 / 3, 28, 1.96
+    assert (2 / 9) / (8 / 7 * 256 / 192**2) == pytest.approx(28)
     centre, half = (
         (p + z * z / (2 * n)) / (1 + z * z / n),
         z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n),

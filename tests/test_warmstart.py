@@ -341,6 +341,34 @@ def test_resume_ignores_a_changed_init_adapter():
     assert _comparable({**before, "lr": 2e-5}) != _comparable(before)  # other settings still must match
 
 
+def test_lora_resume_refuses_another_base_in_one_line(sft_run, tmp_path, capsys):
+    """A LoRA checkpoint holds only its adapter, so the base it lands on on --resume is rebuilt from
+    --init-adapter: a level-0 LoRA run on the tiny model + the SFT adapter records that base in its
+    checkpoint, and its --resume with --init-adapter none (another base) is one line naming both; with the
+    same adapter it resumes. A full-weight run's checkpoint holds every weight: its resume is not checked."""
+    from common.run.checkpoint import base_mismatch
+    from common.train_config import TrainConfig
+    from level0_single_process.train import train
+
+    adapter = str(sft_run / "adapter")
+    kw = dict(model="tiny", lora_rank=2, lr=1e-2, oracle_mix=0.5, score_noise=0.3, max_batch_size=1,
+              schedule="execution:1", max_idle_rounds=4, max_steps=2, max_new_tokens=12,
+              out=str(tmp_path / "r"))  # fmt: skip
+    train(TrainConfig.make(steps=1, init_adapter=adapter, **kw), progress=False)
+    ckpt = sorted((tmp_path / "r" / "checkpoints").glob("step_*"))[-1] / "state.pt"
+    base = torch.load(ckpt, weights_only=False)["config"]["resolved_base"]
+    assert base == {"model": "tiny@seed0", "adapter_sha256": resolve_init(adapter, "tiny", "textcraft").sha256}
+    with pytest.raises(SystemExit) as refused:
+        train(TrainConfig.make(steps=2, resume=True, init_adapter="none", **kw), progress=False)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("--resume: this LoRA run's adapter was trained on tiny@seed0 + ")
+    assert f"sha256 {base['adapter_sha256'][:12]}" in line and "tiny@seed0 + no warm-start adapter" in line
+    resumed = train(TrainConfig.make(steps=2, resume=True, init_adapter=adapter, **kw), progress=False)
+    assert resumed[-1]["step"] == 1  # the same base: the run goes on
+    saved = {"lora_rank": 0, "init_adapter": adapter, "resolved_base": base}
+    assert base_mismatch(saved, {"lora_rank": 0, "init_adapter": "none", "resolved_base": None}) is None
+
+
 def test_level2_actors_load_the_merged_weights(sft_run, tmp_path, monkeypatch):
     """Level 2's servers and FSDP ranks load their model by name: they get the merged directory, while its
     checkpoints keep the user's config (no Ray started: the System is replaced once it is built)."""

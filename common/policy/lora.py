@@ -15,7 +15,9 @@ fine-tuning in RL at about 10x the learning rate. The paper itself fine-tunes ev
 named option (off by default), recorded as a departure when a run uses it.
 
 What a LoRA run's checkpoints hold: :class:`TrainedWeights`, the adapter only (the base is re-made from
-``--model`` and ``--init-adapter`` on ``--resume``).
+``--model`` and ``--init-adapter`` on ``--resume``; the checkpoint records the base it was trained on, the
+model's identity and the warm-start adapter's SHA-256, and a resume onto another base is refused in one
+line: :func:`common.run.checkpoint.base_mismatch`).
 """
 
 from __future__ import annotations

@@ -215,11 +215,57 @@ def prepare_out(out: Path, resume: bool, overwrite: bool = False) -> None:
 
 RESUMABLE_CHANGES = (
     "steps", "resume", "max_idle_rounds", "init_adapter", "keep_checkpoints", "optimizer_state", "out",
+    "resolved_base",
 )  # fmt: skip
 """Settings a --resume may change: the step target, the resume flag, the idle limit, --init-adapter (the
-starting weights of a resumed run are its checkpoint's), how many checkpoints are kept, where the
-optimizer's state lives (either checkpoint form loads into either) and --out: the directory is where a run
-lives, not a setting of it, so a run moved (``mv run run2``) resumes with ``--out run2 --resume``."""
+starting weights of a resumed full-weight run are its checkpoint's; a LoRA run's base is checked on its own,
+:func:`base_mismatch`), how many checkpoints are kept, where the optimizer's state lives (either checkpoint
+form loads into either) and --out: the directory is where a run lives, not a setting of it, so a run moved
+(``mv run run2``) resumes with ``--out run2 --resume``."""
+
+
+def with_base(config: dict[str, Any], init: Any) -> dict[str, Any]:
+    """``config`` plus the base the run's weights were built on (``resolved_base``: the model's identity and
+    the SHA-256 of the warm-start adapter merged into it, None for none; ``init``: an
+    :class:`~common.policy.warmstart.InitWeights`). Every checkpoint records it; a LoRA checkpoint holds only
+    its adapter, so a LoRA ``--resume`` refuses another base (:func:`base_mismatch`)."""
+    return {**config, "resolved_base": {"model": init.base_key, "adapter_sha256": init.sha256}}
+
+
+def base_mismatch(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """The one line that refuses a LoRA ``--resume`` onto a base other than the one its adapter was trained
+    on (another --model identity, another warm-start adapter, or one where there was none: what
+    ``--init-adapter`` resolves to is compared, not its spelling, so ``auto`` meeting a changed shipped
+    adapter is refused); None when they agree, for full-weight runs (their checkpoint holds every weight),
+    and for a checkpoint made before bases were recorded (a note is printed: it cannot be checked).
+
+    >>> a = {"lora_rank": 8, "init_adapter": "auto", "resolved_base": {"model": "smollm2", "adapter_sha256": "ab" * 32}}
+    >>> b = {"lora_rank": 8, "init_adapter": "none", "resolved_base": {"model": "smollm2", "adapter_sha256": None}}
+    >>> print(base_mismatch(a, b))  # doctest: +NORMALIZE_WHITESPACE
+    --resume: this LoRA run's adapter was trained on smollm2 + warm-start adapter sha256 abababababab
+    (--init-adapter 'auto'), but this run builds smollm2 + no warm-start adapter (--init-adapter 'none');
+    resume with the base it was trained on, or start a new --out
+    >>> base_mismatch(a, a) is None, base_mismatch({**a, "lora_rank": 0}, {**b, "lora_rank": 0}) is None
+    (True, True)
+    """
+    if not now.get("lora_rank"):
+        return None
+    old, new = saved.get("resolved_base"), now.get("resolved_base")
+    if old is None:
+        print("--resume: this LoRA checkpoint predates base records; its base cannot be checked", flush=True)
+        return None
+    if old == new:
+        return None
+
+    def show(base: dict[str, Any] | None, config: dict[str, Any]) -> str:
+        sha = (base or {}).get("adapter_sha256")
+        adapter = f"warm-start adapter sha256 {sha[:12]}" if sha else "no warm-start adapter"
+        return f"{(base or {}).get('model')} + {adapter} (--init-adapter {config.get('init_adapter')!r})"
+
+    return (
+        f"--resume: this LoRA run's adapter was trained on {show(old, saved)}, but this run builds "
+        f"{show(new, now)}; resume with the base it was trained on, or start a new --out"
+    )
 
 
 def _comparable(config: dict[str, Any]) -> dict[str, Any]:
@@ -347,6 +393,8 @@ class TorchCheckpointer:
         differences = config_differences(state["config"], config)
         if differences:
             raise SystemExit("--resume: the config differs from the checkpoint's:\n" + "\n".join(differences))
+        if (refused := base_mismatch(state["config"], config)) is not None:
+            raise SystemExit(refused)
         model.load_state_dict(state["model"])
         if "offloaded" in state["optimizer"]:
             optimizer.load_state_dict(state["optimizer"], path)

@@ -161,7 +161,10 @@ class InRunEval:
         async def all_passes() -> list[dict[str, Any]]:
             return await asyncio.gather(*(evaluate(c, policy=inner, progress=False) for c in configs))
 
-        reports = asyncio.run(all_passes())
+        from common.run.rollout import run_round
+
+        # bounded shutdown: a tree that ignores cancellation cannot hold the eval (issue #53)
+        reports = run_round(all_passes(), self.cfg.rollout.cancel_grace_s, f"held-out eval at step {step}")
         self.done.add(step)
         row = eval_row(reports[0], rnd, step, time.perf_counter() - t0)
         if self.cfg.eval_samples:

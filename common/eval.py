@@ -404,7 +404,7 @@ async def evaluate(
     from common.envs import load_tasks
     from common.policy import make_policy
     from common.run.progress import CountingPolicy, LiveStats, stats_column
-    from common.run.rollout import make_env_with_prompts, runtime_config_for
+    from common.run.rollout import bounded_tree, make_env_with_prompts, runtime_config_for
 
     out = Path(cfg.out)
     if cfg.paper and not cfg.tasks:
@@ -471,7 +471,7 @@ async def evaluate(
                 "error": None,
             }
             try:
-                tree = await run_root(task, env, pol, rcfg)
+                tree = await bounded_tree(run_root(task, env, pol, rcfg), rcfg, f"eval tree of task {rec['task_id']}")
                 rec["success"] = bool(tree.success)
                 rec["nodes"] = len(tree.nodes)
                 rec["tree"] = tree.to_dict()

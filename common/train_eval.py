@@ -260,13 +260,18 @@ class InRunEval:
             agent = agent_settings(self.cfg)  # the agent that trains, not sera eval's paper caps
             return await asyncio.gather(*(evaluate(c, inner, False, agent) for c in configs))
 
+        from common.run.rollout import run_round
+
+        def run_passes() -> list[dict[str, Any]]:  # bounded shutdown: a tree that ignores cancellation cannot hold the eval (issue #53)
+            return run_round(all_passes(), self.cfg.rollout.cancel_grace_s, f"held-out eval at step {step}")
+
         try:
-            reports = asyncio.run(all_passes())
+            reports = run_passes()
         except ManifestMismatch:  # a resumed run's step redone: its directories hold another agent's passes
             moved = [set_aside(Path(c.out)) for c in configs if Path(c.out).exists()]
             print(f"[eval] step {step}: {', '.join(m.name for m in moved)} held passes of other settings "
                   "(made before this code, or by another agent); set aside, evaluating again", flush=True)  # fmt: skip
-            reports = asyncio.run(all_passes())
+            reports = run_passes()
         self.done.add(step)
         row = eval_row(reports[0], rnd, step, time.perf_counter() - t0)
         if self.cfg.eval_samples:

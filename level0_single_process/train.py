@@ -35,7 +35,6 @@ distributes it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import asdict
@@ -66,7 +65,7 @@ from common.run.metrics import (
 from common.run.optim import make_optimizer, place_optimizer_state
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import collect_groups as collect_task_groups
-from common.run.rollout import make_env_with_prompts, rollout_in_flight
+from common.run.rollout import make_env_with_prompts, rollout_in_flight, run_round
 from common.run.setup import (
     departures_line,
     idle_hint,
@@ -92,7 +91,7 @@ def collect_groups(
     :func:`common.run.rollout.collect_groups`."""
 
     def roll(jobs):
-        return asyncio.run(rollout_in_flight(jobs, env, policy, judge))
+        return run_round(rollout_in_flight(jobs, env, policy, judge), cfg.rollout.cancel_grace_s, f"round {rnd}")
 
     return collect_task_groups(cfg, stage, rnd, sampler, preset, roll, per_wave=1, dropped=dropped)
 

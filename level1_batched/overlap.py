@@ -37,6 +37,7 @@ Run: ``sera train --level 1 --model tiny --steps 3 --max-staleness 1`` (add ``--
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -94,26 +95,30 @@ class RoundAhead:
     RuntimeError: round 2 was started as a rubric round but the loop asks for execution (the stage clock must be known before a round starts)
     """
 
-    def __init__(self, collect: Callable[[int, str], Rollouts]) -> None:
+    def __init__(self, collect: Callable[[int, str], Rollouts], limit_s: float | None = None) -> None:
+        """``limit_s``: the longest a round may run (:func:`round_limit_s`; None: no limit). :meth:`take`
+        and :meth:`close` wait for a round started ahead at most until ``limit_s`` after its start; past
+        that :meth:`take` raises (the run stops: a resume redoes the round from the checkpoint's cursor) and
+        :meth:`close` says so in one line; the round's thread is left behind either way."""
         self.collect = collect
+        self.limit_s = limit_s
         self._thread: threading.Thread | None = None
-        self._planned: tuple[int, str] | None = None
-        self._result: Rollouts | None = None
-        self._error: BaseException | None = None
+        self._box: dict[str, Any] = {}  # the round ahead: planned, started, and its result or error
         self.wait_s = 0.0
         """Seconds the last :meth:`take` waited for a round already running."""
 
     def start(self, rnd: int, stage: str) -> None:
         if self._thread is not None:
-            raise RuntimeError(f"round {self._planned} is still ahead: take it before starting round {rnd}")
+            raise RuntimeError(f"round {self._box['planned']} is still ahead: take it before starting round {rnd}")
+        box: dict[str, Any] = {"planned": (rnd, stage), "started": time.monotonic()}
 
-        def run() -> None:
+        def run() -> None:  # writes only its own box: a round left behind cannot touch a later one
             try:
-                self._result = self.collect(rnd, stage)
+                box["result"] = self.collect(rnd, stage)
             except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread by take()
-                self._error = exc
+                box["error"] = exc
 
-        self._planned, self._result, self._error = (rnd, stage), None, None
+        self._box = box
         self._thread = threading.Thread(target=run, name=f"rollouts-round{rnd}", daemon=True)
         self._thread.start()
 
@@ -123,26 +128,67 @@ class RoundAhead:
             got = self.collect(rnd, stage)
             self.wait_s = time.perf_counter() - t0
             return got
-        self._thread.join()
+        ended, box = self._join(), self._box
+        self._thread, self._box = None, {}
         self.wait_s = time.perf_counter() - t0
-        planned, result, error = self._planned, self._result, self._error
-        self._thread, self._planned, self._result, self._error = None, None, None, None
-        if error is not None:
-            raise error
+        planned = box["planned"]
+        if not ended:
+            raise RuntimeError(
+                f"round {planned[0]} ({planned[1]}) still rolling out {self.limit_s:g} s after it started, past "
+                "every deadline and cancel grace of its waves: abandoned (its thread is left behind; "
+                "RUN/stuck_calls.jsonl and the heartbeat lines say what it waits for)"
+            )
+        if "error" in box:
+            raise box["error"]
         if planned != (rnd, stage):
             raise RuntimeError(
-                f"round {planned[0]} was started as a {planned[1]} round but the loop asks for "  # type: ignore[index]
-                f"{stage if planned[0] == rnd else f'round {rnd}'} (the stage clock must be known before a "  # type: ignore[index]
+                f"round {planned[0]} was started as a {planned[1]} round but the loop asks for "
+                f"{stage if planned[0] == rnd else f'round {rnd}'} (the stage clock must be known before a "
                 "round starts)"
             )
-        assert result is not None
-        return result
+        return box["result"]
+
+    def _join(self) -> bool:
+        """Wait for the round ahead, at most until ``limit_s`` after its start; True when it ended."""
+        assert self._thread is not None
+        left = None if self.limit_s is None else max(0.0, self._box["started"] + self.limit_s - time.monotonic())
+        self._thread.join(left)
+        return not self._thread.is_alive()
 
     def close(self) -> None:
-        """Wait for a round still running (its rollouts are discarded: no checkpoint counts its draws)."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Wait for a round still running, at most until ``limit_s`` after its start (its rollouts are
+        discarded: no checkpoint counts its draws); one line says so when it had to be left behind, or when
+        it failed (nobody takes its error any more)."""
+        if self._thread is None:
+            return
+        ended, box = self._join(), self._box
+        self._thread, self._box = None, {}
+        rnd, stage = box["planned"]
+        if not ended:
+            print(
+                f"[abandoned] round {rnd} ({stage}) still rolling out {self.limit_s:g} s after it started: "
+                "left behind at the end of the run (its rollouts are discarded)",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif "error" in box:
+            print(f"[overlap] round {rnd} started ahead failed (discarded): {box['error']!r}", file=sys.stderr, flush=True)
+
+
+def round_limit_s(cfg: Any) -> float:
+    """The longest one round's rollouts can take once every deadline is kept: each wave of task groups ends
+    by its group deadline plus the cancel grace (plus one more grace for stragglers at its loop's shutdown:
+    ``common.run.rollout.run_round``) and a margin of 60 s for judging and bookkeeping; a round has at most
+    one wave, plus one per flat group replaced (``--max-task-replacements``), plus one per group cut by a
+    deadline (at most ``2 * tasks_per_step``: ``common.run.rollout.collect_groups``).
+
+    >>> from types import SimpleNamespace as N
+    >>> round_limit_s(N(max_task_replacements=2, tasks_per_step=1, rollout=N(group_timeout_s=10.0, cancel_grace_s=1.0)))
+    360.0
+    """
+    r = cfg.rollout
+    waves = 1 + cfg.max_task_replacements + 2 * cfg.tasks_per_step
+    return waves * (r.group_timeout_s + 2 * r.cancel_grace_s + 60.0)
 
 
 def fresh_groups(groups: list[list[Any]], step: int, max_staleness: int) -> tuple[list[list[Any]], int]:

@@ -7,14 +7,13 @@ agents' calls go to the inference servers through its router instead of the trai
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
 from common.run.data import TaskSampler
-from common.run.rollout import collect_groups, rollout_in_flight
+from common.run.rollout import collect_groups, rollout_in_flight, run_round
 from common.train_config import TrainConfig
 
 
@@ -50,7 +49,9 @@ def collect_groups_in_flight(
 
     def roll(jobs):
         v = None if version is None else int(version())
-        mine = asyncio.run(rollout_in_flight(jobs[rank::world], env, policy, judge))
+        mine = run_round(  # bounded: a tree that ignores cancellation cannot hold the round (issue #53)
+            rollout_in_flight(jobs[rank::world], env, policy, judge), cfg.rollout.cancel_grace_s, f"round {rnd}"
+        )
         groups = gather_groups(mine, len(jobs), world)
         if v is not None:
             for trees in groups:

@@ -91,7 +91,15 @@ from common.train_config import TrainConfig
 from common.train_eval import InRunEval
 from level1_batched.config import Level1Config
 from level1_batched.efficiency import size_trainer
-from level1_batched.overlap import Rollouts, RoundAhead, collect_round, fresh_groups, rollout_copy, tag_datums
+from level1_batched.overlap import (
+    Rollouts,
+    RoundAhead,
+    collect_round,
+    fresh_groups,
+    rollout_copy,
+    round_limit_s,
+    tag_datums,
+)
 from level1_batched.packing import (  # noqa: F401 - re-exported: tests and level-1 users import them from here
     accumulate_gradients_packed,
     check_packing,
@@ -275,6 +283,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             log_stats=l1.engine_log_stats,
             async_scheduling=l1.async_scheduling,
             lora_rank=cfg.lora_rank,
+            max_staleness=l1.max_staleness,  # LoRA: versions v and v + 1 run side by side when overlapping
         )  # from the base weights; with --lora-rank it serves the adapter unmerged (sync_weights)
     if cfg.lora_rank:  # --lora-rank: only a LoRA adapter over those weights trains (the paper: every weight)
         model = add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed)
@@ -343,12 +352,17 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             )
 
     def roll_round(rnd: int, stage: str) -> Rollouts:  # --max-staleness 1: on RoundAhead's thread, mostly
-        return collect_round(rnd, stage, sampler, lambda dropped: collect_groups_in_flight(
-            cfg, stage, rnd, sampler, env, policy, judge, preset, rank, world, dropped,
-            version=lambda: engine.version,  # the weights the engine holds as a wave starts
-        ))  # fmt: skip
+        bar.rollouts_begin(f"{stage} rollouts of round {rnd}")  # the heartbeat speaks whatever the phase
+        try:
+            return collect_round(rnd, stage, sampler, lambda dropped: collect_groups_in_flight(
+                cfg, stage, rnd, sampler, env, policy, judge, preset, rank, world, dropped,
+                version=lambda: engine.version,  # the weights the engine holds as a wave starts
+            ))  # fmt: skip
+        finally:
+            bar.rollouts_end()
 
-    ahead = RoundAhead(roll_round) if l1.max_staleness else None  # the next round, rolling out during a step
+    # the next round, rolling out during a step; waits for it bounded by every deadline of its waves
+    ahead = RoundAhead(roll_round, round_limit_s(cfg)) if l1.max_staleness else None
     history: list[dict[str, Any]] = []
     idle = 0
     stopped: str | None = None  # why the run ends before --steps, if it does (sera train exits 3)

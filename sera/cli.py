@@ -693,7 +693,11 @@ def _eval(cfg, given: Given) -> None:
     again = f"{typed_command('eval')}   (the same command; --resume is optional for sera eval)"
     last_resort(saved, lambda: again)
     try:
-        report = asyncio.run(evaluate(cfg))
+        from common.agent.runtime import RuntimeConfig
+        from common.run.rollout import run_round
+
+        # bounded shutdown: an abandoned tree (common/run/rollout.py: bounded_tree) cannot hold the exit
+        report = run_round(evaluate(cfg), RuntimeConfig().cancel_grace_s, "sera eval")
     except ManifestMismatch as e:
         err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None

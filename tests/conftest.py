@@ -189,6 +189,7 @@ INTEGRATION = (
     "tests/test_cli_checks.py::test_resume_of_a_run_with_a_damaged_checkpoint_continues",
     "tests/test_first_hour_fourth.py::test_a_kill_at_any_moment_of_a_round_stops_the_run_with_its_resume_line",
     "tests/test_engine_level1_vllm.py",
+    "tests/test_vllm_overlap.py",
     "tests/test_level2_vllm.py",
     "tests/test_engine_vllm_cpu.py",
     "tests/test_policy_openai.py::test_openai_policy_against_vllm_matches_hf",

@@ -200,6 +200,90 @@ def test_a_tree_that_ignores_its_cancellation_is_abandoned_after_the_grace():
     assert time.perf_counter() - t0 < 15
 
 
+class IgnoresCancellation(Scripted):
+    """An engine client that swallows every cancellation for 60 s (a cell or tool that never yields)."""
+
+    async def generate(self, request):
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            try:
+                await asyncio.sleep(0.2)
+            except asyncio.CancelledError:
+                continue
+        return await super().generate(request)
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_a_tree_that_ignores_cancellation_does_not_hold_the_round(level, capsys):
+    """Issue #53: the group gives up on the tree after its deadline + the cancel grace, and the round's event
+    loop no longer waits for it at shutdown (asyncio.run waited without limit: 60 s per wave here)."""
+    from level0_single_process.train import collect_groups as level0_collect
+    from level1_batched.rollouts import collect_groups_in_flight as level1_collect
+
+    class Sampler:
+        cursor = 0
+
+        def next(self):
+            self.cursor += 1
+            return task()
+
+    class Preset:
+        generate_rubrics, execution_reward = False, "binary"
+
+    cfg = TrainConfig.make(
+        model="tiny", env="textcraft", tasks_per_step=1, rollouts_per_task=1, max_steps=3,
+        group_timeout_s=0.5, cancel_grace_s=0.5,
+    )  # fmt: skip
+    env, dropped = make_env("textcraft", executor="worker-ordered"), []
+    collect = level0_collect if level == 0 else level1_collect
+    t0 = time.perf_counter()
+    groups, _ = collect(cfg, "execution", 0, Sampler(), env, IgnoresCancellation({}), None, Preset, dropped=dropped)
+    took = time.perf_counter() - t0
+    # two waves (the cut group, then its replacement, cut too), each over at its deadline + grace (~1.5 s)
+    assert groups == [] and len(dropped) == 2 and all(g[0].meta["deadline"] == "group" for g in dropped)
+    assert took < 30, took
+    err = capsys.readouterr().err
+    assert "[abandoned] round 0:" in err and "left behind" in err
+
+
+def test_an_eval_tree_that_ignores_cancellation_is_abandoned_after_its_deadline_and_grace():
+    from common.run.rollout import ABANDONED, bounded_tree, run_round
+
+    env = make_env("textcraft", executor="worker-ordered")
+    rcfg = RuntimeConfig(max_steps=3, temperature=0.0, use_rubrics=False, tree_timeout_s=0.5, cancel_grace_s=0.5)
+    t0 = time.perf_counter()
+    with pytest.raises(TimeoutError, match="abandoned"):
+        run_round(bounded_tree(run_root(task(), env, IgnoresCancellation({}), rcfg), rcfg, "eval tree"), 0.5)
+    assert time.perf_counter() - t0 < 30  # run_root alone waited 60 s for the cancelled call
+    assert any(t.get_name() == "eval tree" for t in ABANDONED)
+
+
+def test_the_round_ahead_is_waited_for_at_most_its_limit(capsys):
+    """Issue #53: RoundAhead.take and close joined the rollout thread without a timeout."""
+    import threading
+
+    from level1_batched.overlap import Rollouts, RoundAhead
+
+    release = threading.Event()
+
+    def collect(rnd, stage):
+        release.wait(120)  # a round that never ends (released when the test is over)
+        return Rollouts(rnd, stage, [], 0)
+
+    try:
+        ahead = RoundAhead(collect, limit_s=0.5)
+        t0 = time.perf_counter()
+        ahead.start(1, "execution")
+        with pytest.raises(RuntimeError, match=r"round 1 \(execution\) still rolling out 0.5 s after it started"):
+            ahead.take(1, "execution")
+        ahead.start(2, "rubric")  # the abandoned round no longer blocks the next one
+        ahead.close()
+        assert time.perf_counter() - t0 < 30
+        assert "[abandoned] round 2 (rubric) still rolling out" in capsys.readouterr().err
+    finally:
+        release.set()
+
+
 def test_a_group_cut_by_a_deadline_is_dropped_and_replaced():
     from common.agent.tree import Node, Tree
 

@@ -248,3 +248,44 @@ def test_vllm_takes_new_weights_with_requests_in_flight(vllm_worker_runs):
     for rnd, version in got["versions"]:
         assert step_of[rnd] - 1 <= version <= step_of[rnd]
     assert all(r["batch/stale_groups"] == 0 and r["offpolicy/gap_max"] <= 1 for r in rows)
+
+
+@pytest.mark.slow
+def test_the_heartbeat_speaks_during_an_overlapped_round(tmp_path: Path, monkeypatch, capsys):
+    """Issue #53: the round started ahead (``RoundAhead``) rolls out while the loop's phase is ``training`` or
+    ``... rollouts (ahead)``; the heartbeat speaks about it all the same, and its live counters start from 0."""
+    import threading
+
+    import level1_batched.train as level1
+    from common.run import progress
+
+    class Quick(progress.RunProgress):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **{**k, "heartbeat_s": 0.1})
+
+    monkeypatch.setattr(level1, "RunProgress", Quick)
+    heard, beats = threading.Event(), []
+    real_line = progress.LiveStats.heartbeat_line
+
+    def line(self, phase, seconds):
+        beats.append(phase)
+        heard.set()
+        return real_line(self, phase, seconds)
+
+    monkeypatch.setattr(progress.LiveStats, "heartbeat_line", line)
+    real_collect, seen = level1.collect_groups_in_flight, {}
+
+    def collect(cfg, stage, rnd, sampler, env, policy, *a, **k):
+        if rnd == 1 and "calls_at_start" not in seen:  # the round started during round 0's step
+            seen["calls_at_start"] = (policy.stats.calls, policy.stats.trees_started)
+            heard.clear()
+            seen["heard"] = heard.wait(120)  # the rollouts wait here until the heartbeat spoke (0.1 s)
+        return real_collect(cfg, stage, rnd, sampler, env, policy, *a, **k)
+
+    monkeypatch.setattr(level1, "collect_groups_in_flight", collect)
+    cfg = TrainConfig.make(**{**SMALL, "schedule": "execution:2"}, out=str(tmp_path / "run"), steps=2)
+    level1.train(cfg, level1.Level1Config(max_staleness=1), progress=False)
+    assert seen == {"calls_at_start": (0, 0), "heard": True}  # counters reset for the round; the beat came
+    ahead = [b for b in beats if b.startswith("execution rollouts of round 1 (trainer: ")]
+    assert ahead, beats
+    assert "[heartbeat] execution rollouts of round 1 (trainer: " in capsys.readouterr().out

@@ -222,6 +222,7 @@ class RunProgress:
         self.stats, self.enabled, self.bar = stats, enabled, None
         self.in_place = False
         self.phase_text, self.phase_t0 = "", time.perf_counter()
+        self._beside: tuple[str, float] | None = None  # rollouts running beside the phase (rollouts_begin)
         self.heartbeat_s = heartbeat_s
         self._stop = threading.Event()
         self._beat = None
@@ -264,6 +265,17 @@ class RunProgress:
         if self.bar is not None:
             self.bar.update(self.task, phase=text, beat="")
 
+    def rollouts_begin(self, text: str) -> None:
+        """Rollouts started on another thread beside the loop's own phase (level 1's ``--max-staleness 1``:
+        the next round rolls out while the loop trains or waits): the live counters restart for them, as a
+        phase ending in ``rollouts`` restarts them, and until :meth:`rollouts_end` the heartbeat (and its
+        stuck-call dump) speaks about them whatever the loop's phase is, as ``TEXT (trainer: PHASE)``."""
+        self.stats.reset()
+        self._beside = (text, time.perf_counter())
+
+    def rollouts_end(self) -> None:
+        self._beside = None
+
     def log(self, line: str, done: int | None = None) -> None:
         if self.bar is None:
             print(line, flush=True)
@@ -273,19 +285,25 @@ class RunProgress:
             self.bar.update(self.task, completed=done)
 
     def _heartbeat(self) -> None:
-        """Every ``heartbeat_s`` of a rollout phase, where it is (a quick round says nothing): on a terminal
-        rewritten in place on the live line; in a log one line at the :func:`beat_due` moments (30, 90, 210,
-        450 s, then every 300 s of a phase), so a slow round leaves a few lines, not one every 30 s."""
+        """Every ``heartbeat_s`` of a rollout phase, or of rollouts running beside the phase
+        (:meth:`rollouts_begin`), where they are (a quick round says nothing): on a terminal rewritten in
+        place on the live line; in a log one line at the :func:`beat_due` moments (30, 90, 210, 450 s, then
+        every 300 s of a phase), so a slow round leaves a few lines, not one every 30 s."""
         beats, phase_t0 = 0, None
         while not self._stop.wait(self.heartbeat_s):
             if stop.requested():  # Ctrl-C / kill: nothing prints after the resume line
                 return
-            if phase_t0 != self.phase_t0:
-                beats, phase_t0 = 0, self.phase_t0
-            seconds = time.perf_counter() - self.phase_t0
-            if self.phase_text.endswith("rollouts") and seconds >= self.heartbeat_s:
+            text, t0, beside = self.phase_text, self.phase_t0, self._beside
+            if not text.endswith("rollouts"):
+                if beside is None:
+                    continue
+                text, t0 = f"{beside[0]} (trainer: {text})", beside[1]
+            if phase_t0 != t0:
+                beats, phase_t0 = 0, t0
+            seconds = time.perf_counter() - t0
+            if seconds >= self.heartbeat_s:
                 try:
-                    line = self.stats.heartbeat_line(self.phase_text, seconds)
+                    line = self.stats.heartbeat_line(text, seconds)
                     bar = self.bar
                     if self.in_place and bar is not None:
                         bar.update(self.task, beat=" | " + line.removeprefix("[heartbeat] "))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -62,7 +64,8 @@ async def rollout_group(task: dict[str, Any], rcfgs: list[RuntimeConfig], env, p
             if stats is not None:
                 stats.trees_done += 1
 
-    jobs = [asyncio.ensure_future(one(rcfg)) for rcfg in rcfgs]
+    loop, tid = asyncio.get_running_loop(), task.get("id", task.get("task_id", "?"))
+    jobs = [loop.create_task(one(rcfg), name=f"tree of task {tid} (seed {rcfg.seed})") for rcfg in rcfgs]
     try:
         _, late = await asyncio.wait(jobs, timeout=rcfgs[0].group_timeout_s + rcfgs[0].cancel_grace_s)
     except asyncio.CancelledError:  # Ctrl-C, a caller's deadline: the trees go too
@@ -71,7 +74,86 @@ async def rollout_group(task: dict[str, Any], rcfgs: list[RuntimeConfig], env, p
         raise
     for job in late:
         job.cancel()
+        ABANDONED.append(job)  # run_round's shutdown does not wait for it again
     return [_abandoned(task, env) if job in late else job.result() for job in jobs]
+
+
+async def bounded_tree(work: Awaitable[Any], rcfg: RuntimeConfig, name: str) -> Any:
+    """``await work`` (one ``run_root``, outside any task group: ``sera eval``, the in-run eval) for at most its
+    tree deadline plus the cancel grace: a tree past its deadline is cancelled by ``run_root`` itself, and one
+    that ignores the cancellation is given up on then (:data:`ABANDONED`) with a ``TimeoutError``, which the
+    eval records as that task's error, instead of holding the whole evaluation."""
+    job = asyncio.get_running_loop().create_task(work, name=name)  # type: ignore[arg-type]
+    try:
+        done, _ = await asyncio.wait({job}, timeout=rcfg.tree_timeout_s + rcfg.cancel_grace_s)
+    except asyncio.CancelledError:
+        job.cancel()
+        raise
+    if not done:
+        job.cancel()
+        ABANDONED.append(job)
+        raise TimeoutError(
+            f"the rollout did not stop within the cancel grace ({rcfg.cancel_grace_s:g} s) after its deadline "
+            f"({rcfg.tree_timeout_s:g} s, --tree-timeout-s) and was abandoned"
+        )
+    return job.result()
+
+
+ABANDONED: deque[asyncio.Task] = deque(maxlen=1000)
+"""Tasks given up on after their cancel grace (the newest 1,000; held so that nothing is collected while its
+loop still refers to it, and so a test or a debugger can see them). Their event loop is closed under them."""
+
+
+def run_round(work: Awaitable[Any], grace_s: float, what: str = "round") -> Any:
+    """``asyncio.run(work)`` whose shutdown is bounded (issue #53): ``asyncio.run`` cancels the tasks still
+    pending when ``work`` returns and then waits for every one of them without limit, so a tree that ignores
+    cancellation held the round (level 0, level 1, the in-run eval) even after its group had given up on it.
+
+    Here the tasks still pending are cancelled once more; the ones :func:`rollout_group` already gave up on
+    (:data:`ABANDONED`: they had their grace) are not waited for again, every other one for at most
+    ``grace_s`` (the run's ``--cancel-grace-s``). Whatever is still running then is left behind with its loop
+    closed, and one ``[abandoned]`` line on stderr names it. So a round ends at most at its group deadline +
+    the cancel grace, plus one more grace only for other tasks (an abandoned tree's own children) that
+    ignore their cancellation too."""
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(work)
+    finally:
+        try:
+            _shutdown(loop, grace_s, what)
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()  # shuts the default executor down without waiting for its threads
+
+
+def _shutdown(loop: asyncio.AbstractEventLoop, grace_s: float, what: str) -> None:
+    left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in left:
+        t.cancel()
+    given_up = {id(t) for t in ABANDONED}
+    wait = [t for t in left if id(t) not in given_up]
+    if wait:
+        loop.run_until_complete(asyncio.wait(wait, timeout=max(0.0, grace_s)))
+    for t in left:  # a task that ended with an error: retrieved (asyncio would warn "never retrieved")
+        if t.done() and not t.cancelled():
+            t.exception()
+    stuck = [t for t in left if not t.done()]
+    if not stuck:  # asyncio.run's own clean-up: nothing can block it now
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+        return
+    ABANDONED.extend(t for t in stuck if id(t) not in given_up)
+    names = sorted({t.get_name() for t in stuck})
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    print(
+        f"[abandoned] {what}: {len(stuck)} task{'s' if len(stuck) > 1 else ''} still running after "
+        f"cancellation and the cancel grace ({grace_s:g} s, --cancel-grace-s) left behind, their event loop "
+        f"closed: {'; '.join(names[:3])}{more}. A tree that ignores cancellation (a cell or tool that never "
+        "yields) is a bug to report.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _abandoned(task: dict[str, Any], env) -> Any:

@@ -118,19 +118,28 @@ def test_cuda_default_trainer_equals_the_reference_on_the_fixture(stage, monkeyp
     varlen kernel and the GPU compile are measured on the H200). The three stages' fixtures have different
     packed lengths, so the compiled layers also meet new shapes as in RL steps."""
     import json
+    from dataclasses import replace
     from pathlib import Path
 
     from common.policy.models import load_model
+    from common.run.trainer_memory import GIB, model_shape, plan_trainer
     from level0_single_process.train import accumulate_gradients
     from level1_batched.config import Level1Config
+    from level1_batched.efficiency import trainer_budget_gib
     from level1_batched.packing import accumulate_gradients_packed
 
     cfg = Level1Config(engine="vllm").resolved(cuda=True)
-    assert (cfg.fast_trainer, cfg.checkpoint_fraction, cfg.max_tokens_per_microbatch) == (True, 0.0, 32768)
+    assert (cfg.fast_trainer, cfg.checkpoint_fraction, cfg.max_tokens_per_microbatch) == (True, None, None)
     assert cfg.compile_layers is True
     fx = json.loads((Path(__file__).parent / "fixtures" / "rl_fixture.json").read_text())["stages"][stage]
     datums, weights = [Datum(**d) for d in fx["datums"]], fx["weights"]
     ref, _ = load_model("tiny", dtype="float32", seed=0)
+    # sized as size_trainer sizes it on an 80 GiB card the run has alone (engine at 0.3): rows of 32K, no checkpointing
+    n = sum(p.numel() for p in ref.parameters())
+    budget = trainer_budget_gib(80.0, 1.0, cfg.gpu_memory_utilization, None, 0.0) * GIB
+    plan = plan_trainer(model_shape(ref.config), budget, n, n, dtype_bytes=2)
+    cfg = replace(cfg, checkpoint_fraction=plan.checkpoint_fraction, max_tokens_per_microbatch=plan.tokens)
+    assert (cfg.checkpoint_fraction, cfg.max_tokens_per_microbatch) == (0.0, 32768)
     fast = apply_efficiency(
         copy.deepcopy(ref), checkpoint_fraction=cfg.checkpoint_fraction, compile_layers=cfg.compile_layers
     )

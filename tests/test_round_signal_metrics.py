@@ -13,14 +13,14 @@ from types import SimpleNamespace
 import pytest
 
 from common.agent.runtime import run_root
-from common.agent.tree import CallRecord, Node, Tree
+from common.agent.tree import CallRecord, Node, Step, Tree
 from common.envs import make_env
 from common.envs.textcraft.oracle import flawed_reply, oracle_reply
 from common.policy.base import Completion, GenerationRequest, Policy
 from common.policy.scripted import rubric_json, score_json
 from common.rl.batch import build_stage_batch, counterfactual_groups, tree_metrics
 from common.run.data import task_pool
-from common.run.metrics import busy_seconds, scoring_seconds, step_metrics
+from common.run.metrics import busy_seconds, scoring_seconds, step_metrics, timing_metrics
 from common.run.rollout import stage_runtime_config
 from common.run.setup import idle_hint
 from common.train_config import TrainConfig, laptop_rollout
@@ -171,6 +171,20 @@ def test_scoring_time_is_the_union_of_overlapping_calls():
     )  # fmt: skip
     assert m["time/scoring_s"] == pytest.approx(4.0) and m["time/round_s"] == 14.5
     assert m["time/scoring_s"] <= m["time/rollout_s"] <= m["time/round_s"]
+
+
+def test_timing_metrics_tail_is_what_scores_add_after_the_last_act_call():
+    t, plain = _tree([[(0.9, True), (0.0, False)]]), _tree([[(0.9, True)]])
+    act = CallRecord(role="act", messages=[], text="", output_ids=[1, 2, 3], seconds=4.0, ended=100.0)
+    t.nodes["0"].steps = [Step(index=0, call=act, observation="")]
+    t.nodes["0.1"].rubric_call = _timed("rubric", 95.0, 99.0)  # inside the agents' time
+    t.nodes["0.1"].score_call = _timed("score", 99.0, 102.5)  # 2.5 s past the tree's last act call
+    t.seconds, plain.seconds = 9.0, 3.0
+    m = timing_metrics([t, plain])  # `plain` has no act call: no tail
+    assert m["time/tail_max_s"] == pytest.approx(2.5) and m["time/tail_mean_s"] == pytest.approx(1.25)
+    assert (m["time/tree_max_s"], m["gen/act_tokens"], m["gen/rubric_tokens"]) == (9.0, 3.0, 0.0)
+    t.nodes["0.1"].score_call = _timed("score", 96.0, 99.5)  # done before the last act call: no tail
+    assert timing_metrics([t])["time/tail_max_s"] == 0.0
 
 
 def test_runtime_calls_carry_their_interval(rubric_round):

@@ -69,6 +69,43 @@ def scoring_seconds(trees: list[Any]) -> float:
     return busy_seconds((c.ended - c.seconds, c.ended) for c in calls)
 
 
+def timing_metrics(trees: list[Any]) -> dict[str, float]:
+    """Where a round's rollout time goes (from the calls' ``[ended - seconds, ended]``): the trees' wall
+    times (``time/tree_p50_s``, ``time/tree_max_s``: a synchronous round waits for its slowest tree), the
+    tail of rubric/score calls after a tree's last act call (``time/tail_mean_s``, ``time/tail_max_s``: what
+    SERA adds to a tree's critical path once its agents are done), and the generated tokens by call role
+    (``gen/act_tokens``, ``gen/rubric_tokens``, ``gen/score_tokens``: the engine's load).
+
+    >>> from types import SimpleNamespace as N
+    >>> act = N(ended=10.0, seconds=2.0, output_ids=[1, 2]); score = N(ended=13.0, seconds=3.0, output_ids=[3])
+    >>> node = N(steps=[N(call=act)], rubric_call=None, score_call=score)
+    >>> m = timing_metrics([N(seconds=12.0, nodes={"0": node})])
+    >>> m["time/tail_max_s"], m["gen/act_tokens"], m["gen/score_tokens"], m["time/tree_max_s"]
+    (3.0, 2.0, 1.0, 12.0)
+    """
+    if not trees:
+        return {}
+    tails, tokens = [], {"act": 0, "rubric": 0, "score": 0}
+    for t in trees:
+        acts = [s.call for n in t.nodes.values() for s in n.steps]
+        judged = [c for n in t.nodes.values() for c in (n.rubric_call, n.score_call) if c]
+        tokens["act"] += sum(len(c.output_ids) for c in acts)
+        for n in t.nodes.values():
+            tokens["rubric"] += len(n.rubric_call.output_ids) if n.rubric_call else 0
+            tokens["score"] += len(n.score_call.output_ids) if n.score_call else 0
+        last_act = max((c.ended for c in acts), default=None)
+        last_judged = max((c.ended for c in judged), default=None)
+        tails.append(max(0.0, last_judged - last_act) if last_act is not None and last_judged else 0.0)
+    secs = sorted(float(t.seconds) for t in trees)
+    return {
+        "time/tree_p50_s": secs[len(secs) // 2],
+        "time/tree_max_s": secs[-1],
+        "time/tail_mean_s": sum(tails) / len(tails),
+        "time/tail_max_s": max(tails),
+        **{f"gen/{role}_tokens": float(n) for role, n in tokens.items()},
+    }
+
+
 def step_metrics(
     *,
     round: int,
@@ -114,6 +151,7 @@ def step_metrics(
         "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
         "time/rollout_s": t_rollout,
         "time/scoring_s": scoring_seconds(trees),  # wall time with a rubric/score call in flight
+        **timing_metrics(trees),  # trees' wall times, the rubric/score tail, tokens by call role
         "time/train_s": t_train,
         "time/round_s": float("nan") if t_round is None else float(t_round),
         "mem/peak_rss_gb": peak_rss_gb(),

@@ -183,6 +183,7 @@ def test_timing_metrics_tail_is_what_scores_add_after_the_last_act_call():
     m = timing_metrics([t, plain])  # `plain` has no act call: no tail
     assert m["time/tail_max_s"] == pytest.approx(2.5) and m["time/tail_mean_s"] == pytest.approx(1.25)
     assert (m["time/tree_max_s"], m["gen/act_tokens"], m["gen/rubric_tokens"]) == (9.0, 3.0, 0.0)
+    assert (m["gen/rubric_calls"], m["gen/score_calls"]) == (1.0, 1.0)
     t.nodes["0.1"].score_call = _timed("score", 96.0, 99.5)  # done before the last act call: no tail
     assert timing_metrics([t])["time/tail_max_s"] == 0.0
 

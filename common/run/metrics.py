@@ -74,7 +74,8 @@ def timing_metrics(trees: list[Any]) -> dict[str, float]:
     times (``time/tree_p50_s``, ``time/tree_max_s``: a synchronous round waits for its slowest tree), the
     tail of rubric/score calls after a tree's last act call (``time/tail_mean_s``, ``time/tail_max_s``: what
     SERA adds to a tree's critical path once its agents are done), and the generated tokens by call role
-    (``gen/act_tokens``, ``gen/rubric_tokens``, ``gen/score_tokens``: the engine's load).
+    (``gen/act_tokens``, ``gen/rubric_tokens``, ``gen/score_tokens``: the engine's load; ``gen/rubric_calls``,
+    ``gen/score_calls``: how many).
 
     >>> from types import SimpleNamespace as N
     >>> act = N(ended=10.0, seconds=2.0, output_ids=[1, 2]); score = N(ended=13.0, seconds=3.0, output_ids=[3])
@@ -85,7 +86,7 @@ def timing_metrics(trees: list[Any]) -> dict[str, float]:
     """
     if not trees:
         return {}
-    tails, tokens = [], {"act": 0, "rubric": 0, "score": 0}
+    tails, tokens, calls = [], {"act": 0, "rubric": 0, "score": 0}, {"rubric": 0, "score": 0}
     for t in trees:
         acts = [s.call for n in t.nodes.values() for s in n.steps]
         judged = [c for n in t.nodes.values() for c in (n.rubric_call, n.score_call) if c]
@@ -93,6 +94,8 @@ def timing_metrics(trees: list[Any]) -> dict[str, float]:
         for n in t.nodes.values():
             tokens["rubric"] += len(n.rubric_call.output_ids) if n.rubric_call else 0
             tokens["score"] += len(n.score_call.output_ids) if n.score_call else 0
+            calls["rubric"] += n.rubric_call is not None
+            calls["score"] += n.score_call is not None
         last_act = max((c.ended for c in acts), default=None)
         last_judged = max((c.ended for c in judged), default=None)
         tails.append(max(0.0, last_judged - last_act) if last_act is not None and last_judged else 0.0)
@@ -103,6 +106,7 @@ def timing_metrics(trees: list[Any]) -> dict[str, float]:
         "time/tail_mean_s": sum(tails) / len(tails),
         "time/tail_max_s": max(tails),
         **{f"gen/{role}_tokens": float(n) for role, n in tokens.items()},
+        **{f"gen/{role}_calls": float(n) for role, n in calls.items()},
     }
 
 

@@ -22,7 +22,7 @@ if [ "${DRY:-0}" = 1 ]; then
   EXTRA="--run-gib 8 --extra '--max-steps 2 --max-new-tokens 12 --rubric-max-new-tokens 16 --score-max-new-tokens 16 --tasks-per-step 1 --rollouts-per-task 2 --codeact-executor worker-ordered --oracle-mix 0.7 --score-noise 0.3'"
   SETS=${DRY_SETS:-"rao,sera|rao"}; ROUNDS=${DRY_ROUNDS:-"2|2"}
 elif [ -n "${RUN_EXTRA:-}" ]; then
-  EXTRA="--extra '$RUN_EXTRA'"
+  EXTRA="--extra='$RUN_EXTRA'"
 fi
 if [ "${DRY:-0}" != 1 ]; then
   export PYTHONPATH=/tmp/site:$SNAP VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \

@@ -42,12 +42,16 @@ from common.policy.base import Completion, GenerationRequest
 from level2_distributed.memory import GIB, PeakPoller, memory_now  # noqa: F401 - memory_now: bench's import
 from level2_distributed.trainer import TrainerRank, dummy_weights, random_model
 
+ENGINE_GPU_SHARE = 0.3
+"""The share of its GPU a colocated engine takes (vLLM's ``gpu_memory_utilization``); the trainer rank beside
+it checks its step against the rest (``TrainerRank(gpu_share=1 - ENGINE_GPU_SHARE)``)."""
+
 
 class ColocatedRank(TrainerRank):
     """A trainer rank with an engine in the same process (see the module docstring)."""
 
     def setup_engine(
-        self, engine: str, dtype: str, max_batch_size: int, gpu_memory_utilization: float = 0.3,
+        self, engine: str, dtype: str, max_batch_size: int, gpu_memory_utilization: float = ENGINE_GPU_SHARE,
         deterministic: bool = False,
     ) -> dict:  # fmt: skip
         """Start the engine on this rank's device (after :meth:`setup`). ``engine``: hf or vllm (at most

@@ -165,6 +165,20 @@ def actor_gpus(requested: float) -> float:
     return 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
 
 
+def trainer_gpu_share(colocate: bool, trainer_gpus: float) -> float:
+    """The part of its GPU a trainer rank may train in (its step is checked against it at set-up): beside a
+    colocated engine what the engine leaves, on a fraction of a GPU that fraction, else the whole card.
+
+    >>> trainer_gpu_share(True, 1.0), trainer_gpu_share(False, 0.5), trainer_gpu_share(False, 1.0)
+    (0.7, 0.5, 1.0)
+    """
+    from level2_distributed.colocate import ENGINE_GPU_SHARE
+
+    if colocate:
+        return round(1.0 - ENGINE_GPU_SHARE, 6)
+    return trainer_gpus if 0.0 < trainer_gpus < 1.0 else 1.0
+
+
 class System:
     """Trainer ranks + servers + the sync group. ``start()`` again after a failure makes fresh actors."""
 
@@ -215,6 +229,7 @@ class System:
                 checkpoint_fraction=self.l2.trainer_checkpoint_fraction,
                 compile_layers=self.l2.trainer_compile_layers,
                 collective_timeout_s=self.l2.collective_timeout_s,
+                gpu_share=trainer_gpu_share(colocate, t_gpus),
             )  # fmt: skip
             for r in range(world)
         ]

@@ -306,6 +306,38 @@ def param_groups(model: torch.nn.Module, replicated: list) -> list[dict[str, Any
     return [{"params": g} for g in (sharded, list(replicated)) if g]
 
 
+def rank_plan(
+    model: Any, world: int, tokens: int, checkpoint_fraction: float, fast: bool, dtype_bytes: int, budget_bytes: float
+) -> Any:
+    """Check that one FSDP rank's training step fits ``budget_bytes`` (issue #49): the sharded weights and
+    optimizer state (1/world each, two gathered decoder layers), the replicated root's whole state (the fast
+    trainer keeps embeddings / norm / head on every rank), the head (chunked with ``fast``, else the row's
+    logits at once) and the row's activations. Returns the :class:`~common.run.trainer_memory.TrainerPlan`
+    (``mem/plan_gib``); a row or checkpointing that cannot fit raises
+    :class:`~common.run.trainer_memory.DoesNotFit` (one line: which setting to lower). ``model``: the sharded
+    model (a DTensor's ``numel()`` is the whole tensor's)."""
+    from dataclasses import replace
+
+    from common.run.trainer_memory import GIB, DoesNotFit, model_shape, plan_trainer, static_bytes
+
+    params = list(model.parameters())
+    sharded = sum(p.numel() for p in params if hasattr(p, "to_local"))
+    replicated = sum(p.numel() for p in params if not hasattr(p, "to_local"))
+    root = static_bytes(replicated, replicated, dtype_bytes)
+    try:
+        plan = plan_trainer(
+            model_shape(model.config), budget_bytes - root, sharded, sharded, tokens=tokens,
+            checkpoint_fraction=checkpoint_fraction, dtype_bytes=dtype_bytes, shards=world, chunked_head=fast,
+        )  # fmt: skip
+        return replace(plan, estimate_gib=plan.estimate_gib + root / GIB, budget_gib=budget_bytes / GIB)
+    except DoesNotFit as e:
+        flags = "--trainer-microbatch-tokens, --trainer-checkpoint-fraction (with --trainer-fast)"
+        msg = str(e).replace("--max-tokens-per-microbatch", "--trainer-microbatch-tokens")
+        msg = msg.replace("--checkpoint-fraction", "--trainer-checkpoint-fraction")
+        msg = msg.replace("--gpu-share", "more trainer ranks or GPUs")
+        raise DoesNotFit(f"level-2 trainer rank, {world} FSDP ranks: {msg} ({flags})") from None
+
+
 # ----------------------------------------------------------------------------------------------------
 # The actor.
 # ----------------------------------------------------------------------------------------------------
@@ -323,8 +355,11 @@ class TrainerRank:
         checkpoint_fraction: float = 1.0,
         compile_layers: bool = False,
         collective_timeout_s: float = 600.0,
+        gpu_share: float = 1.0,
     ) -> None:
         self.rank, self.world, self.cfg = rank, world, cfg
+        self.gpu_share = float(gpu_share)  # the part of its GPU this rank may train in (the memory check)
+        self.plan: Any = None
         self.activation_checkpointing, self.microbatch_tokens = activation_checkpointing, microbatch_tokens
         self.fast = {
             "fast": fast_trainer,
@@ -367,6 +402,16 @@ class TrainerRank:
             checkpointing=self.activation_checkpointing, **self.fast,
         )  # fmt: skip
         self.model = model.train()
+        # the step must fit this rank's part of the card: checked now, in one line, not by an OOM later
+        if cuda:
+            fast = self.fast["fast"]
+            f = self.fast["checkpoint_fraction"] if fast else float(self.activation_checkpointing)
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            dtype_bytes = 4 if self.cfg.optim.dtype == "float32" else 2
+            self.plan = rank_plan(self.model, self.world, self.microbatch_tokens, f, fast, dtype_bytes,
+                                  self.gpu_share * total)  # fmt: skip
+            if self.rank == 0:
+                print(self.plan.line().replace("[memory] trainer", "[memory] trainer rank"), flush=True)
         o: OptimConfig = self.cfg.optim
         self.optimizer = torch.optim.AdamW(
             param_groups(self.model, self.replicated), lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
@@ -415,7 +460,7 @@ class TrainerRank:
         return {
             **m, "mem/on_gpu": float(gpu), "mem/train_peak_gib": poll.peak, "mem/peak_gib": self.mem_peak,
             **({"mem/torch_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB} if gpu else {}),
-            **gpu_memory_metrics(self.device),  # the names levels 0 and 1 log: mem/gpu_peak_gib, mem/gpu_total_gib
+            **gpu_memory_metrics(self.device, self.plan),  # levels 0 and 1's names: mem/gpu_peak_gib, mem/plan_gib
         }  # fmt: skip
 
     def _train_step(self, micro, n_tokens: float, dry_run: bool, round: int, return_grads: bool) -> dict[str, Any]:

@@ -100,3 +100,44 @@ def test_gpu_fit_examples_and_its_command_line():
     bad = subprocess.run([sys.executable, "bench/gpu_fit.py", "--runs", "1", "--train", "full"], cwd=ROOT,
                          env={"GPU_TOTAL_GIB": "16", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "one run needs 20 GiB" in bad.stderr
+
+
+# ---------------------------------------------------------------- level 2: one FSDP rank's step, checked
+def _sharded_model(shape: ModelShape, n_sharded: int, n_replicated: int):
+    """What rank_plan reads of a sharded model: DTensors (``to_local``; ``numel()`` = the whole tensor's) and
+    plain replicated parameters, and the config."""
+    from types import SimpleNamespace as NS
+
+    config = NS(num_hidden_layers=shape.layers, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+                vocab_size=shape.vocab)  # fmt: skip
+    params = [NS(numel=lambda: n_sharded, to_local=None), NS(numel=lambda: n_replicated)]
+    return NS(config=config, parameters=lambda: iter(params))
+
+
+def test_a_level2_rank_holds_its_shard_and_a_too_long_row_is_refused_in_one_line():
+    from level2_distributed.trainer import rank_plan
+
+    n_layers = 4_022_468_096 - 2 * QWEN4B.vocab * QWEN4B.hidden  # Qwen3-4B: decoder layers sharded, root whole
+    model = _sharded_model(QWEN4B, n_layers, 2 * QWEN4B.vocab * QWEN4B.hidden)
+    one = rank_plan(model, 1, 4096, 1.0, True, 2, 1000 * GIB)
+    eight = rank_plan(model, 8, 4096, 1.0, True, 2, 1000 * GIB)
+    # 20 bytes a sharded weight (bf16 weight + grad, fp32 master + grad, 2 AdamW moments): 7/8 of it gone
+    assert one.estimate_gib - eight.estimate_gib == pytest.approx(7 / 8 * n_layers * 20 / GIB, rel=0.02)
+    assert eight.tokens == 4096 and eight.checkpoint_fraction == 1.0  # the user's settings, kept
+    plain = rank_plan(model, 8, 4096, 1.0, False, 2, 1000 * GIB)  # no chunked head: the row's logits at once
+    assert plain.estimate_gib - eight.estimate_gib == pytest.approx((4096 - 2048) * QWEN4B.vocab * 14 / GIB)
+    root = 2 * QWEN4B.vocab * QWEN4B.hidden * 20 / GIB  # the replicated root's whole state, in the estimate
+    assert eight.estimate_gib > root + n_layers * 20 / 8 / GIB
+    with pytest.raises(DoesNotFit) as e:  # an 80 GiB card, 8 ranks, every layer kept, 64K-token rows
+        rank_plan(model, 8, 65536, 0.0, True, 2, 80 * GIB)
+    msg = str(e.value)
+    assert "\n" not in msg and "--trainer-microbatch-tokens 65536" in msg and "8 FSDP ranks" in msg
+    assert "--max-tokens-per-microbatch" not in msg  # level 1's flag names are not level 2's
+
+
+def test_level2_trainer_shares_of_the_card():
+    from level2_distributed.train import trainer_gpu_share
+
+    assert trainer_gpu_share(True, 1.0) == pytest.approx(0.7)  # beside a colocated engine (0.3 of the card)
+    assert trainer_gpu_share(False, 0.5) == 0.5 and trainer_gpu_share(False, 1.0) == 1.0

@@ -17,6 +17,9 @@ pass, so a row of N tokens through L layers holds ``N x L x act_layer``. This mo
    tokens (the fastest setting), else every layer checkpointed and the longest row that fits; a row shorter
    than the longest datum is refused (:class:`DoesNotFit`, one line naming the setting to change). Values the
    user set (``tokens``, ``checkpoint_fraction``) are kept and checked.
+4. Level 2's FSDP ranks (``level2_distributed/trainer.py: rank_plan``): ``shards`` ranks each hold 1/shards of
+   the weights and optimizer state plus two gathered decoder layers; a rank checks its step (its row length
+   and checkpointing, as given) against its part of the card at set-up and refuses one that cannot fit.
 
 The estimate counts every saved tensor of an eager Llama layer in the compute dtype (the RMSNorm's float32
 copies included); without checkpointing it is above what was measured (32,768-token rows: 38.9 GiB
@@ -108,24 +111,44 @@ def activation_bytes_per_token(s: ModelShape, checkpoint_fraction: float, dtype_
 
 def head_bytes(s: ModelShape, chunk: int = 2048, dtype_bytes: int = 2) -> float:
     """The chunked LM head's peak: one chunk's logits in the compute dtype and as float32, the
-    log-sum-exp's float32 temporary and the logits' float32 gradient (level1_batched/efficiency.py)."""
+    log-sum-exp's float32 temporary and the logits' float32 gradient (level1_batched/efficiency.py).
+    ``chunk`` = the row's length for a head that is not chunked (level 2 without ``--trainer-fast``)."""
     return chunk * s.vocab * (dtype_bytes + 3 * 4)
 
 
-def static_bytes(n_params: int, trainable_params: int, dtype_bytes: int = 2) -> float:
+def layer_params(s: ModelShape) -> int:
+    """Weights of one decoder layer (attention, SwiGLU MLP, two norms): the unit FSDP gathers whole."""
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    return s.hidden * (2 * q + 2 * kv) + 3 * s.hidden * s.intermediate + 2 * s.hidden
+
+
+def static_bytes(
+    n_params: int, trainable_params: int, dtype_bytes: int = 2, shards: int = 1, gathered_params: int = 0
+) -> float:
     """The weights in the compute dtype, and per trainable weight its gradient in that dtype, an fp32 master
-    copy and gradient and AdamW's two fp32 moments (common/run/optim.py)."""
-    return n_params * dtype_bytes + trainable_params * (dtype_bytes + 4 + 4 + 8)
+    copy and gradient and AdamW's two fp32 moments (common/run/optim.py). With FSDP over ``shards`` ranks
+    (level 2) each rank holds 1/shards of all of it, plus two gathered units of ``gathered_params`` weights in
+    the compute dtype (the one computing and the one prefetched)."""
+    per_rank = (n_params * dtype_bytes + trainable_params * (dtype_bytes + 4 + 4 + 8)) / max(1, shards)
+    return per_rank + (2 * gathered_params * dtype_bytes if shards > 1 else 0)
 
 
 def step_bytes(
-    s: ModelShape, tokens: int, checkpoint_fraction: float, n_params: int, trainable_params: int, dtype_bytes: int = 2
+    s: ModelShape,
+    tokens: int,
+    checkpoint_fraction: float,
+    n_params: int,
+    trainable_params: int,
+    dtype_bytes: int = 2,
+    shards: int = 1,
+    chunked_head: bool = True,
 ) -> float:
-    """The estimated peak of one training step on rows of ``tokens`` tokens (the fixed overhead included)."""
+    """The estimated peak of one training step on rows of ``tokens`` tokens (the fixed overhead included);
+    ``shards``: FSDP ranks (:func:`static_bytes`); ``chunked_head=False``: the whole row's logits at once."""
     return (
         FIXED_OVERHEAD
-        + static_bytes(n_params, trainable_params, dtype_bytes)
-        + head_bytes(s, dtype_bytes=dtype_bytes)
+        + static_bytes(n_params, trainable_params, dtype_bytes, shards, layer_params(s))
+        + head_bytes(s, chunk=2048 if chunked_head else tokens, dtype_bytes=dtype_bytes)
         + tokens * activation_bytes_per_token(s, checkpoint_fraction, dtype_bytes)
     )
 
@@ -165,6 +188,8 @@ def plan_trainer(
     checkpoint_fraction: float | None = None,
     min_fast_tokens: int = 8192,
     dtype_bytes: int = 2,
+    shards: int = 1,
+    chunked_head: bool = True,
 ) -> TrainerPlan:
     """The packed-row length and checkpointing of a trainer given ``budget_bytes`` of GPU memory.
 
@@ -172,26 +197,30 @@ def plan_trainer(
     Otherwise: no checkpointing when rows of ``min(want_tokens, min_fast_tokens)`` tokens fit that way
     (the row as long as fits, up to ``want_tokens``), else every layer checkpointed and the longest row
     that fits. ``longest_datum``: a row never holds less than one whole datum, so a plan whose rows are
-    shorter is refused (:class:`DoesNotFit`).
+    shorter is refused (:class:`DoesNotFit`). ``shards`` / ``chunked_head``: level 2's FSDP ranks and plain
+    head (:func:`step_bytes`; with ``chunked_head=False`` give both ``tokens`` and ``checkpoint_fraction``).
     """
     usable = MARGIN * budget_bytes
 
+    def need_bytes(n: int, f: float) -> float:
+        return step_bytes(s, n, f, n_params, trainable_params, dtype_bytes, shards, chunked_head)
+
     def fits(n: int, f: float) -> bool:
-        return step_bytes(s, n, f, n_params, trainable_params, dtype_bytes) <= usable
+        return need_bytes(n, f) <= usable
 
     def longest(f: float) -> int:
-        free = usable - step_bytes(s, 0, f, n_params, trainable_params, dtype_bytes)
+        free = usable - need_bytes(0, f)
         n = int(free // activation_bytes_per_token(s, f, dtype_bytes)) if free > 0 else 0
         return min(want_tokens, n // ROW_STEP * ROW_STEP if n >= ROW_STEP else n)
 
     def plan(n: int, f: float) -> TrainerPlan:
-        est = step_bytes(s, n, f, n_params, trainable_params, dtype_bytes)
+        est = need_bytes(n, f)
         return TrainerPlan(tokens=n, checkpoint_fraction=f, estimate_gib=est / GIB, budget_gib=budget_bytes / GIB)
 
     need = max(1, longest_datum)
     if tokens is not None and checkpoint_fraction is not None:  # both set: check them
         if not fits(max(tokens, need), checkpoint_fraction):
-            est = step_bytes(s, max(tokens, need), checkpoint_fraction, n_params, trainable_params, dtype_bytes)
+            est = need_bytes(max(tokens, need), checkpoint_fraction)
             raise DoesNotFit(
                 f"--max-tokens-per-microbatch {tokens} with --checkpoint-fraction {checkpoint_fraction:g} needs "
                 f"~{est / GIB:.1f} GiB, more than the trainer's {budget_bytes / GIB:.1f} GiB: lower them "
@@ -203,7 +232,7 @@ def plan_trainer(
         for f in options:
             if fits(max(tokens, need), f):
                 return plan(tokens, f)
-        est = step_bytes(s, max(tokens, need), options[-1], n_params, trainable_params, dtype_bytes)
+        est = need_bytes(max(tokens, need), options[-1])
         raise DoesNotFit(
             f"--max-tokens-per-microbatch {tokens} needs ~{est / GIB:.1f} GiB even with every layer checkpointed, "
             f"more than the trainer's {budget_bytes / GIB:.1f} GiB: lower it (or leave it unset to have it sized) "
@@ -214,7 +243,7 @@ def plan_trainer(
         enough = min(want_tokens, min_fast_tokens) if f == 0.0 and len(options) > 1 else need
         if n >= max(enough, need):
             return plan(n, f)
-    best = step_bytes(s, need, options[-1], n_params, trainable_params, dtype_bytes)
+    best = need_bytes(need, options[-1])
     raise DoesNotFit(
         f"one datum of {need} tokens needs ~{best / GIB:.1f} GiB to train (checkpoint fraction "
         f"{options[-1]:g}), more than the trainer's {budget_bytes / GIB:.1f} GiB: give the run more memory "

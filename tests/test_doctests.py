@@ -25,6 +25,7 @@ MODULES = [
     "common.run.trainer_memory",
     "level1_batched.efficiency",
     "level1_batched.config",
+    "level2_distributed.train",
 ]
 
 

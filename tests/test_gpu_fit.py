@@ -141,3 +141,22 @@ def test_level2_trainer_shares_of_the_card():
 
     assert trainer_gpu_share(True, 1.0) == pytest.approx(0.7)  # beside a colocated engine (0.3 of the card)
     assert trainer_gpu_share(False, 0.5) == 0.5 and trainer_gpu_share(False, 1.0) == 1.0
+
+
+def test_bench_gpu_share_runs_with_their_own_kv_cache_keep_the_trainer_part():
+    spec = importlib.util.spec_from_file_location("bench_gpu_share", ROOT / "bench" / "bench_gpu_share.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert doctest.testmod(mod).failed == 0
+    with pytest.raises(ValueError, match="rao or sera"):
+        mod.parse_run("grpo")
+    base = mod.command("py", Path("o"), "sera", 0, 0.2, Path("t"), "", 80.0)
+    more = mod.command("py", Path("o"), "sera-kv12", 0, 0.2, Path("t"), "--engine-log-stats", 80.0)
+    at = lambda cmd, flag: cmd[cmd.index(flag) + 1]  # noqa: E731
+    assert (at(base, "--kv-cache-gib"), at(more, "--kv-cache-gib")) == ("4", "12")
+    assert float(at(more, "--gpu-share")) == pytest.approx(0.2 + 8 / 80)  # 8 GiB more KV, the same trainer part
+    assert more[-1] == "--engine-log-stats"

@@ -10,11 +10,17 @@ RAO alone, and each shared set's rounds / the same method alone.
 
     python bench/bench_gpu_share.py run OUT                       # the default sets, one GPU (vLLM)
     python bench/bench_gpu_share.py run OUT --sets "rao|sera|rao,sera|sera,rao,sera,rao" --rounds "6|6|4|10"
+    python bench/bench_gpu_share.py run OUT --sets "rao|rao-s1" --rounds "12|12"   # --max-staleness 0 vs 1 (#53)
     python bench/bench_gpu_share.py table OUT                     # the table of whatever ran (also at the end)
     MODEL=tiny ENGINE=hf GPU_TOTAL_GIB=80 python bench/bench_gpu_share.py run /tmp/gs --sets "rao|rao,sera" --run-gib 8 \
         --rounds "2|2" --extra "--max-steps 2 --max-new-tokens 12 --rubric-max-new-tokens 16 \
         --score-max-new-tokens 16 --tasks-per-step 1 --rollouts-per-task 2 --codeact-executor worker-ordered \
         --oracle-mix 0.7 --score-noise 0.3"                       # the CPU dry run of the same flow (~3 min)
+
+A run may carry options: ``sera-kv12`` (its engine's KV cache 12 GiB, the trainer's part unchanged), ``rao-s1``
+(``--max-staleness 1``). The table adds, per run, the slowest tree, the rubric/score tail, tokens by call role
+and the trainer's wait for rollouts (``time/rollout_wait_s``, overlapped runs), and per set the GPU's busy
+share (``nvidia-smi`` utilization sampled every second once every run is past round 0: OUT/<set>/gpu_util.tsv).
 
 Resumable within a time budget (a preemptible or time-limited GPU job): a finished set leaves OUT/<set>/done
 and is skipped; a set cut by ``--budget-s`` or a kill goes on from its runs' checkpoints (``--resume``;
@@ -56,23 +62,32 @@ def rows(path: Path) -> list[dict]:
     return out
 
 
-def parse_run(spec: str) -> tuple[str, float | None]:
+def parse_run(spec: str) -> tuple[str, float | None, int]:
     """A run of a set: ``rao`` / ``sera``, optionally ``-kvN`` (its engine's KV cache N GiB instead of KV_GIB;
-    its share of the card grows by the difference, so the trainer keeps its part).
+    its share of the card grows by the difference, so the trainer keeps its part) and ``-sN``
+    (``--max-staleness N``: rollouts of the next round in flight during training, issue #53).
 
-    >>> parse_run("sera"), parse_run("rao-kv12")
-    (('sera', None), ('rao', 12.0))
+    >>> parse_run("sera"), parse_run("rao-kv12"), parse_run("rao-s1"), parse_run("sera-s1-kv8")
+    (('sera', None, 0), ('rao', 12.0, 0), ('rao', None, 1), ('sera', 8.0, 1))
     """
-    method, _, kv = spec.partition("-kv")
-    if method not in ("rao", "sera") or (kv and not kv.replace(".", "", 1).isdigit()):
-        raise ValueError(f"a run is rao or sera, optionally -kvN (GiB): {spec!r}")
-    return method, float(kv) if kv else None
+    method, *opts = spec.split("-")
+    kv, staleness = None, 0
+    for o in opts:
+        if o.startswith("kv") and o[2:].replace(".", "", 1).isdigit():
+            kv = float(o[2:])
+        elif o.startswith("s") and o[1:].isdigit():
+            staleness = int(o[1:])
+        else:
+            method = ""
+    if method not in ("rao", "sera"):
+        raise ValueError(f"a run is rao or sera, optionally -kvN (GiB) and -sN (max staleness): {spec!r}")
+    return method, kv, staleness
 
 
 def command(
     py: str, out: Path, spec: str, seed: int, share: float | None, tasks: Path, extra: str, total: float = 0.0
 ) -> list[str]:
-    method, kv_run = parse_run(spec)
+    method, kv_run, staleness = parse_run(spec)
     model, engine = os.environ.get("MODEL", "smollm2"), os.environ.get("ENGINE", "vllm")
     init = "none" if model == "tiny" else "auto"
     cmd = [py, "-m", "sera", "train", "--level", "1", "--model", model, "--init-adapter", init,
@@ -84,6 +99,8 @@ def command(
            "--out", str(out), "--resume"]  # fmt: skip
     if method == "sera":
         cmd += ["--schedule", "execution:16,delegation:2,rubric:2"]
+    if staleness:
+        cmd += ["--max-staleness", str(staleness)]
     if share is not None and engine == "vllm":
         kv = float(os.environ.get("KV_GIB", "4"))
         if kv_run is not None and total > 0:  # more KV cache, the same trainer part
@@ -122,7 +139,12 @@ def run_set(args, name: str, methods: list[str], rounds: int, t_end: float, shar
         dead = [k for k, p in procs.items() if p.poll() is not None]
         if all(c >= rounds for c in counts) or time.time() > t_end or dead:
             break
-        time.sleep(5)
+        if all(c >= 1 for c in counts):  # past start-up and round 0: how busy the GPU is (issue #53)
+            util = gpu_utilization()
+            if util is not None:
+                with open(d / "gpu_util.tsv", "a") as f:
+                    f.write(f"{time.time():.1f}\t{util:g}\n")
+        time.sleep(1)
     for p in procs.values():  # SIGTERM: the run checkpoints and exits; then a kill
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
@@ -145,6 +167,17 @@ def run_set(args, name: str, methods: list[str], rounds: int, t_end: float, shar
     return False
 
 
+def gpu_utilization() -> float | None:
+    """The GPU's busy percentage now (``nvidia-smi``'s utilization.gpu: the share of the last sample period in
+    which a kernel ran; the first GPU), or None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout.split()  # fmt: skip
+        return float(out[0]) if out else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
 def median(xs: list[float]) -> float:
     xs = [x for x in xs if x == x]
     return statistics.median(xs) if xs else float("nan")
@@ -153,12 +186,18 @@ def median(xs: list[float]) -> float:
 def table(out: Path) -> str:
     lines = [
         "| set | run | rounds | round s | rollout s | train s | gen tok/s | train tok/s | peak GiB (run) | trainer plan "
-        "| slowest tree s | rubric/score tail s (mean, max) | act / rubric / score tokens |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| slowest tree s | rubric/score tail s (mean, max) | act / rubric / score tokens | trainer wait s | GPU busy % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     alone: dict[str, float] = {}
     shared: list[tuple[str, str, float]] = []
     for d in sorted(p for p in out.iterdir() if p.is_dir() and p.name.startswith("set")):
+        util = (
+            [float(x.split("\t")[1]) for x in (d / "gpu_util.tsv").read_text().split("\n") if "\t" in x]
+            if (d / "gpu_util.tsv").exists()
+            else []
+        )
+        busy = statistics.mean(util) if util else float("nan")
         for run in sorted(p for p in d.iterdir() if p.is_dir()):
             rs = [r for r in rows(run / "metrics.jsonl") if "time/round_s" in r]
             later = rs[1:] or rs
@@ -178,7 +217,8 @@ def table(out: Path) -> str:
                 f"| {median([r.get('time/tree_max_s', float('nan')) for r in later]):.1f} "
                 f"| {median([r.get('time/tail_mean_s', float('nan')) for r in later]):.1f}, "
                 f"{median([r.get('time/tail_max_s', float('nan')) for r in later]):.1f} "
-                f"| {' / '.join(f'{v:.0f}' for v in tokens)} |"
+                f"| {' / '.join(f'{v:.0f}' for v in tokens)} "
+                f"| {median([r.get('time/rollout_wait_s', float('nan')) for r in later]):.1f} | {busy:.0f} |"
             )
     for kv in sorted({m.partition("-")[2] for m in alone}):
         sera, rao = alone.get("sera" + (f"-{kv}" if kv else "")), alone.get("rao" + (f"-{kv}" if kv else ""))

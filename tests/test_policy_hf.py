@@ -121,6 +121,19 @@ def test_slots_grow_keep_their_rows_and_are_released(tiny):
     assert again.output_ids == comps[1].output_ids and policy._slots.keys is not None
 
 
+def test_a_step_that_cannot_be_captured_decodes_eagerly_and_says_so(tiny, capsys):
+    """A graph capture that fails (here: no CUDA at all; on a GPU an op a graph cannot hold) leaves the engine
+    decoding eagerly, with one ``[decode]`` line on stderr, and the same tokens."""
+    policy = HFPolicy(tiny.model, tiny.tokenizer, max_batch_size=8, decode="slots")
+    policy._slots.graphs = True  # as decode="graphs" would on a GPU
+    reqs = [_req(p, n=6, temperature=0.0) for p in PROMPTS[:3]]
+    got = policy.generate_batch(reqs)
+    assert [c.output_ids for c in got] == [c.output_ids for c in tiny.generate_batch(reqs)]
+    err = capsys.readouterr().err
+    assert err.count("[decode] CUDA graph capture failed") == 1 and "decoding eagerly" in err
+    assert policy._slots.graphs is False and policy._slots.stats["captures"] == 0
+
+
 def test_decode_modes_are_chosen_and_refused_in_one_line(tiny, monkeypatch):
     """``auto``: the ordinary path on a CPU; ``graphs`` needs CUDA; the slot decoder drives Llama-family models
     only; ``SERA_HF_DECODE`` overrides the argument. A LoRA-wrapped model decodes through its adapter."""

@@ -228,6 +228,10 @@ class HFPolicy(Engine):
         self.kv_cache = kv_cache if kv_cache != "auto" else ("static" if on_cpu else "dynamic")
         self.decode = decode_mode(decode, model, self.device)
         self._slots = SlotDecoder(model, graphs=self.decode == "graphs") if self.decode != "hf" else None
+        self.failure: Exception | None = None
+        """Set once decoding ran out of GPU memory: every later call gets it (a tier stops the run with its
+        line: ``common.run.trainer_memory.generation_oom``)."""
+        self._rows_in_flight = 0  # rows decoding together now (the out-of-memory line says how many)
 
     # ------------------------------------------------------------------ generation
     def _eos_ids(self) -> list[int]:
@@ -241,8 +245,32 @@ class HFPolicy(Engine):
         return feed.results  # type: ignore[return-value]
 
     def _run_continuous(self, requests: list[GenerationRequest], feed: Any) -> None:
+        if self.failure is not None:  # out of GPU memory before: every later call fails at once, the same way
+            raise self.failure
         with self._lock, torch.inference_mode():
-            self._decode(list(enumerate(requests)), feed)
+            try:
+                self._decode(list(enumerate(requests)), feed)
+            except torch.OutOfMemoryError:
+                self.failure = self._out_of_memory()
+                raise self.failure from None
+
+    def _out_of_memory(self) -> Any:
+        """The :class:`~common.run.trainer_memory.EngineOutOfMemory` of an out-of-memory error while decoding
+        (what was held, then the slots and the allocator's cache freed); sticky: :attr:`failure`."""
+        from common.run.trainer_memory import EngineOutOfMemory, gpu_held_note
+
+        note = gpu_held_note(self.device)
+        if self._slots is not None:
+            self._slots.release()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        rows = self._rows_in_flight
+        return EngineOutOfMemory(
+            f"CUDA out of memory while decoding {rows} model calls together{note}: fewer at once "
+            f"(max_batch_size {self.max_batch_size}) or shorter prompts and replies",
+            rows=rows,
+            note=note,
+        )
 
     def _new_cache(self, length: int) -> Any:
         """The KV cache of one batch (``kv_cache``; why static on a CPU: the module docstring)."""
@@ -334,6 +362,7 @@ class HFPolicy(Engine):
                 if not incoming:
                     return
                 continue
+            self._rows_in_flight = len(batch.rows)
             self._step(batch, feed)
             room = self.max_batch_size - len(batch.rows)
             incoming = feed.take(room) if room > 0 else []
@@ -371,6 +400,7 @@ class HFPolicy(Engine):
     def _admit(self, batch: _Batch | None, rows: list[_Row], feed: Any) -> _Batch | None:
         """Prefill ``rows`` (left-padded, explicit positions), sample their first tokens, and merge the rows
         still going into ``batch`` (a new KV cache holding both, right-aligned; columns no row uses dropped)."""
+        self._rows_in_flight = len(rows) + (len(batch.rows) if batch is not None else 0)
         width = max(len(r.prompt_ids) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)

@@ -37,6 +37,7 @@ rounding: tests/test_policy_hf.py); a graph replays the same kernels as the eage
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Any
 
 import torch
@@ -141,7 +142,7 @@ class SlotDecoder:
         shape = (self.n_layers, slots, self.kv_heads, cols, self.head_dim)
         old_k, old_v = self.keys, self.values
         self.drop_graphs()
-        self.keys = self.values = None  # the old cache goes as the new one fills: not both at once if avoidable
+        self.keys = self.values = None  # our references go: the old cache lives on only in old_k, old_v
         keys = torch.zeros(shape, dtype=p.dtype, device=p.device)
         values = torch.zeros(shape, dtype=p.dtype, device=p.device)
         if old_k is not None and keep:
@@ -222,7 +223,18 @@ class SlotDecoder:
             return self._forward(b)[:n]
         graph = self._graphs.get(b)
         if graph is None:
-            graph = self._graphs[b] = self._capture(b)
+            try:
+                graph = self._graphs[b] = self._capture(b)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as e:  # noqa: BLE001 - an op that cannot be captured: decode eagerly, say so once
+                self.graphs = False
+                self.drop_graphs()
+                why = (str(e).strip().splitlines() or [""])[0][:200]
+                print(f"[decode] CUDA graph capture failed ({type(e).__name__}: {why}); decoding eagerly",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                self.stats["eager_steps"] += 1
+                return self._forward(b)[:n]
         graph[0].replay()
         self.stats["replays"] += 1
         return graph[1][:n]

@@ -47,7 +47,7 @@ from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.envs import env_spec
 from common.memory import release_memory
-from common.policy.hf import release_engine_cache
+from common.policy.hf import decode_metrics, release_engine_cache
 from common.policy.lora import add_lora, checkpointed
 from common.rl.batch import build_stage_batch
 from common.rl.loss import RatioStats, cispo_loss, token_logprobs
@@ -313,6 +313,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
             t_round=time.perf_counter() - t0, deadline_groups=len(dropped),
         )  # fmt: skip
         metrics.update(gpu_memory_metrics(device))  # mem/gpu_peak_gib, mem/gpu_total_gib on a GPU (else none)
+        metrics.update(decode_metrics(policy))  # engine/graph_replays, ... when the engine decodes in slots
         log_deadline_groups(out, dropped, state.step, state.round)
         for t in trees:
             t.meta.update(step=state.step, round=state.round)

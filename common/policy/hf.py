@@ -65,7 +65,15 @@ from common.policy.engine import Engine, ListFeed, find_stop, prompt_for
 from common.policy.models import DEFAULT_MODEL, load_model
 from common.policy.slots import SlotDecoder, slot_decode_unsupported
 
-__all__ = ["DECODE_MODES", "HFPolicy", "find_engine", "find_stop", "named_tensors", "release_engine_cache"]
+__all__ = [
+    "DECODE_MODES",
+    "HFPolicy",
+    "decode_metrics",
+    "find_engine",
+    "find_stop",
+    "named_tensors",
+    "release_engine_cache",
+]
 
 DECODE_MODES = ("auto", "hf", "slots", "graphs")
 """How the hf engine decodes (``HFPolicy(decode=...)``, the ``SERA_HF_DECODE`` environment variable):
@@ -614,6 +622,23 @@ def find_engine(policy: Any, kind: type = Engine) -> Any:
             None,
         )
     return None
+
+
+def decode_metrics(policy: Any) -> dict[str, float]:
+    """The hf engine's decoding so far, for a round's metrics (``{}`` for ``decode=hf``, or no hf engine):
+    ``engine/graphs`` (1 while CUDA graphs decode), ``engine/graph_captures``, ``engine/graph_replays`` and
+    ``engine/eager_steps`` (slot steps run without a graph), counted from the engine's start."""
+    engine = find_engine(policy, HFPolicy)
+    slots = getattr(engine, "_slots", None)
+    if slots is None:
+        return {}
+    st = slots.stats
+    return {
+        "engine/graphs": float(slots.graphs),
+        "engine/graph_captures": float(st["captures"]),
+        "engine/graph_replays": float(st["replays"]),
+        "engine/eager_steps": float(st["eager_steps"]),
+    }
 
 
 def release_engine_cache(policy: Any) -> None:

@@ -166,8 +166,7 @@ def capped():
 def test_cuda_engine_out_of_memory_under_a_cap(capped):
     """A prefill that cannot fit the cap: every caller gets the engine's line, and so does the next call."""
     from common.policy.base import GenerationRequest, SamplingParams
-    from common.policy.hf import HFPolicy
-    from common.run.trainer_memory import EngineOutOfMemory
+    from common.policy.hf import EngineOutOfMemory, HFPolicy
 
     policy = HFPolicy("tiny", dtype="float32", device="cuda", max_batch_size=16)
     long = "word " * 3000

@@ -10,7 +10,7 @@
 # positive advantage against the non-delegating one (tutorial 3). Replies are the oracle's, teacher-forced
 # through the tiny model so they carry token ids and behaviour log-probs (level 0's `--oracle-mix`).
 #
-#     python tutorials/05_one_training_step.py     # ~30 s on a 2-core CPU
+#     python tutorials/05_one_training_step.py     # 26 s on the 2-core CPU (2026-12-06)
 #
 # It runs on a GPU when there is one (`device` below; everything else follows the model); its time there is
 # measured by `python bench/bench_laptop_gpu.py --part tutorials` (bench/RESULTS.md, "On a laptop GPU").

@@ -10,7 +10,7 @@
 # steps are both Execution-stage steps (the default cycle is execution:16,delegation:2,rubric:2), which is
 # why this tutorial is where the other two stages train.
 #
-#     python tutorials/06_level0_training.py     # about a minute on a 2-core CPU
+#     python tutorials/06_level0_training.py     # 39 s on the 2-core CPU (2026-12-06; up to a minute when shared)
 #
 # On a GPU it runs there by itself: level 0 puts the model on CUDA when torch sees one (and decodes
 # through CUDA graphs, `common/policy/slots.py`); its time there is measured by

@@ -19,7 +19,7 @@
 # ranked. It does not show one beating the other (that needs a real model and many steps: the SmolLM2 /
 # GPU version is `bash bench/learning.sh`, see `bench/RESULTS.md`).
 #
-#     python tutorials/09_learning_demo.py         # ~2-4 min on 2 cores
+#     python tutorials/09_learning_demo.py         # 105 s on the 2-core CPU (2026-12-06; 2-4 min when shared)
 #
 # On a GPU it runs there by itself (the engine, `sera sft`'s trainer and level 0 each put the model on CUDA
 # when torch sees one); its time there is measured by `python bench/bench_laptop_gpu.py --part tutorials`

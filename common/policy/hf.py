@@ -67,6 +67,7 @@ from common.policy.slots import SlotDecoder, slot_decode_unsupported
 
 __all__ = [
     "DECODE_MODES",
+    "EngineOutOfMemory",
     "HFPolicy",
     "decode_metrics",
     "find_engine",
@@ -74,6 +75,17 @@ __all__ = [
     "named_tensors",
     "release_engine_cache",
 ]
+
+class EngineOutOfMemory(ValueError):
+    """What the hf engine hands every caller once its decoding ran out of GPU memory (``rows``: the model calls
+    it was decoding together; ``note``: what the process held then). A ValueError, so a command shows it as
+    one line; a tier's loop turns it into the run's line naming its settings
+    (``common.run.trainer_memory.generation_oom``)."""
+
+    def __init__(self, message: str, rows: int = 0, note: str = "") -> None:
+        super().__init__(message)
+        self.rows, self.note = rows, note
+
 
 DECODE_MODES = ("auto", "hf", "slots", "graphs")
 """How the hf engine decodes (``HFPolicy(decode=...)``, the ``SERA_HF_DECODE`` environment variable):
@@ -236,7 +248,7 @@ class HFPolicy(Engine):
         self.kv_cache = kv_cache if kv_cache != "auto" else ("static" if on_cpu else "dynamic")
         self.decode = decode_mode(decode, model, self.device)
         self._slots = SlotDecoder(model, graphs=self.decode == "graphs") if self.decode != "hf" else None
-        self.failure: Exception | None = None
+        self.failure: EngineOutOfMemory | None = None
         """Set once decoding ran out of GPU memory: every later call gets it (a tier stops the run with its
         line: ``common.run.trainer_memory.generation_oom``)."""
         self._rows_in_flight = 0  # rows decoding together now (the out-of-memory line says how many)
@@ -262,10 +274,10 @@ class HFPolicy(Engine):
                 self.failure = self._out_of_memory()
                 raise self.failure from None
 
-    def _out_of_memory(self) -> Any:
-        """The :class:`~common.run.trainer_memory.EngineOutOfMemory` of an out-of-memory error while decoding
-        (what was held, then the slots and the allocator's cache freed); sticky: :attr:`failure`."""
-        from common.run.trainer_memory import EngineOutOfMemory, gpu_held_note
+    def _out_of_memory(self) -> EngineOutOfMemory:
+        """The :class:`EngineOutOfMemory` of an out-of-memory error while decoding (what was held, then the
+        slots and the allocator's cache freed); sticky: :attr:`failure`."""
+        from common.memory import gpu_held_note
 
         note = gpu_held_note(self.device)
         if self._slots is not None:

@@ -41,6 +41,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from common.memory import gpu_budget_gib, gpu_held_note
+
+__all__ = [
+    "DoesNotFit",
+    "OutOfMemory",
+    "TrainerPlan",
+    "check_weights_fit",
+    "generation_oom",
+    "gpu_budget_gib",
+    "gpu_held_note",
+    "gpu_memory_metrics",
+    "plan_trainer",
+    "setup_oom",
+    "training_oom",
+]
+
 GIB = float(2**30)
 MARGIN = 0.85
 """Share of the budget a plan may fill (the allocator's fragmentation, cuBLAS/attention workspaces)."""
@@ -226,43 +242,8 @@ def plan_trainer(
 # A run that does not fit its card: one line naming the setting to lower (issue #54), not a CUDA traceback.
 # ----------------------------------------------------------------------------------------------------
 class OutOfMemory(DoesNotFit):
-    """A CUDA out-of-memory error of a run, as the one line it stops with (``sera train`` prints it, exit 2)."""
-
-
-class EngineOutOfMemory(OutOfMemory):
-    """What the hf engine hands every caller once its decoding ran out of GPU memory (``rows``: the model
-    calls it was decoding together); a tier turns it into the run's line (:func:`generation_oom`)."""
-
-    def __init__(self, message: str, rows: int = 0, note: str = "") -> None:
-        super().__init__(message)
-        self.rows, self.note = rows, note
-
-
-def gpu_budget_gib(device: Any = "cuda") -> float:
-    """The GPU memory this process may use (GiB): the card's, times the allocator's per-process fraction
-    (``torch.cuda.set_per_process_memory_fraction``; 1 unless capped). 0 off CUDA."""
-    import torch
-
-    if getattr(device, "type", str(device).split(":")[0]) != "cuda" or not torch.cuda.is_available():
-        return 0.0
-    total = torch.cuda.get_device_properties(device).total_memory / GIB
-    try:
-        fraction = float(torch.cuda.get_per_process_memory_fraction(device))
-    except (AttributeError, RuntimeError):  # an older torch: the fraction cannot be read
-        fraction = 1.0
-    return total * min(1.0, fraction)
-
-
-def gpu_held_note(device: Any = "cuda") -> str:
-    """``"; this process held 7.9 GiB of the 8.0 GiB it may use"`` (what the caching allocator reserves), ""
-    off CUDA."""
-    import torch
-
-    budget = gpu_budget_gib(device)
-    if not budget:
-        return ""
-    held = torch.cuda.memory_reserved(device) / GIB
-    return f"; this process held {held:.1f} GiB of the {budget:.1f} GiB it may use"
+    """A CUDA out-of-memory error of a run, as the one line it stops with (``sera train`` prints it, exit 2).
+    The hf engine's own (``common.policy.hf.EngineOutOfMemory``) becomes one of these in the tier's loop."""
 
 
 def generation_oom(cfg: Any, rows: int, device: Any = "cuda", note: str | None = None) -> OutOfMemory:

@@ -27,7 +27,8 @@ read them) and its top functions, and ``pyspy.json`` (speedscope) when ``py-spy`
 start, the engine and one batch of replies, the optimizer, one training step, a checkpoint) and prints the
 resident set (anonymous / file-backed) and GPU memory after each, to find what holds the host's memory.
 ``decode`` times the hf engine's decode modes on the recorded quick-start prompt (``--model thin`` is a
-30-layer model with no compute to speak of: the host's cost of a step). ``tutorials`` runs tutorials 05, 06
+30-layer model with no compute to speak of: the host's cost of a step; with it, ``no-forward`` is the slot step
+with its forward replaced by a saved output: what is left on the host when a CUDA graph replays the forward). ``tutorials`` runs tutorials 05, 06
 and 09 in full and records their wall times and device.
 
 Simplifications: one run, one seed (a round's length follows the trees the policy grows, so runs vary); the
@@ -460,9 +461,14 @@ def decode(out: Path, model_name: str, batches: list[int], new_tokens: int) -> N
         model, tok = load_model(model_name, dtype=dtype, device=device)
     messages = json.loads((ROOT / "tests/fixtures/warmstart_calls.json").read_text())["act_messages"]
     modes = ["hf", "slots"] + (["graphs"] if device == "cuda" else [])
+    if model_name == "thin":  # what a graph leaves on the host: the slot step with its forward replaced by a
+        modes.append("no-forward")  # saved output (the loop, sampling and bookkeeping; the tokens are junk)
     results = []
     for mode in modes:
-        policy = HFPolicy(model, tok, max_batch_size=max(batches), decode=mode)
+        policy = HFPolicy(model, tok, max_batch_size=max(batches), decode="slots" if mode == "no-forward" else mode)
+        if mode == "no-forward":
+            forward, saved = policy._slots._forward, {}
+            policy._slots._forward = lambda b, f=forward, s=saved: s[b] if b in s else s.setdefault(b, f(b))
         for b in batches:
             run(policy, messages, b, new_tokens)  # warm-up (a graph's capture happens here)
             prefill = min(run(policy, messages, b, 1) for _ in range(3))  # the least disturbed of a few runs

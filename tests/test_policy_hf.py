@@ -87,6 +87,21 @@ def test_slot_decoding_generates_what_the_hf_path_does(tiny):
     assert st["eager_steps"] > 0 and st["captures"] == st["replays"] == 0  # no graphs off CUDA
 
 
+def test_slot_decoding_with_eager_attention(tiny):
+    """A model on transformers' eager attention (it adds its mask to the scores) gets an additive slot mask."""
+    from common.policy.models import build_tiny_model
+
+    model, _ = build_tiny_model(0, tokenizer=tiny.tokenizer)
+    model.config._attn_implementation = "eager"
+    reqs = [_req(p, n=5 + i, temperature=0.0 if i % 2 else 1.0, seed=i) for i, p in enumerate(PROMPTS[:5])]
+    plain = HFPolicy(model, tiny.tokenizer, max_batch_size=8, decode="hf").generate_batch(reqs)
+    slots = HFPolicy(model, tiny.tokenizer, max_batch_size=8, decode="slots")
+    assert slots._slots._additive_mask
+    for x, y in zip(plain, slots.generate_batch(reqs), strict=True):
+        assert x.output_ids == y.output_ids
+        assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+
+
 def test_slots_grow_keep_their_rows_and_are_released(tiny):
     """The slot cache starts at what the first rows need and grows (more slots, more columns) when rows with
     longer prompts or budgets join a running batch; the rows already decoding keep their keys and values

@@ -110,7 +110,9 @@ class SlotDecoder:
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         params = inspect.signature(self.inner.layers[0].forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        names = ("cache", "past_key_values", "past_key_value")  # transformers 5.2x, 4.56-5.1x, older
+        self._cache_kw = next((n for n in names if n in params), "past_key_values")
+        self._additive_mask = (getattr(cfg, "_attn_implementation", None) or "sdpa") == "eager"
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}
@@ -194,6 +196,9 @@ class SlotDecoder:
         cos_sin = self.inner.rotary_emb(hidden, position_ids)
         cols = torch.arange(self.length, device=tokens.device)
         mask = (cols[None, :] <= pos[:, None])[:, None, None, :]  # [b, 1, 1, T]: each row's own columns
+        if self._additive_mask:  # eager attention adds its mask to the scores: 0 where seen, the lowest float not
+            low = torch.finfo(hidden.dtype).min
+            mask = torch.zeros(mask.shape, dtype=hidden.dtype, device=mask.device).masked_fill(~mask, low)
         view = _SlotView(self.keys, self.values, rows, pos)
         for layer in self.inner.layers[: self.n_layers]:
             hidden = layer(

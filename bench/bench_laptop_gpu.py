@@ -14,8 +14,8 @@ fraction``; 0 = the whole card), the model converted beforehand (``sera setup``,
 ``OUT/summary.json`` with exactly: ``wall_s`` (launch to exit of ``sera train``), ``optimizer_steps``,
 ``gpu_peak_gib`` (the run's own peak: ``mem/gpu_peak_gib`` of its metrics, torch's peak reservation plus what
 NVML/nvidia-smi says the process holds beyond it, and nvidia-smi's samples of the process; 0 on a CPU),
-``host_peak_rss_gb`` (the child's and its descendants' peak resident set: ``RUSAGE_CHILDREN``'s ``ru_maxrss``,
-what ``/usr/bin/time -v`` prints), ``tokens_per_s`` (generated tokens per second of rollout, over the run's rounds)
+``host_peak_rss_gb`` (the peak resident set of ``sera train`` and its descendants: the ``ru_maxrss`` that
+``wait4`` gives for it, what ``/usr/bin/time -v`` prints), ``tokens_per_s`` (generated tokens per second of rollout, over the run's rounds)
 and ``gpu`` (the card's name, ``cpu`` without one); beside it the run's ``metrics.jsonl`` and ``config.json``,
 ``log.txt`` (the run's output, each line stamped with seconds since launch) and ``details.json`` (the wall to
 the last step's metrics line, per-round times, the resident set over time split into anonymous and
@@ -298,8 +298,9 @@ def quickstart(out: Path, cap_gib: float, train_args: list[str], profile: bool, 
         stamped = f"[{time.perf_counter() - t0:7.1f} s] {line.rstrip()}"
         log.append(stamped)
         print(stamped, flush=True)
-    rc = child.wait()
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage (its reaped descendants included)
     wall = time.perf_counter() - t0
+    rc = child.returncode = os.waitstatus_to_exitcode(status)
     done.set()
     sampler.join()
     if spy is not None:
@@ -307,7 +308,7 @@ def quickstart(out: Path, cap_gib: float, train_args: list[str], profile: bool, 
             spy.wait(timeout=30)
         except subprocess.TimeoutExpired:
             spy.kill()
-    rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1e3 / 1e9  # what /usr/bin/time -v prints
+    rss_gb = usage.ru_maxrss * 1e3 / 1e9  # what /usr/bin/time -v prints for it (not `sera setup`'s, run before)
     rows = read_metrics(run / "metrics.jsonl")
     smi_peak = max([s[1] for s in smi] + [0.0]) / 1024
     summary = summarize(rows, wall, rss_gb, smi_peak, gpu)

@@ -135,11 +135,14 @@ class SlotDecoder:
 
     def ensure(self, rows: int, length: int, keep: int) -> None:
         """Room for ``rows`` rows of up to ``length`` columns; the first ``keep`` slots' contents are kept
-        when the cache grows (slots double, the length grows in steps of :data:`LENGTH_STEP`)."""
+        when the cache grows (slots double, the length grows by half at least, in steps of :data:`LENGTH_STEP`)."""
         if self.keys is not None and rows <= self.slots and length <= self.length:
             return
         slots = max(bucket(rows), self.slots)
-        cols = max(-(-length // LENGTH_STEP) * LENGTH_STEP, self.length)
+        cols = self.length
+        if length > cols:  # at least half again as long: a round's prompts grow turn by turn, and every
+            cols = max(length, cols + cols // 2)  # growth re-captures the graphs
+        cols = -(-cols // LENGTH_STEP) * LENGTH_STEP
         p = next(self.base.parameters())
         shape = (self.n_layers, slots, self.kv_heads, cols, self.head_dim)
         old_k, old_v = self.keys, self.values

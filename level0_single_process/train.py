@@ -26,7 +26,7 @@ What it simplifies (only the systems, never the algorithm): rollouts run one tas
 trees and their agents concurrently, beside a spare group that stands in if it has no signal:
 ``--spare-groups``; the model calls in flight together run as one batch of up to ``--max-batch-size``, ``1`` =
 one call at a time and bit-exact repeats), generation uses the training model itself (strictly on-policy, no
-weight sync), the loss is computed one datum at a time (only datums with a nonzero advantage: the others have
+weight sync; on a GPU its decode step replays as a CUDA graph, ``common/policy/slots.py``), the loss is computed one datum at a time (only datums with a nonzero advantage: the others have
 an exactly zero gradient), and the defaults are shrunk for a laptop CPU
 (1 task x 2 rollouts, 3 steps per agent, 256-token replies, 2 optimizer steps) — ``--paper`` restores the
 paper's sizes. Level 1 (`level1_batched/`) puts every task of a step in flight and packs the loss; level 2
@@ -47,7 +47,7 @@ from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.envs import env_spec
 from common.memory import release_memory
-from common.policy.hf import decode_metrics, release_engine_cache
+from common.policy.hf import HFPolicy, decode_metrics, find_engine, release_engine_cache
 from common.policy.lora import add_lora, checkpointed
 from common.rl.batch import build_stage_batch
 from common.rl.loss import RatioStats, cispo_loss, token_logprobs
@@ -199,8 +199,6 @@ def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float
 def engine_out_of_memory(policy, cfg: TrainConfig, device) -> OutOfMemory | None:
     """The run's one line when the hf engine ran out of GPU memory during the rollouts (its callers got the
     error and their agents ended, so the round is not trained), else None."""
-    from common.policy.hf import HFPolicy, find_engine
-
     failure = getattr(find_engine(policy, HFPolicy), "failure", None)
     if failure is None:
         return None

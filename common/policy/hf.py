@@ -76,6 +76,7 @@ __all__ = [
     "release_engine_cache",
 ]
 
+
 class EngineOutOfMemory(ValueError):
     """What the hf engine hands every caller once its decoding ran out of GPU memory (``rows``: the model calls
     it was decoding together; ``note``: what the process held then). A ValueError, so a command shows it as

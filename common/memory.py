@@ -1,4 +1,4 @@
-"""Memory a run gives back between its phases (issue #38.7).
+"""Memory a run gives back between its phases (issue #38.7), and what a process may hold on its GPU (issue #54).
 
 A level-0 round has two phases that each need a few hundred MB for a while: the rollouts (prefills and KV
 caches, on the engine's worker thread) and the training step (activations, on the main thread). glibc's
@@ -75,3 +75,33 @@ def peak_rss_gb() -> float:
     macOS): what ``/usr/bin/time -v`` reports as "Maximum resident set size" for the run's main process."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 1e9 if sys.platform == "darwin" else peak * 1e3 / 1e9
+
+
+GIB = float(2**30)
+
+
+def gpu_budget_gib(device: Any = "cuda") -> float:
+    """The GPU memory this process may use (GiB): the card's, times the allocator's per-process fraction
+    (``torch.cuda.set_per_process_memory_fraction``; 1 unless capped). 0 off CUDA."""
+    import torch
+
+    if getattr(device, "type", str(device).split(":")[0]) != "cuda" or not torch.cuda.is_available():
+        return 0.0
+    total = torch.cuda.get_device_properties(device).total_memory / GIB
+    try:
+        fraction = float(torch.cuda.get_per_process_memory_fraction(device))
+    except (AttributeError, RuntimeError):  # an older torch: the fraction cannot be read
+        fraction = 1.0
+    return total * min(1.0, fraction)
+
+
+def gpu_held_note(device: Any = "cuda") -> str:
+    """``"; this process held 7.9 GiB of the 8.0 GiB it may use"`` (what torch's caching allocator reserves),
+    for an out-of-memory line; "" off CUDA."""
+    import torch
+
+    budget = gpu_budget_gib(device)
+    if not budget:
+        return ""
+    held = torch.cuda.memory_reserved(device) / GIB
+    return f"; this process held {held:.1f} GiB of the {budget:.1f} GiB it may use"

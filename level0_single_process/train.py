@@ -26,7 +26,7 @@ What it simplifies (only the systems, never the algorithm): rollouts run one tas
 trees and their agents concurrently, beside a spare group that stands in if it has no signal:
 ``--spare-groups``; the model calls in flight together run as one batch of up to ``--max-batch-size``, ``1`` =
 one call at a time and bit-exact repeats), generation uses the training model itself (strictly on-policy, no
-weight sync), the loss is computed one datum at a time (only datums with a nonzero advantage: the others have
+weight sync; on a GPU its decode step replays as a CUDA graph, ``common/policy/slots.py``), the loss is computed one datum at a time (only datums with a nonzero advantage: the others have
 an exactly zero gradient), and the defaults are shrunk for a laptop CPU
 (1 task x 2 rollouts, 3 steps per agent, 256-token replies, 2 optimizer steps) — ``--paper`` restores the
 paper's sizes. Level 1 (`level1_batched/`) puts every task of a step in flight and packs the loss; level 2
@@ -47,6 +47,7 @@ from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.envs import env_spec
 from common.memory import release_memory
+from common.policy.hf import HFPolicy, decode_metrics, find_engine, release_engine_cache
 from common.policy.lora import add_lora, checkpointed
 from common.rl.batch import build_stage_batch
 from common.rl.loss import RatioStats, cispo_loss, token_logprobs
@@ -74,7 +75,14 @@ from common.run.setup import (
     stages_note,
     train_policy,
 )
-from common.run.trainer_memory import gpu_memory_metrics
+from common.run.trainer_memory import (
+    OutOfMemory,
+    check_weights_fit,
+    generation_oom,
+    gpu_memory_metrics,
+    setup_oom,
+    training_oom,
+)
 from common.train_config import TrainConfig
 from common.train_eval import InRunEval
 
@@ -170,14 +178,31 @@ def lean_training(model, optimizer) -> None:
 def train_on_batch(model, optimizer, batch, cfg: TrainConfig) -> dict[str, float]:
     """One optimizer step: gradients of the whole batch, global-norm clip, AdamW (fp32 master weights).
     Only the datums with a gradient run (``batch.with_gradient()``: a zero advantage gives an exactly zero
-    gradient); |M| counts every datum's tokens, so the step is that of the whole batch."""
+    gradient); |M| counts every datum's tokens, so the step is that of the whole batch. Out of GPU memory:
+    the step's gradients go and :class:`OutOfMemory` says in one line what to lower (:func:`training_oom`)."""
     model.train()
     optimizer.zero_grad()
     datums, weights = batch.with_gradient()
-    metrics = accumulate_gradients(model, datums, weights, optimizer, num_tokens=batch.num_trained_tokens)
-    grad_norm = optimizer.clip_and_step(cfg.optim.clip_for(batch.stage))  # --grad-clip (--stage-grad-clip)
+    try:
+        metrics = accumulate_gradients(model, datums, weights, optimizer, num_tokens=batch.num_trained_tokens)
+        grad_norm = optimizer.clip_and_step(cfg.optim.clip_for(batch.stage))  # --grad-clip (--stage-grad-clip)
+    except torch.OutOfMemoryError:
+        longest = max((len(d.prompt_ids) + len(d.output_ids) for d in datums), default=0)
+        oom = training_oom(cfg, longest, next(model.parameters()).device)  # what was held, before it goes
+        optimizer.zero_grad()
+        model.eval()
+        raise oom from None
     model.eval()
     return {**metrics, "grad_norm": grad_norm, "train/skipped": 0.0}
+
+
+def engine_out_of_memory(policy, cfg: TrainConfig, device) -> OutOfMemory | None:
+    """The run's one line when the hf engine ran out of GPU memory during the rollouts (its callers got the
+    error and their agents ended, so the round is not trained), else None."""
+    failure = getattr(find_engine(policy, HFPolicy), "failure", None)
+    if failure is None:
+        return None
+    return generation_oom(cfg, getattr(failure, "rows", 0), device, note=getattr(failure, "note", None))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -194,18 +219,22 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     preset, schedule = method_and_schedule(cfg)
     pool = task_pool(cfg.env, cfg.tasks, cfg.n_tasks, cfg.seed, cfg.difficulty)  # bad task files fail here
     device = "cuda" if torch.cuda.is_available() else "cpu"  # a laptop GPU if there is one
-    model, tokenizer = load_model(
-        cfg.model, dtype=cfg.optim.dtype, device=device, seed=cfg.seed, adapter=init.adapter
-    )  # --init-adapter: the warm start merged into the weights
-    if cfg.lora_rank:  # --lora-rank: only a LoRA adapter over those weights trains (the paper: every weight)
-        model = add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed)
-    stats = LiveStats()
-    policy = CountingPolicy(
-        train_policy(cfg, model, tokenizer, max_batch_size=cfg.max_batch_size), stats
-    )  # the calls in flight together (siblings, the group's rollouts) run as one batch
-    optimizer = make_optimizer(model, cfg.optim)
-    lean_training(model, optimizer)  # activation checkpointing; gradients onto the masters as they come
-    place_optimizer_state(optimizer, cfg.optim.optimizer_state, out / "optimizer_state", device)  # CPU: on disk
+    try:  # a card too small for the weights and optimizer state: one line (sera train exits 2), no traceback
+        model, tokenizer = load_model(
+            cfg.model, dtype=cfg.optim.dtype, device=device, seed=cfg.seed, adapter=init.adapter
+        )  # --init-adapter: the warm start merged into the weights
+        if cfg.lora_rank:  # --lora-rank: only a LoRA adapter over those weights trains (the paper: every weight)
+            model = add_lora(model, cfg.lora_rank, cfg.lora_alpha, cfg.seed)
+        check_weights_fit(model, cfg, device)  # weights + optimizer state vs the card, before they are made
+        stats = LiveStats()
+        policy = CountingPolicy(
+            train_policy(cfg, model, tokenizer, max_batch_size=cfg.max_batch_size), stats
+        )  # the calls in flight together (siblings, the group's rollouts) run as one batch
+        optimizer = make_optimizer(model, cfg.optim)
+        lean_training(model, optimizer)  # activation checkpointing; gradients onto the masters as they come
+        place_optimizer_state(optimizer, cfg.optim.optimizer_state, out / "optimizer_state", device)  # CPU: disk
+    except torch.OutOfMemoryError:
+        raise setup_oom(cfg, device) from None
     ckpt = TorchCheckpointer(out, keep=cfg.keep_checkpoints)
     trained = checkpointed(model)  # what a checkpoint holds: the model, or a LoRA run's adapter only
     saved_config = with_base(asdict(cfg), init)  # what checkpoints record; a LoRA resume checks its base
@@ -234,6 +263,12 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
     held_out = InRunEval(cfg)  # --eval-tasks: held-out success of the current policy at step 0 and every N
     history, idle = [], 0
     stopped: str | None = None  # why the run ends before --steps, if it does (sera train exits 3)
+
+    def out_of_memory(oom: OutOfMemory) -> OutOfMemory:  # a setting too large for the card: its one line
+        bar.close()  # ... after the live display and the heartbeat ended
+        writer.close()
+        optimizer.close()
+        return oom
     while state.step < cfg.steps:
         held_out.log_if_due(policy, state.round, state.step, writer, lambda line: bar.log(line, state.step))
         stage = schedule.stage_at(state.step)  # the clock is the policy version
@@ -245,6 +280,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
             cfg, stage, state.round, sampler, env, policy, judge, preset, dropped
         )
         t_roll = time.perf_counter() - t0
+        if oom := engine_out_of_memory(policy, cfg, device):  # the engine ran out of GPU memory: no training
+            raise out_of_memory(oom)
+        release_engine_cache(policy)  # the engine's KV slots and CUDA graphs: memory the step can use
         release_memory()  # the rollouts' caches, freed on the engine's thread, back to the OS before training
         trees = [t for g in groups for t in g]
         # 2. Rewards -> LOO advantages -> datums of this stage (common/rl: rewards.py, datums.py, weights.py).
@@ -260,7 +298,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
         bar.phase("training")
         t1 = time.perf_counter()
         updated = batch.takes_step(cfg.min_trainable_datums)  # public decide_sync_action (paper: 8)
-        train_metrics = train_on_batch(model, optimizer, batch, cfg) if updated else dict(NO_UPDATE)
+        try:
+            train_metrics = train_on_batch(model, optimizer, batch, cfg) if updated else dict(NO_UPDATE)
+        except OutOfMemory as oom:
+            raise out_of_memory(oom) from None
         t_train = time.perf_counter() - t1
         release_memory()  # the step's activations, before the next rollouts
         # 4. Log (first), checkpoint (second): a run killed in between redoes this round.
@@ -270,6 +311,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
             t_round=time.perf_counter() - t0, deadline_groups=len(dropped),
         )  # fmt: skip
         metrics.update(gpu_memory_metrics(device))  # mem/gpu_peak_gib, mem/gpu_total_gib on a GPU (else none)
+        metrics.update(decode_metrics(policy))  # engine/graph_replays, ... when the engine decodes in slots
         log_deadline_groups(out, dropped, state.step, state.round)
         for t in trees:
             t.meta.update(step=state.step, round=state.round)
@@ -289,6 +331,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
             bar.log(f"stopping: {stopped}")
             break
     held_out.log_if_due(policy, state.round, state.step, writer, lambda line: bar.log(line, state.step))
+    if oom := engine_out_of_memory(policy, cfg, device):
+        raise out_of_memory(oom)
     bar.close()
     writer.close()
     optimizer.close()  # --optimizer-state disk: the working files go (the checkpoint has its own)

@@ -66,6 +66,7 @@ import torch.distributed as dist
 from common.agent.judge import make_judge
 from common.agent.log import append_tree
 from common.envs import env_spec
+from common.policy.hf import release_engine_cache
 from common.policy.lora import add_lora, checkpointed
 from common.rl.batch import build_stage_batch
 from common.rl.loss import RatioStats
@@ -378,6 +379,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
             )
             t_roll = time.perf_counter() - t0
             cursor = sampler.cursor
+            release_engine_cache(policy)  # the hf engine's KV slots and CUDA graphs: memory the step can use
         else:  # --max-staleness 1: most likely rolled out during the last step (overlap.py)
             bar.phase(f"{stage} rollouts (ahead)")
             t0 = time.perf_counter()

@@ -1,7 +1,8 @@
 """Level 1 == level 0 on the recorded fixture, then a short end-to-end level-1 run.
 
 * packed micro-batches (1, 2 and one-per-datum) reproduce level 0's golden loss and gradient norm of every
-  stage, and level 0's gradients tensor by tensor (the max |diff| per tensor is printed);
+  stage, and level 0's gradients tensor by tensor (the max |diff| per tensor is printed); on the CPU and, where
+  there is one, on a CUDA GPU (skipped otherwise, with the reason);
 * world size 2 on CPU/gloo (two spawned processes, half the datums each, global token count, summed
   gradients) == level 0 and == world size 1;
 * a 2-step ``level1_batched.train`` run with the tiny model writes the fixed metric names.
@@ -120,15 +121,30 @@ def micro_limit(datums: list[Datum], n: str) -> int:
     return {"one": sum(lengths), "two": sum(lengths) // 2 + max(lengths), "many": 1}[n]
 
 
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(
+            not torch.cuda.is_available(),
+            reason="needs CUDA: level 1's packed step on the GPU against level 0 on the CPU (float32 both)",
+        ),
+    ),
+]
+"""Where level 1's packed step runs: the CPU, and the GPU when there is one (issue #54): the oracle is level
+0 on the CPU either way, so the same tolerances say that the packed step on CUDA is level 0's."""
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("micro", ["one", "two", "many"])
-def test_packed_matches_level0(stage: str, micro: str, level0):
+def test_packed_matches_level0(stage: str, micro: str, device: str, level0):
     from level1_batched.train import accumulate_gradients_packed
 
     datums, weights, gold = load_stage(stage)
-    model = fresh_model()
+    model = fresh_model().to(device)
     m = accumulate_gradients_packed(model, datums, weights, micro_limit(datums, micro))
-    g = grads(model)
+    g = {k: v.cpu() for k, v in grads(model).items()}
     expected_micro = {"one": 1, "two": 2, "many": len(datums)}[micro]
     assert m["train/microbatches"] == expected_micro
     scale = loss_scale(datums, weights)
@@ -141,7 +157,7 @@ def test_packed_matches_level0(stage: str, micro: str, level0):
     assert abs(m["loss/cispo"] - gold["loss"]) <= 1e-5 * scale + 1e-9
     assert abs(m["loss/cispo"] - level0[stage]["loss"]) <= 1e-5 * scale + 1e-9
     assert norm(g) == pytest.approx(gold["grad_norm"], rel=RTOL)
-    assert_grads_close(g, level0[stage]["grads"], level0[stage]["scale"], f"{stage}/{micro}")
+    assert_grads_close(g, level0[stage]["grads"], level0[stage]["scale"], f"{stage}/{micro}/{device}")
 
 
 def test_docstring_examples():

@@ -69,6 +69,123 @@ def test_static_cache_generates_what_the_dynamic_cache_does(tiny):
         HFPolicy(tiny.model, tiny.tokenizer, kv_cache="paged")
 
 
+def test_slot_decoding_generates_what_the_hf_path_does(tiny):
+    """``decode="slots"`` (one KV slot per row, the model's decoder layers driven with a per-row column mask:
+    what a CUDA graph replays on a GPU, common/policy/slots.py) against the ordinary path on a mixed batch:
+    different prompt lengths, reply budgets (rows leave and the later ones move down a slot), greedy and
+    seeded sampling, a stop string. The same tokens; log-probs to float rounding."""
+    slots = HFPolicy(tiny.model, tiny.tokenizer, max_batch_size=8, decode="slots")
+    assert tiny.decode == "hf" and slots.decode == "slots"  # auto on a CPU: the ordinary path
+    reqs = [_req(p, n=4 + 3 * i, temperature=0.0 if i % 2 else 1.0, seed=i) for i, p in enumerate(PROMPTS)]
+    reqs[5] = _req(PROMPTS[5], n=30, temperature=0.0, stop=("e",))
+    a, b = tiny.generate_batch(reqs), slots.generate_batch(reqs)
+    assert len({len(c.output_ids) for c in a}) > 3
+    for x, y in zip(a, b, strict=True):
+        assert x.output_ids == y.output_ids and x.finish_reason == y.finish_reason and x.text == y.text
+        assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+    st = slots._slots.stats
+    assert st["eager_steps"] > 0 and st["captures"] == st["replays"] == 0  # no graphs off CUDA
+
+
+def test_slot_decoding_with_eager_attention(tiny):
+    """A model on transformers' eager attention (it adds its mask to the scores) gets an additive slot mask."""
+    from common.policy.models import build_tiny_model
+
+    model, _ = build_tiny_model(0, tokenizer=tiny.tokenizer)
+    model.config._attn_implementation = "eager"
+    reqs = [_req(p, n=5 + i, temperature=0.0 if i % 2 else 1.0, seed=i) for i, p in enumerate(PROMPTS[:5])]
+    plain = HFPolicy(model, tiny.tokenizer, max_batch_size=8, decode="hf").generate_batch(reqs)
+    slots = HFPolicy(model, tiny.tokenizer, max_batch_size=8, decode="slots")
+    assert slots._slots._additive_mask
+    for x, y in zip(plain, slots.generate_batch(reqs), strict=True):
+        assert x.output_ids == y.output_ids
+        assert max(abs(u - v) for u, v in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+
+
+def test_slots_grow_keep_their_rows_and_are_released(tiny):
+    """The slot cache starts at what the first rows need and grows (more slots, more columns) when rows with
+    longer prompts or budgets join a running batch; the rows already decoding keep their keys and values
+    through the growth. ``release_cache`` frees it (the trainer's step gets the memory) and the next call
+    allocates again; :func:`release_engine_cache` finds the engine under a policy's wrappers."""
+    from common.policy.hf import release_engine_cache
+    from common.run.progress import CountingPolicy, LiveStats
+
+    policy = HFPolicy(tiny.model, tiny.tokenizer, max_batch_size=8, max_wait_ms=0, decode="slots")
+    long = _req(PROMPTS[3], n=300, temperature=0.0, ignore_eos=True)  # a short prompt, a long reply
+    joiners = [_req(PROMPTS[1], n=6, temperature=0.0), _req(PROMPTS[7], n=9, temperature=1.0, seed=2),
+               _req(PROMPTS[4], n=5, temperature=0.0)]  # fmt: skip
+
+    async def run():
+        first = asyncio.ensure_future(policy.generate(long))
+        while policy.stats["generated_tokens"] < 3:
+            await asyncio.sleep(0.001)
+        shape = tuple(policy._slots.keys.shape)
+        rest = await asyncio.gather(*(policy.generate(r) for r in joiners))
+        return [await first, *rest], shape
+
+    comps, shape = asyncio.run(run())
+    assert shape[1] == 1  # one slot for the first row alone
+    assert policy._slots.slots >= 4 and policy._slots.stats["grows"] >= 2
+    for req, comp in zip([long, *joiners], comps, strict=True):
+        alone = tiny.generate_batch([req])[0]
+        assert comp.output_ids == alone.output_ids
+        assert max(abs(x - y) for x, y in zip(comp.logprobs, alone.logprobs, strict=True)) < 1e-4
+    release_engine_cache(CountingPolicy(policy, LiveStats()))
+    assert policy._slots.keys is None
+    again = policy.generate_batch(joiners[:1])[0]
+    assert again.output_ids == comps[1].output_ids and policy._slots.keys is not None
+
+
+def test_a_step_that_cannot_be_captured_decodes_eagerly_and_says_so(tiny, capsys):
+    """A graph capture that fails (here: no CUDA at all; on a GPU an op a graph cannot hold) leaves the engine
+    decoding eagerly, with one ``[decode]`` line on stderr, and the same tokens."""
+    policy = HFPolicy(tiny.model, tiny.tokenizer, max_batch_size=8, decode="slots")
+    policy._slots.graphs = True  # as decode="graphs" would on a GPU
+    reqs = [_req(p, n=6, temperature=0.0) for p in PROMPTS[:3]]
+    got = policy.generate_batch(reqs)
+    assert [c.output_ids for c in got] == [c.output_ids for c in tiny.generate_batch(reqs)]
+    err = capsys.readouterr().err
+    assert err.count("[decode] CUDA graph capture failed") == 1 and "decoding eagerly" in err
+    assert policy._slots.graphs is False and policy._slots.stats["captures"] == 0
+
+
+def test_decode_modes_are_chosen_and_refused_in_one_line(tiny, monkeypatch):
+    """``auto``: the ordinary path on a CPU; ``graphs`` needs CUDA; the slot decoder drives Llama-family models
+    only; ``SERA_HF_DECODE`` overrides the argument. A LoRA-wrapped model decodes through its adapter."""
+    import torch
+
+    from common.policy.hf import decode_mode
+    from common.policy.lora import add_lora
+
+    cpu = torch.device("cpu")
+    assert decode_mode("auto", tiny.model, cpu) == "hf"
+    with pytest.raises(ValueError, match="graphs needs CUDA"):
+        HFPolicy(tiny.model, tiny.tokenizer, decode="graphs")
+    with pytest.raises(ValueError, match="decode mode must be one of"):
+        decode_mode("fast", tiny.model, cpu)
+    monkeypatch.setattr(tiny.model.config, "model_type", "gpt2")
+    with pytest.raises(ValueError, match="model type 'gpt2'"):
+        decode_mode("slots", tiny.model, cpu)
+    assert decode_mode("auto", tiny.model, torch.device("cuda")) == "hf"  # not driven: the ordinary path
+    monkeypatch.undo()
+    assert decode_mode("auto", tiny.model, torch.device("cuda")) == "graphs"
+    monkeypatch.setenv("SERA_HF_DECODE", "slots")
+    assert HFPolicy(tiny.model, tiny.tokenizer).decode == "slots"
+    monkeypatch.delenv("SERA_HF_DECODE")
+    import copy
+
+    lora = add_lora(copy.deepcopy(tiny.model), rank=4, alpha=8.0, seed=0)
+    with torch.no_grad():  # a nonzero adapter, so decoding through it matters
+        for n, p in lora.named_parameters():
+            if "lora_B" in n:
+                p.normal_(std=0.05)
+    reqs = [_req(p, n=8, temperature=0.0) for p in PROMPTS[:4]]
+    plain = HFPolicy(lora, tiny.tokenizer, decode="hf").generate_batch(reqs)
+    slotted = HFPolicy(lora, tiny.tokenizer, decode="slots").generate_batch(reqs)
+    assert [c.output_ids for c in plain] == [c.output_ids for c in slotted]
+    assert [c.output_ids for c in plain] != [c.output_ids for c in tiny.generate_batch(reqs)]
+
+
 def test_a_bounded_prefill_generates_what_one_prefill_does(tiny):
     """``prefill_tokens`` (4096 on a CPU: a prefill's activations are ~70 MB per 1K SmolLM2 tokens) cuts
     requests that arrive together into several prefill forwards merged into one batch; the same tokens."""
@@ -184,15 +301,19 @@ def test_async_requests_are_batched(tiny):
     assert [c.output_ids for c in comps] == [c.output_ids for c in direct]
 
 
-@pytest.mark.parametrize("kv_cache, continuous", [("static", True), ("dynamic", True), ("static", False)])
-def test_requests_join_a_running_batch_and_leave_when_done(tiny, kv_cache, continuous):
+@pytest.mark.parametrize(
+    "kv_cache, continuous, decode",
+    [("static", True, "hf"), ("dynamic", True, "hf"), ("static", False, "hf"), ("dynamic", True, "slots")],
+)
+def test_requests_join_a_running_batch_and_leave_when_done(tiny, kv_cache, continuous, decode):
     """Continuous batching: a request that arrives while a long batch decodes joins it (no new batch after
     the long row), its caller gets the result as soon as its own row is done (before the long row), and
     every row's tokens are those it gets alone, whether it joined with a longer or shorter prompt.
     ``continuous=False`` (run-to-completion batches): the joiners wait for the long row."""
     policy = HFPolicy(
-        tiny.model, tiny.tokenizer, max_batch_size=8, max_wait_ms=0, kv_cache=kv_cache, continuous=continuous
-    )
+        tiny.model, tiny.tokenizer, max_batch_size=8, max_wait_ms=0, kv_cache=kv_cache, continuous=continuous,
+        decode=decode,
+    )  # fmt: skip
     long = _req(PROMPTS[3], n=600, temperature=0.0, ignore_eos=True)  # short prompt: joiners have longer ones
     joiners = [_req(PROMPTS[1], n=5, temperature=0.0), _req(PROMPTS[2], n=7, temperature=1.0, seed=4)]
     late = _req(PROMPTS[0], n=6, temperature=1.0, seed=9)  # shorter prompt than the running rows' span

@@ -10,12 +10,16 @@
 # positive advantage against the non-delegating one (tutorial 3). Replies are the oracle's, teacher-forced
 # through the tiny model so they carry token ids and behaviour log-probs (level 0's `--oracle-mix`).
 #
-#     python tutorials/05_one_training_step.py     # ~30 s
+#     python tutorials/05_one_training_step.py     # 26 s on the 2-core CPU (2026-12-06)
+#
+# It runs on a GPU when there is one (`device` below; everything else follows the model); its time there is
+# measured by `python bench/bench_laptop_gpu.py --part tutorials` (bench/RESULTS.md, "On a laptop GPU").
 
 # %%
 import asyncio
 import copy
 import math
+import time
 from dataclasses import replace
 
 import torch
@@ -35,7 +39,9 @@ from level0_single_process.train import train_on_batch
 
 torch.set_num_threads(1)
 torch.manual_seed(0)
-model, tok = load_model("tiny", dtype="float32", seed=0)
+device = "cuda" if torch.cuda.is_available() else "cpu"  # a GPU when there is one
+t_start = time.perf_counter()
+model, tok = load_model("tiny", dtype="float32", seed=0, device=device)
 cfg = TrainConfig.make(model="tiny", lr=1e-3)  # a large lr so that one step visibly moves the weights
 rcfg = replace(laptop_rollout(), max_steps=6, temperature=0.0, max_new_tokens=512)
 
@@ -77,12 +83,12 @@ hand = copy.deepcopy(model).train()
 n_tokens = sum(d.num_trained_tokens for d in batch.datums)
 loss_hand = 0.0
 for d, w in zip(batch.datums, batch.weights, strict=True):
-    ids = torch.tensor([d.prompt_ids + d.output_ids])  # [1, P+T]
+    ids = torch.tensor([d.prompt_ids + d.output_ids], device=device)  # [1, P+T]
     logits = hand(input_ids=ids).logits  # [1, P+T, V]
     P = len(d.prompt_ids)
     logp = token_logprobs(logits[:, P - 1 : -1], ids[:, P:])[0]  # [T]
-    rho = torch.exp(logp.detach() - torch.tensor(d.behaviour_logprobs))  # [T]
-    mask = torch.tensor(d.loss_mask, dtype=torch.bool)  # [T]
+    rho = torch.exp(logp.detach() - torch.tensor(d.behaviour_logprobs, device=device))  # [T]
+    mask = torch.tensor(d.loss_mask, dtype=torch.bool, device=device)  # [T]
     term = -(rho.clamp(0, 5.0) * w * d.advantage * logp)[mask].sum() / n_tokens
     term.backward()
     loss_hand += term.item()
@@ -114,7 +120,8 @@ with torch.no_grad():
     moved = max(float((p - before[n]).abs().max()) for n, p in model.named_parameters())
 print(f"loss by hand {loss_hand:.6f} | level 0 {lib['loss/cispo']:.6f}")
 print(f"grad norm by hand {grad_norm:.6f} | level 0 {lib['grad_norm']:.6f}")
-print(f"TUTORIAL05 max_param_diff {diff:.2e} (the step moved parameters by up to {moved:.2e})")
+print(f"TUTORIAL05 max_param_diff {diff:.2e} (the step moved parameters by up to {moved:.2e}) "
+      f"on {device} in {time.perf_counter() - t_start:.0f} s")  # fmt: skip
 assert abs(loss_hand - lib["loss/cispo"]) <= 1e-6 * max(1.0, abs(loss_hand))
 assert abs(grad_norm - lib["grad_norm"]) <= 1e-5 * grad_norm
 # ~1e-7 is float32's resolution on weights of size ~1: the two steps differ only in summation order
@@ -122,7 +129,9 @@ assert moved > 1e-4 and diff <= 1e-3 * moved
 
 # %% [markdown]
 # ## GPU notes
-# On a GPU the same step runs with bf16 weights for forward/backward and fp32 master copies in the
-# optimizer (`--dtype bfloat16`, `common/run/optim.py`); fused AdamW kernels are used on CUDA. The
+# On a GPU this tutorial runs there as it is (the test model stays in float32, so both steps are still
+# compared to float32 rounding; CUDA's fused AdamW sums in another order than the hand-made update). A
+# real run on a GPU computes in bf16 with fp32 master copies in the optimizer (`--dtype auto` on CUDA,
+# `common/run/optim.py`); fused AdamW kernels are used on CUDA. The
 # optimizer step of a Qwen3-4B-shaped model takes 0.067 s of a 1.40 s step on one H200 (bench/RESULTS.md,
 # "Trainer efficiency"). Level 1 packs the datums into few forwards instead of one per datum (tutorial 7).

@@ -9,11 +9,20 @@
 # some of its scores, so every stage produces datums. For the real thing run `sera train` (SmolLM2): its two
 # steps are both Execution-stage steps (the default cycle is execution:16,delegation:2,rubric:2), which is
 # why this tutorial is where the other two stages train.
+#
+#     python tutorials/06_level0_training.py     # 39 s on the 2-core CPU (2026-12-06; up to a minute when shared)
+#
+# On a GPU it runs there by itself: level 0 puts the model on CUDA when torch sees one (and decodes
+# through CUDA graphs, `common/policy/slots.py`); its time there is measured by
+# `python bench/bench_laptop_gpu.py --part tutorials` (bench/RESULTS.md, "On a laptop GPU").
 
 # %%
 import json
 import tempfile
+import time
 from pathlib import Path
+
+import torch
 
 from common.rl.batch import METRIC_NAMES
 from common.train_config import TrainConfig
@@ -32,7 +41,9 @@ cfg = TrainConfig.make(model="tiny", steps=3, out=str(out), schedule="execution:
                   difficulty="medium", n_tasks=16, tasks_per_step=1, rollouts_per_task=2, max_steps=3,
                   max_new_tokens=16, rubric_max_new_tokens=16, oracle_mix=0.7, score_noise=0.3,
                   max_task_replacements=3, max_idle_rounds=4, codeact_executor="worker-ordered")
+t_start = time.perf_counter()
 history = train(cfg, progress=False)
+device = "cuda" if torch.cuda.is_available() else "cpu"  # where train() put the model
 
 # %% [markdown]
 # One JSON line of metrics per step (the same names in every tier), the offline log of every tree, a
@@ -58,11 +69,13 @@ png = (out / "curves.png").read_bytes()
 print(f"curves.png: {len(png):,} bytes")
 assert png[:8] == b"\x89PNG\r\n\x1a\n"
 print(f"TUTORIAL06 steps {len(updated)} stages {','.join(r['stage'] for r in updated)} "
-      f"last_loss {updated[-1]['loss/cispo']:.4f}")
+      f"last_loss {updated[-1]['loss/cispo']:.4f} on {device} in {time.perf_counter() - t_start:.0f} s")
 
 # %% [markdown]
 # ## GPU notes
-# On a laptop GPU, `sera train` (SmolLM2-135M) puts the model on the GPU by itself; `--dtype bfloat16`
+# On a laptop GPU, `sera train` (SmolLM2-135M) puts the model on the GPU by itself, decodes through CUDA
+# graphs and stops with one line naming the setting to lower when the card is too small (its cost there:
+# `python bench/bench_laptop_gpu.py`, bench/RESULTS.md "On a laptop GPU"); `--dtype bfloat16`
 # halves memory (fp32 master weights stay in the optimizer; on a CPU they and AdamW's moments wait in files
 # under the run's optimizer_state/ between steps, `--optimizer-state`). On this CPU one SmolLM2 round takes 100-250 s
 # and a training step on ~20 datums ~20 s (bench/RESULTS.md, "Level 0 with SmolLM2 on CPU"). For more than

@@ -19,7 +19,11 @@
 # ranked. It does not show one beating the other (that needs a real model and many steps: the SmolLM2 /
 # GPU version is `bash bench/learning.sh`, see `bench/RESULTS.md`).
 #
-#     python tutorials/09_learning_demo.py         # ~2-4 min on 2 cores
+#     python tutorials/09_learning_demo.py         # 105 s on the 2-core CPU (2026-12-06; 2-4 min when shared)
+#
+# On a GPU it runs there by itself (the engine, `sera sft`'s trainer and level 0 each put the model on CUDA
+# when torch sees one); its time there is measured by `python bench/bench_laptop_gpu.py --part tutorials`
+# (bench/RESULTS.md, "On a laptop GPU").
 
 # %%
 import math
@@ -195,4 +199,4 @@ assert all(h["stage"] == "execution" for h in runs["rao"])  # RAO has no other s
 assert all(math.isnan(h["rubric/pair_accuracy"]) for h in runs["rao"])  # and writes no rubric
 assert all(h["grad_norm"] > 0 for r in runs.values() for h in r if not h["train/skipped"])
 print(f"TUTORIAL09 sera_rubric_pair_accuracy {sera_rubric[0]['rubric/pair_accuracy']:.2f} "
-      f"wall {time.perf_counter() - t_start:.0f} s")  # fmt: skip
+      f"wall {time.perf_counter() - t_start:.0f} s on {'cuda' if torch.cuda.is_available() else 'cpu'}")  # fmt: skip

@@ -33,6 +33,12 @@ seed) and so that the behaviour log-probs are taken from exactly the logits used
 As an engine (``engine.Engine``): ``update_weights(None)`` only bumps ``version`` when the policy wraps
 the trainer's own model (levels 0 and 1 share one model object); ``update_weights(state_dict)`` copies
 tensors in by name (``state_dict()`` names, tied aliases included). No ``sleep`` (the model is the trainer's).
+Decode modes (``decode=``; ``SERA_HF_DECODE`` overrides it): ``hf`` is the loop above on transformers'
+caches; ``slots`` and ``graphs`` keep one KV slot per row and drive the model's decoder layers themselves,
+``graphs`` replaying each batch size's step as a CUDA graph (``common/policy/slots.py``: on a GPU the eager
+step is host-bound, ~7,000 Python calls a step). ``auto``: ``graphs`` on CUDA for the Llama family
+(SmolLM2), ``hf`` elsewhere and on a CPU (where compute, not Python, is the cost).
+
 Simplifications: no paged KV cache (a merge copies the running batch's cache once), no speculative
 decoding, no prefix caching. Prompt over ``max_context_tokens - max_new_tokens`` is
 shortened by ``context.build_prompt_ids``.
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -56,8 +63,51 @@ from common.memory import trim_memory_every
 from common.policy.base import Completion, GenerationRequest, SamplingParams
 from common.policy.engine import Engine, ListFeed, find_stop, prompt_for
 from common.policy.models import DEFAULT_MODEL, load_model
+from common.policy.slots import SlotDecoder, slot_decode_unsupported
 
-__all__ = ["HFPolicy", "find_stop", "named_tensors"]
+__all__ = [
+    "DECODE_MODES",
+    "EngineOutOfMemory",
+    "HFPolicy",
+    "decode_metrics",
+    "find_engine",
+    "find_stop",
+    "named_tensors",
+    "release_engine_cache",
+]
+
+
+class EngineOutOfMemory(ValueError):
+    """What the hf engine hands every caller once its decoding ran out of GPU memory (``rows``: the model calls
+    it was decoding together; ``note``: what the process held then). A ValueError, so a command shows it as
+    one line; a tier's loop turns it into the run's line naming its settings
+    (``common.run.trainer_memory.generation_oom``)."""
+
+    def __init__(self, message: str, rows: int = 0, note: str = "") -> None:
+        super().__init__(message)
+        self.rows, self.note = rows, note
+
+
+DECODE_MODES = ("auto", "hf", "slots", "graphs")
+"""How the hf engine decodes (``HFPolicy(decode=...)``, the ``SERA_HF_DECODE`` environment variable):
+``hf`` transformers' caches, ``slots`` one KV slot per row, ``graphs`` slots with each step a CUDA graph."""
+
+
+def decode_mode(asked: str, model: Any, device: torch.device) -> str:
+    """The decode mode an engine on ``device`` uses for ``asked`` (``SERA_HF_DECODE`` wins when set):
+    ``auto`` -> ``graphs`` on CUDA when the slot decoder drives the model, else ``hf``. A mode the model or
+    device cannot take is refused in one line."""
+    mode = (os.environ.get("SERA_HF_DECODE") or asked or "auto").strip()
+    if mode not in DECODE_MODES:
+        raise ValueError(f"decode mode must be one of {', '.join(DECODE_MODES)}, not {mode!r}")
+    why = slot_decode_unsupported(model)
+    if mode == "auto":
+        return "graphs" if device.type == "cuda" and why is None else "hf"
+    if mode in ("slots", "graphs") and why is not None:
+        raise ValueError(f"decode mode {mode}: {why}; use hf")
+    if mode == "graphs" and device.type != "cuda":
+        raise ValueError(f"decode mode graphs needs CUDA (the model is on {device.type}); use slots or hf")
+    return mode
 
 
 def named_tensors(model: Any) -> dict[str, torch.Tensor]:
@@ -147,6 +197,7 @@ class HFPolicy(Engine):
         kv_cache: str = "auto",
         continuous: bool = True,
         prefill_tokens: int | None = None,
+        decode: str = "auto",
     ) -> None:
         """``model``: a name for ``models.load_model`` (``smollm2``, ``tiny``, HF id, path) or a loaded model
         (then ``tokenizer`` is required); ``adapter``: with a name, a warm-start LoRA adapter directory merged
@@ -158,7 +209,8 @@ class HFPolicy(Engine):
         run-to-completion batching this replaced; bench/bench_cpu_quickstart.py compares); ``prefill_tokens``:
         the most (padded) prompt tokens one prefill forward takes, further rows that arrived together are
         prefilled in the next forwards and merged (bounds a prefill's activations, ~70 MB per 1K tokens for
-        SmolLM2; default 4096 on a CPU, where RAM is the limit, no bound on a GPU). ``dtype`` defaults to bfloat16 (generation on CPU is fine in
+        SmolLM2; default 4096 on a CPU, where RAM is the limit, no bound on a GPU); ``decode``: :data:`DECODE_MODES`
+        (the module docstring). ``dtype`` defaults to bfloat16 (generation on CPU is fine in
         bf16 on AVX512-BF16 machines; pass ``float32`` for exact tests). ``max_context_tokens`` defaults
         to the model's ``max_position_embeddings``."""
         if device is None:
@@ -195,6 +247,12 @@ class HFPolicy(Engine):
             raise ValueError(f"kv_cache must be auto, static or dynamic, not {kv_cache!r}")
         on_cpu = self.device.type == "cpu"
         self.kv_cache = kv_cache if kv_cache != "auto" else ("static" if on_cpu else "dynamic")
+        self.decode = decode_mode(decode, model, self.device)
+        self._slots = SlotDecoder(model, graphs=self.decode == "graphs") if self.decode != "hf" else None
+        self.failure: EngineOutOfMemory | None = None
+        """Set once decoding ran out of GPU memory: every later call gets it (a tier stops the run with its
+        line: ``common.run.trainer_memory.generation_oom``)."""
+        self._rows_in_flight = 0  # rows decoding together now (the out-of-memory line says how many)
 
     # ------------------------------------------------------------------ generation
     def _eos_ids(self) -> list[int]:
@@ -208,14 +266,38 @@ class HFPolicy(Engine):
         return feed.results  # type: ignore[return-value]
 
     def _run_continuous(self, requests: list[GenerationRequest], feed: Any) -> None:
+        if self.failure is not None:  # out of GPU memory before: every later call fails at once, the same way
+            raise self.failure
         with self._lock, torch.inference_mode():
-            self._decode(list(enumerate(requests)), feed)
+            try:
+                self._decode(list(enumerate(requests)), feed)
+            except torch.OutOfMemoryError:
+                self.failure = self._out_of_memory()
+                raise self.failure from None
+
+    def _out_of_memory(self) -> EngineOutOfMemory:
+        """The :class:`EngineOutOfMemory` of an out-of-memory error while decoding (what was held, then the
+        slots and the allocator's cache freed); sticky: :attr:`failure`."""
+        from common.memory import gpu_held_note
+
+        note = gpu_held_note(self.device)
+        if self._slots is not None:
+            self._slots.release()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        rows = self._rows_in_flight
+        return EngineOutOfMemory(
+            f"CUDA out of memory while decoding {rows} model calls together{note}: fewer at once "
+            f"(max_batch_size {self.max_batch_size}) or shorter prompts and replies",
+            rows=rows,
+            note=note,
+        )
 
     def _new_cache(self, length: int) -> Any:
         """The KV cache of one batch (``kv_cache``; why static on a CPU: the module docstring)."""
         from transformers import DynamicCache, StaticCache
 
-        if self.kv_cache == "dynamic":
+        if self.kv_cache == "dynamic" or self._slots is not None:  # slots: the prefill's columns only
             return DynamicCache()
         return StaticCache(config=self.model.config, max_cache_len=length)
 
@@ -254,7 +336,9 @@ class HFPolicy(Engine):
             tokens[idx] = draw.clamp(max=logits.shape[-1] - 1)
         raw = torch.log_softmax(logits, dim=-1)  # [B, V]: the trainer's distribution (T = 1, no top-p)
         chosen = raw.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [B]
-        return tokens.tolist(), chosen.tolist()
+        # one device-to-host copy (the step's only sync): token ids and float32 log-probs are exact in float64
+        both = torch.stack([tokens.to(torch.float64), chosen.to(torch.float64)]).tolist()
+        return [int(t) for t in both[0]], both[1]
 
     def _check_done(self, row: _Row) -> bool:
         sp = row.request.sampling
@@ -299,6 +383,7 @@ class HFPolicy(Engine):
                 if not incoming:
                     return
                 continue
+            self._rows_in_flight = len(batch.rows)
             self._step(batch, feed)
             room = self.max_batch_size - len(batch.rows)
             incoming = feed.take(room) if room > 0 else []
@@ -336,6 +421,7 @@ class HFPolicy(Engine):
     def _admit(self, batch: _Batch | None, rows: list[_Row], feed: Any) -> _Batch | None:
         """Prefill ``rows`` (left-padded, explicit positions), sample their first tokens, and merge the rows
         still going into ``batch`` (a new KV cache holding both, right-aligned; columns no row uses dropped)."""
+        self._rows_in_flight = len(rows) + (len(batch.rows) if batch is not None else 0)
         width = max(len(r.prompt_ids) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -355,11 +441,67 @@ class HFPolicy(Engine):
             **{self._cache_kw: cache},
         )
         self.stats["batches"] += 1
+        if self._slots is not None:  # the rows' keys and values into slots after the running batch's
+            return self._admit_slots(batch, rows, cache, width, out.logits[:, -1, :].float(), feed)
         new = _Batch(rows, cache, mask, width)
         self._take_tokens(new, out.logits[:, -1, :].float(), feed)
         if not new.rows:
             return batch
         return new if batch is None else self._merge(batch, new)
+
+    # ------------------------------------------------------------------ slot decoding (decode=slots|graphs)
+    def _admit_slots(
+        self, batch: _Batch | None, rows: list[_Row], cache: Any, width: int, logits: torch.Tensor, feed: Any
+    ) -> _Batch | None:
+        """Slot mode: the prefilled ``rows`` go into the slots after the running batch's (the cache grows
+        when it must), then their first tokens are taken (``logits``: their prefill's last position)."""
+        assert self._slots is not None
+        old = batch.rows if batch is not None else []
+        need = max(len(r.prompt_ids) + self._left(r) for r in rows)
+        self._slots.ensure(len(old) + len(rows), need, keep=len(old))
+        self._slots.load_rows(len(old), cache, width, [len(r.prompt_ids) for r in rows])
+        del cache
+        merged = _Batch(old + rows, None, None, 0)
+        self._take_slot_tokens(merged, logits, feed, first=len(old))
+        return merged if merged.rows else None
+
+    def _step_slots(self, batch: _Batch, feed: Any) -> None:
+        """Slot mode: every row's last token at its own position, one step (a graph replay with ``graphs``)."""
+        assert self._slots is not None
+        logits = self._slots.step(
+            [r.output_ids[-1] for r in batch.rows],
+            [len(r.prompt_ids) + len(r.output_ids) - 1 for r in batch.rows],
+        )
+        self._take_slot_tokens(batch, logits, feed, first=0)
+
+    def _take_slot_tokens(self, batch: _Batch, logits: torch.Tensor, feed: Any, first: int) -> None:
+        """:meth:`_take_tokens` for slots: rows ``first ..`` get their next token (``logits`` holds theirs);
+        rows that end leave and the later ones move down a slot, in order."""
+        assert self._slots is not None
+        stepped = batch.rows[first:]
+        next_tokens, chosen = self._pick(stepped, logits)
+        keep = list(range(first))
+        for b, r in enumerate(stepped):
+            r.output_ids.append(next_tokens[b])
+            r.logprobs.append(chosen[b])
+            if self._check_done(r):
+                feed.finish(r.index, self._completion(r))
+            elif feed.wanted(r.index):
+                keep.append(first + b)
+        self.stats["generated_tokens"] += len(stepped)
+        if len(keep) < len(batch.rows):
+            self._slots.keep_rows(keep, len(batch.rows))
+            batch.rows = [batch.rows[i] for i in keep]
+
+    def release_cache(self) -> None:
+        """Free what decoding holds between calls (slot mode's KV slots and CUDA graphs) so a training step
+        can use the memory; the next call allocates (and captures) again. A no-op for ``decode=hf``."""
+        if self._slots is None:
+            return
+        with self._lock:
+            self._slots.release()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
 
     def _merge(self, a: _Batch, b: _Batch) -> _Batch:
         """One batch holding ``a``'s rows then ``b``'s: each one's KV and mask right-aligned in ``T`` columns
@@ -389,6 +531,8 @@ class HFPolicy(Engine):
 
     def _step(self, batch: _Batch, feed: Any) -> None:
         """Feed every row's last token at column ``batch.width``; sample the next ones."""
+        if self._slots is not None:
+            return self._step_slots(batch, feed)
         step_ids = torch.tensor(
             [[r.output_ids[-1]] for r in batch.rows], dtype=torch.long, device=self.device
         )
@@ -474,6 +618,48 @@ class HFPolicy(Engine):
         logp = torch.log_softmax(logits[:-1] / t, dim=-1)  # [T, V]: position P-1+t predicts output token t
         target = torch.tensor(output_ids, dtype=torch.long).unsqueeze(-1)
         return logp.gather(-1, target).squeeze(-1).tolist()
+
+
+def find_engine(policy: Any, kind: type = Engine) -> Any:
+    """The ``kind`` engine under ``policy``'s wrappers (``CountingPolicy.inner``, ``TeacherForcedPolicy.model``),
+    or None."""
+    from common.policy.base import Policy
+
+    seen: set[int] = set()
+    while policy is not None and id(policy) not in seen:
+        if isinstance(policy, kind):
+            return policy
+        seen.add(id(policy))
+        policy = next(
+            (getattr(policy, a) for a in ("inner", "model", "policy") if isinstance(getattr(policy, a, None), Policy)),
+            None,
+        )
+    return None
+
+
+def decode_metrics(policy: Any) -> dict[str, float]:
+    """The hf engine's decoding so far, for a round's metrics (``{}`` for ``decode=hf``, or no hf engine):
+    ``engine/graphs`` (1 while CUDA graphs decode), ``engine/graph_captures``, ``engine/graph_replays`` and
+    ``engine/eager_steps`` (slot steps run without a graph), counted from the engine's start."""
+    engine = find_engine(policy, HFPolicy)
+    slots = getattr(engine, "_slots", None)
+    if slots is None:
+        return {}
+    st = slots.stats
+    return {
+        "engine/graphs": float(slots.graphs),
+        "engine/graph_captures": float(st["captures"]),
+        "engine/graph_replays": float(st["replays"]),
+        "engine/eager_steps": float(st["eager_steps"]),
+    }
+
+
+def release_engine_cache(policy: Any) -> None:
+    """:meth:`HFPolicy.release_cache` of the hf engine under ``policy``, if there is one (between the rollouts and
+    the training step: the slots' KV cache and CUDA graphs are memory the step can use)."""
+    engine = find_engine(policy, HFPolicy)
+    if engine is not None:
+        engine.release_cache()
 
 
 def main(argv: list[str] | None = None) -> int:

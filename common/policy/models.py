@@ -371,12 +371,14 @@ def load_model(
 ) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)``; ``name_or_path`` is ``smollm2``, ``tiny``, an HF id or a local path.
     ``adapter``: a peft (LoRA) adapter directory merged into the weights as they load (a warm start,
-    ``common/policy/warmstart.py``; the merge in float32, then the model is cast to ``dtype``)."""
+    ``common/policy/warmstart.py``; the merge in float32, then the model is cast to ``dtype``). The merge and
+    the cast happen on ``device``: on a GPU the host holds the float32 weights only while they load, never a
+    merged or cast copy beside them (issue #54)."""
     if adapter is not None:
-        model, tokenizer = load_model(name_or_path, dtype="float32", device="cpu", seed=seed)
+        model, tokenizer = load_model(name_or_path, dtype="float32", device=device, seed=seed)
         model = merge_adapter(model, adapter)
         torch_dtype = _torch_dtype(dtype)
-        return (model.to(torch_dtype) if torch_dtype else model).to(device).eval(), tokenizer
+        return (model.to(torch_dtype) if torch_dtype else model).eval(), tokenizer
     torch_dtype = _torch_dtype(dtype)
     alias = ALIASES.get(name_or_path.lower())
     if alias not in IN_MEMORY:

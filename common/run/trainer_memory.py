@@ -44,6 +44,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from common.memory import gpu_budget_gib, gpu_held_note
+
+__all__ = [
+    "DoesNotFit",
+    "OutOfMemory",
+    "TrainerPlan",
+    "check_weights_fit",
+    "generation_oom",
+    "gpu_budget_gib",
+    "gpu_held_note",
+    "gpu_memory_metrics",
+    "plan_trainer",
+    "setup_oom",
+    "training_oom",
+]
+
 GIB = float(2**30)
 MARGIN = 0.85
 """Share of the budget a plan may fill (the allocator's fragmentation, cuBLAS/attention workspaces)."""
@@ -249,6 +265,64 @@ def plan_trainer(
         f"{options[-1]:g}), more than the trainer's {budget_bytes / GIB:.1f} GiB: give the run more memory "
         "(--gpu-share) or shorten prompts and replies (--max-prompt-tokens, --max-new-tokens)"
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# A run that does not fit its card: one line naming the setting to lower (issue #54), not a CUDA traceback.
+# ----------------------------------------------------------------------------------------------------
+class OutOfMemory(DoesNotFit):
+    """A CUDA out-of-memory error of a run, as the one line it stops with (``sera train`` prints it, exit 2).
+    The hf engine's own (``common.policy.hf.EngineOutOfMemory``) becomes one of these in the tier's loop."""
+
+
+def generation_oom(cfg: Any, rows: int, device: Any = "cuda", note: str | None = None) -> OutOfMemory:
+    """The run's line for an out-of-memory error while the engine decoded ``rows`` calls together (``note``:
+    what the process held then, :func:`gpu_held_note`; default: now)."""
+    note = gpu_held_note(device) if note is None else note
+    together = f"{rows} model calls decoding together" if rows else "decoding"
+    return OutOfMemory(
+        f"CUDA out of memory while generating ({together}{note}): lower --max-batch-size "
+        f"({cfg.max_batch_size}: the calls decoded together), --rollouts-per-task ({cfg.rollouts_per_task}) or "
+        f"--max-new-tokens ({cfg.rollout.max_new_tokens})"
+    )
+
+
+def training_oom(cfg: Any, tokens: int, device: Any = "cuda", note: str | None = None) -> OutOfMemory:
+    """The run's line for an out-of-memory error in a training step whose longest datum has ``tokens``."""
+    note = gpu_held_note(device) if note is None else note
+    datum = f"datums of up to {tokens} tokens" if tokens else "its datums"
+    lora = "" if getattr(cfg, "lora_rank", 0) else " or train a LoRA adapter (--lora-rank 8: ~1% of the optimizer state)"
+    return OutOfMemory(
+        f"CUDA out of memory in the training step ({datum}{note}): lower --max-prompt-tokens "
+        f"({cfg.rollout.max_prompt_tokens}) or --max-new-tokens ({cfg.rollout.max_new_tokens}){lora}"
+    )
+
+
+def check_weights_fit(model: Any, cfg: Any, device: Any = "cuda") -> None:
+    """Refuse in one line a run whose weights and optimizer state alone (:func:`static_bytes`: weights in
+    their dtype, and per trainable weight a gradient, fp32 master, master gradient and AdamW's two moments)
+    need more than this process may use on its card; a no-op off CUDA."""
+    budget = gpu_budget_gib(device)
+    if not budget:
+        return
+    params = list(model.parameters())
+    n = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    need = (FIXED_OVERHEAD + static_bytes(n, trainable, params[0].element_size() if params else 2)) / GIB
+    if need > budget:
+        lora = "" if getattr(cfg, "lora_rank", 0) else "train a LoRA adapter (--lora-rank 8) or "
+        raise DoesNotFit(
+            f"the model's weights and optimizer state need ~{need:.1f} GiB, more than the {budget:.1f} GiB this "
+            f"process may use on its GPU: {lora}use a smaller --model"
+        )
+
+
+def setup_oom(cfg: Any, device: Any = "cuda", note: str | None = None) -> OutOfMemory:
+    """The run's line for an out-of-memory error while the model and its optimizer state were put on the card."""
+    note = gpu_held_note(device) if note is None else note
+    lora = "" if getattr(cfg, "lora_rank", 0) else "train a LoRA adapter (--lora-rank 8) or "
+    held = f" ({note.removeprefix('; ')})" if note else ""
+    return OutOfMemory(f"CUDA out of memory loading the model and its optimizer state{held}: {lora}use a smaller --model")
 
 
 # ----------------------------------------------------------------------------------------------------

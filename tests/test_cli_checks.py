@@ -253,9 +253,10 @@ def test_resume_of_a_run_with_a_damaged_checkpoint_continues(tmp_path):
     run = tmp_path / "run"
     args = ["train", "--model", "tiny", "--out", str(run), "--max-steps", "3", "--max-new-tokens", "16",
             "--rubric-max-new-tokens", "16", "--oracle-mix", "0.7", "--score-noise", "0.3", "--difficulty",
-            "medium", "--n-tasks", "16", "--max-task-replacements", "3", "--tasks-per-step", "2",
-            "--schedule", "execution:1,delegation:1,rubric:1", "--max-idle-rounds", "6",
+            "medium", "--n-tasks", "16", "--max-task-replacements", "3", "--tasks-per-step", "1",
+            "--schedule", "execution:1", "--max-idle-rounds", "6",
             "--keep-checkpoints", "2"]  # fmt: skip
+    # one task a step, every step an Execution one: the checkpoints are the point, not the round's size or stage
     first = sera(*args, "--steps", "2")
     assert first.returncode == 0, first.stderr[-3000:]
     assert (run / "checkpoints" / "step_000002").is_dir(), first.stdout[-2000:]

@@ -287,25 +287,63 @@ def test_every_checkpoint_damaged_names_the_file_and_the_ways_on(tmp_path, capsy
 
 
 # ---- 3. a stop is never swallowed --------------------------------------------------------------------------
-def stop_at(args: list[str], ready, delay: float, sig: int, timeout: float = 240):
-    """Start ``sera ARGS``, wait for ``ready()``, then ``delay`` seconds, send ``sig``; the finished process
-    (a CompletedProcess) and the seconds from the signal to its end."""
+def stop_each(runs: list[tuple[list[str], object, float, int]], timeout: float = 240):
+    """Per ``(ARGS, ready, delay, sig)``: start ``sera ARGS``, wait for ``ready()``, then ``delay`` seconds, send
+    ``sig``; per run the finished process (a CompletedProcess) and the seconds from the signal to its end.
+
+    The runs are staggered: the next one starts once the one before is ready, so its start-up (imports, the
+    model load: ~6 s of one core) overlaps the one before's delay and its stop instead of following them. At
+    most two are alive at once (one thread each: ``OMP_NUM_THREADS=1``); each run's clock is its own: one
+    polling loop notes each moment (ready, signal, end) within 0.05 s of when it happens."""
     import signal as signals
+    import tempfile
     import time
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sera", *args], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, preexec_fn=lambda: signals.signal(signals.SIGINT, signals.SIG_DFL),
-    )  # fmt: skip
-    t0 = time.time()
-    while not ready() and proc.poll() is None and time.time() - t0 < timeout:
-        time.sleep(0.05)
-    time.sleep(delay)
-    assert proc.poll() is None, proc.communicate()
-    sent = time.time()
-    proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=timeout)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), time.time() - sent
+    procs: list[subprocess.Popen] = []
+    files, started_at, ready_at, sent_at, ended_at = [], {}, {}, {}, {}
+    try:
+        while len(ended_at) < len(runs):
+            now = time.time()
+            k = len(procs)  # the next run starts once the one before is ready and the one before that ended
+            if k < len(runs) and (k == 0 or k - 1 in ready_at or k - 1 in ended_at) and (k < 2 or k - 2 in ended_at):
+                out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+                files.append((out, err))
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "sera", *runs[k][0]], cwd=ROOT, env=ENV, stdout=out, stderr=err, text=True,
+                    preexec_fn=lambda: signals.signal(signals.SIGINT, signals.SIG_DFL),
+                ))  # fmt: skip
+                started_at[k] = now
+            for i, proc in enumerate(procs):
+                if i in ended_at:
+                    continue
+                _, ready, delay, sig = runs[i]
+                if i not in ready_at and ready():
+                    ready_at[i] = now
+                if i not in sent_at and proc.poll() is not None:  # ended before its signal: fail with what it said
+                    files[i][0].seek(0), files[i][1].seek(0)
+                    raise AssertionError((proc.returncode, files[i][0].read(), files[i][1].read()))
+                if i not in sent_at and (i in ready_at and now >= ready_at[i] + delay or now - started_at[i] > timeout):
+                    proc.send_signal(sig)
+                    sent_at[i] = now
+                if i in sent_at and proc.poll() is not None:
+                    ended_at[i] = now
+                elif i in sent_at and now - sent_at[i] > timeout:
+                    proc.kill()
+                    proc.wait()
+                    ended_at[i] = now
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    done = []
+    for i, proc in enumerate(procs):
+        files[i][0].seek(0), files[i][1].seek(0)
+        stdout, stderr = files[i][0].read(), files[i][1].read()
+        files[i][0].close(), files[i][1].close()
+        done.append((subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), ended_at[i] - sent_at[i]))
+    return done
 
 
 SIGNAL_DELAYS = (0.0, 0.6, 1.3, 2.1, 3.0, 4.2, 5.5, 7.0, 9.0, 11.5)
@@ -319,12 +357,14 @@ def test_a_kill_at_any_moment_of_a_round_stops_the_run_with_its_resume_line(tmp_
     ignored"), and never a run that carried on to finish its steps."""
     import signal as signals
 
-    slowest = 0.0
+    runs = []
     for i, delay in enumerate(SIGNAL_DELAYS):
         out = tmp_path / f"run{i}"
         args = ["train", *TINY_RUN, "--steps", "40", "--out", str(out)]
         sig = signals.SIGINT if i % 3 == 2 else signals.SIGTERM
-        done, took = stop_at(args, lambda out=out: (out / "config.json").exists(), delay, sig)
+        runs.append((args, lambda out=out: (out / "config.json").exists(), delay, sig))
+    slowest = 0.0
+    for (_, _, delay, sig), (done, took) in zip(runs, stop_each(runs), strict=True):
         said = done.stderr.strip().splitlines()
         where = f"delay {delay} s, {sig.name}: rc {done.returncode}, {took:.1f} s\n{done.stderr[-2500:]}"
         assert done.returncode == 130, where

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -260,28 +261,37 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
         ]
         return [sys.executable, "-m", "sera", "train", *flags, *extra]
 
-    subprocess.run(command(ref), cwd=ROOT, env=env, check=True, capture_output=True, timeout=400)
-    proc = subprocess.Popen(
-        command(killed),
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    ckpt = Path(killed.out) / "checkpoints" / "step_000001"
-    deadline = time.time() + 300
-    while not ckpt.exists() and time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"training exited early: {proc.stderr.read().decode()[-3000:]}")
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # kill -9 during step 2 (index 1)
-    proc.wait()
-    assert not (Path(killed.out) / "checkpoints" / "step_000002").exists()
+    # the uninterrupted run goes on beside the killed one (one thread each): it shares nothing with it
+    ref_err = tempfile.TemporaryFile()
+    ref_proc = subprocess.Popen(command(ref), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=ref_err)
+    try:
+        proc = subprocess.Popen(
+            command(killed),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        ckpt = Path(killed.out) / "checkpoints" / "step_000001"
+        deadline = time.time() + 300
+        while not ckpt.exists() and time.time() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"training exited early: {proc.stderr.read().decode()[-3000:]}")
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)  # kill -9 during step 2 (index 1)
+        proc.wait()
+        assert not (Path(killed.out) / "checkpoints" / "step_000002").exists()
 
-    subprocess.run(
-        command(killed, "--resume"), cwd=ROOT, env=env, check=True, capture_output=True, timeout=400
-    )
+        subprocess.run(
+            command(killed, "--resume"), cwd=ROOT, env=env, check=True, capture_output=True, timeout=400
+        )
+        assert ref_proc.wait(timeout=400) == 0, ref_err.seek(0) or ref_err.read().decode()[-3000:]
+    finally:
+        if ref_proc.poll() is None:
+            ref_proc.kill()
+            ref_proc.wait()
+        ref_err.close()
     a, b = _params(Path(ref.out), 2), _params(Path(killed.out), 2)
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     print("max |param diff| after resume:", diff)

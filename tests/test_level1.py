@@ -428,6 +428,7 @@ def test_level1_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
     import signal
     import subprocess
     import sys
+    import tempfile
     import time
 
     import torch
@@ -467,28 +468,37 @@ def test_level1_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
             *extra,
         ]
 
-    subprocess.run(command(ref), cwd=root, env=env, check=True, capture_output=True, timeout=400)
-    proc = subprocess.Popen(
-        command(killed),
-        cwd=root,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    first = Path(killed.out) / "checkpoints" / "step_000001"
-    deadline = time.time() + 300
-    while not first.exists() and time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"training exited early: {proc.stderr.read().decode()[-3000:]}")
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (Path(killed.out) / "checkpoints" / "step_000002").exists()
+    # the uninterrupted run goes on beside the killed one (one thread each): it shares nothing with it
+    ref_err = tempfile.TemporaryFile()
+    ref_proc = subprocess.Popen(command(ref), cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=ref_err)
+    try:
+        proc = subprocess.Popen(
+            command(killed),
+            cwd=root,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        first = Path(killed.out) / "checkpoints" / "step_000001"
+        deadline = time.time() + 300
+        while not first.exists() and time.time() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"training exited early: {proc.stderr.read().decode()[-3000:]}")
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert not (Path(killed.out) / "checkpoints" / "step_000002").exists()
 
-    subprocess.run(
-        command(killed, "--resume"), cwd=root, env=env, check=True, capture_output=True, timeout=400
-    )
+        subprocess.run(
+            command(killed, "--resume"), cwd=root, env=env, check=True, capture_output=True, timeout=400
+        )
+        assert ref_proc.wait(timeout=400) == 0, ref_err.seek(0) or ref_err.read().decode()[-3000:]
+    finally:
+        if ref_proc.poll() is None:
+            ref_proc.kill()
+            ref_proc.wait()
+        ref_err.close()
     a = torch.load(Path(ref.out) / "checkpoints/step_000002/state.pt", weights_only=False)["model"]
     b = torch.load(Path(killed.out) / "checkpoints/step_000002/state.pt", weights_only=False)["model"]
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)

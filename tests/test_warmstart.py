@@ -118,9 +118,13 @@ def test_merged_model_logits_equal_peft_adapter_model(sft_run):
     ours, _ = load_model("tiny", seed=0, dtype="float32", adapter=adapter)
     got = logits(ours, PROBE)
     assert (want - plain).abs().max() > 1e-3  # the adapter changes the model: the check below can fail
-    assert (got - want).abs().max() < 1e-5
+    # merged W + s*BA vs peft's x W + s*(x A) B: equal up to float32 rounding, which grows with the logits' size
+    # and depends on the summation order (the thread count: 1.3e-5 on logits of ~8 with one thread a worker),
+    # i.e. ~30 ulps; the adapter's own effect above is 1e-3 and more
+    tol = 4e-6 * max(1.0, want.abs().max().item())
+    assert (got - want).abs().max() < tol
     saved, _ = load_model(str(sft_run / "model"), dtype="float32")  # OUT/model: the same weights
-    assert (logits(saved, PROBE) - want).abs().max() < 1e-5
+    assert (logits(saved, PROBE) - want).abs().max() < tol
     assert all(p.requires_grad for p in ours.parameters())  # RL trains every weight of the merged model
 
 

@@ -124,6 +124,14 @@ def stop_on_signals() -> None:
                 return
         raise KeyboardInterrupt  # a retry (the watchdog's, a second Ctrl-C): here and now
 
+    previous = sys.unraisablehook
+
+    def quiet_stop(unraisable):  # our stop's KeyboardInterrupt, swallowed where Python ignores exceptions
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and stop.requested():
+            return  # not news: the watchdog raises it again at the next safe point (no "Exception ignored")
+        previous(unraisable)
+
+    sys.unraisablehook = quiet_stop
     if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.default_int_handler):
         signal.signal(signal.SIGINT, on_signal)
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:

@@ -101,6 +101,28 @@ for name, src in json.loads(sys.stdin.read()).items():
 """
 
 
+def kill_after_first_checkpoint(command: list[str], out: str | Path, cwd: str | Path, env: dict) -> None:
+    """Start a training run, SIGKILL it (its whole process group) once ``out/checkpoints/step_000001`` exists,
+    i.e. during its second step, and check that step 2 was never saved: the kill every resume test makes."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    first = Path(out) / "checkpoints" / "step_000001"
+    deadline = time.time() + 300
+    while not first.exists() and time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"training exited early: {proc.stderr.read().decode()[-3000:]}")
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (Path(out) / "checkpoints" / "step_000002").exists()
+
+
 def _split_parts(text: str) -> dict[str, str]:
     parts: dict[str, str] = {}
     name = None

@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import kill_after_first_checkpoint
 
 from common.config import flatten
 from common.rl.datums import Datum
@@ -265,23 +264,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
     ref_err = tempfile.TemporaryFile()
     ref_proc = subprocess.Popen(command(ref), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=ref_err)
     try:
-        proc = subprocess.Popen(
-            command(killed),
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        ckpt = Path(killed.out) / "checkpoints" / "step_000001"
-        deadline = time.time() + 300
-        while not ckpt.exists() and time.time() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"training exited early: {proc.stderr.read().decode()[-3000:]}")
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)  # kill -9 during step 2 (index 1)
-        proc.wait()
-        assert not (Path(killed.out) / "checkpoints" / "step_000002").exists()
+        kill_after_first_checkpoint(command(killed), killed.out, ROOT, env)  # kill -9 during step 2
 
         subprocess.run(
             command(killed, "--resume"), cwd=ROOT, env=env, check=True, capture_output=True, timeout=400

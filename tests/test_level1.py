@@ -27,6 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import kill_after_first_checkpoint
 
 from common.rl.batch import METRIC_NAMES
 from common.rl.datums import Datum
@@ -425,11 +426,9 @@ def test_level1_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
     """kill -9 of a level-1 run after its first checkpoint, then --resume: bit-identical parameters and the
     same metrics log as an uninterrupted run (level 1 reuses common/run's checkpoints)."""
     import os
-    import signal
     import subprocess
     import sys
     import tempfile
-    import time
 
     import torch
 
@@ -472,23 +471,7 @@ def test_level1_resume_after_kill_matches_uninterrupted_run(tmp_path: Path):
     ref_err = tempfile.TemporaryFile()
     ref_proc = subprocess.Popen(command(ref), cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=ref_err)
     try:
-        proc = subprocess.Popen(
-            command(killed),
-            cwd=root,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        first = Path(killed.out) / "checkpoints" / "step_000001"
-        deadline = time.time() + 300
-        while not first.exists() and time.time() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"training exited early: {proc.stderr.read().decode()[-3000:]}")
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert not (Path(killed.out) / "checkpoints" / "step_000002").exists()
+        kill_after_first_checkpoint(command(killed), killed.out, root, env)
 
         subprocess.run(
             command(killed, "--resume"), cwd=root, env=env, check=True, capture_output=True, timeout=400

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import vllm_worker_result
+from conftest import kill_after_first_checkpoint, vllm_worker_result
 
 from common.train_config import TrainConfig
 
@@ -199,18 +198,8 @@ def test_one_round_ahead_resumes_after_kill_without_losing_or_repeating_a_task(t
     args = [f"--{k.replace('_', '-')}={v}" for k, v in flatten(cfg).items() if v is not None and not isinstance(v, bool)]
     command = [sys.executable, "-m", "level1_batched.train", *args, "--max-staleness=1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **FIXED_REDUCTIONS}
-    proc = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
+    kill_after_first_checkpoint(command, cfg.out, ROOT, env)  # the next round is in flight: started before this step
     first = Path(cfg.out) / "checkpoints" / "step_000001"
-    deadline = time.time() + 300
-    while not first.exists() and time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"training exited early: {proc.stderr.read().decode()[-3000:]}")
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the next round was started before this step: it is in flight
-    proc.wait()
-    assert not (Path(cfg.out) / "checkpoints" / "step_000002").exists()
     saved = torch.load(first / "state.pt", weights_only=False)["run"]
     before = _rows(Path(cfg.out))
     trained = [r for r in before if r["round"] < saved["round"]]

@@ -10,6 +10,7 @@ fit the card at all is refused in one line before anything starts.
     python bench/gpu_fit.py --runs 4 --model smollm2 --train lora        # -> SLOTS=4 SHARE=0.2021 RUN_GIB=16
     GPU_TOTAL_GIB=24 python bench/gpu_fit.py --runs 4 --train full       # a 24 GiB card: fewer at once
     python bench/gpu_fit.py --runs 2 --run-gib 40                        # a budget of your own, no table
+    GPU_RESERVED_GIB=20 python bench/gpu_fit.py --runs 4 --train lora    # 20 GiB kept for another job
 
 Prints shell assignments (``eval "$(python bench/gpu_fit.py ...)"``); exit 2 with one line on stderr when
 one run does not fit.
@@ -60,10 +61,10 @@ def run_budget_gib(model: str, train: str, table: Path = TABLE) -> float:
     raise SystemExit(f"gpu_fit: no row for model {model!r}, train {train!r} in {table} (add one, or pass --run-gib)")
 
 
-def fit(runs: int, run_gib: float, total_gib: float) -> tuple[int, float]:
+def fit(runs: int, run_gib: float, total_gib: float, reserved_gib: float = 0.0) -> tuple[int, float]:
     """``(slots, share)``: how many of ``runs`` runs of ``run_gib`` fit at once on a ``total_gib`` card
-    (keeping :data:`MARGIN_GIB` free), and the share of the card each gets. One run that does not fit
-    raises ``ValueError``.
+    (keeping :data:`MARGIN_GIB` free, and ``reserved_gib`` for other jobs on the card), and the share of the
+    whole card each gets. One run that does not fit raises ``ValueError``.
 
     >>> fit(4, 16.0, 79.2)
     (4, 0.202)
@@ -71,11 +72,14 @@ def fit(runs: int, run_gib: float, total_gib: float) -> tuple[int, float]:
     (4, 0.202)
     >>> fit(2, 16.0, 23.6)
     (1, 0.678)
+    >>> fit(4, 16.0, 79.2, reserved_gib=20.0)   # 20 GiB kept for a job beside them: 3 at once
+    (3, 0.202)
     """
-    usable = total_gib - MARGIN_GIB
+    usable = total_gib - MARGIN_GIB - reserved_gib
     if run_gib > usable:
         raise ValueError(
-            f"one run needs {run_gib:g} GiB and this card has {total_gib:.1f} GiB ({usable:.1f} usable): "
+            f"one run needs {run_gib:g} GiB and this card has {total_gib:.1f} GiB ({usable:.1f} usable"
+            f"{f', {reserved_gib:g} kept for other jobs' if reserved_gib else ''}): "
             "nothing started (a smaller model, LoRA, or a larger card)"
         )
     slots = max(1, min(runs, int(usable // run_gib)))
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_gib = a.run_gib if a.run_gib is not None else run_budget_gib(a.model, a.train)
     try:
-        slots, share = fit(a.runs, run_gib, total)
+        slots, share = fit(a.runs, run_gib, total, float(os.environ.get("GPU_RESERVED_GIB") or 0))
     except ValueError as e:
         print(f"gpu_fit: {e}", file=sys.stderr)
         return 2

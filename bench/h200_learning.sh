@@ -14,10 +14,19 @@
 # Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, CMP (the comparison's extra flags, e.g. the LoRA
 # rank and lr whose checkpoints, ~15 MB at rank 4, fit a job system that hands back files of at most 16 MiB), CMP_STEPS, SEEDS,
 # N_EVAL, EVAL_SAMPLES; K (where runs live, default /tmp/keep/L), SNAP (the tree the runs use).
+# WITH=warmstart (issue #51.2-3, one window): instead of the comparison, bench/h200_warmstart_call.sh runs
+# beside the tiny set: the warm start re-made on today's prompts (WS_TASKS oracle trees, WS_STEPS SFT steps),
+# then evaluated on all N_EVAL=147 easy val tasks greedy and at 2 sampling seeds, the shipped adapter
+# evaluated the same way beside the SFT (SHIPPED_BESIDE), each evaluation's vLLM engine with a 4-GiB KV
+# cache; the tiny-set runs are sized to the card less WS_GIB [20] GiB kept for the SFT and one evaluation.
+# `watch` packs the warm start's record and (once trained) its adapter into $OUT/$NAME as well.
+#   WITH=warmstart bash bench/h200_learning.sh start; WITH=warmstart bash bench/h200_learning.sh watch 540
 # CPU dry run of the same flow (tiny model, hf engine, 1-2 steps, no GPU):
 #   DRY=1 K=/tmp/dryL SNAP=/tmp/dry_snap PY=.venv/bin/python bash bench/h200_learning.sh start
 #   DRY=1 K=/tmp/dryL SNAP=/tmp/dry_snap PY=.venv/bin/python OUT=/tmp/o bash bench/h200_learning.sh watch 120
+#   (add WITH=warmstart to both for the warm-start flow)
 set -u
+WITH=${WITH:-cmp}; case "$WITH" in cmp|warmstart) ;; *) echo "WITH must be cmp or warmstart, got '$WITH'" >&2; exit 2 ;; esac
 K=${K:-/tmp/keep/L}; mkdir -p "$K"
 SNAP=${SNAP:-/tmp/keep/snap39}
 PY=${PY:-python3}
@@ -30,24 +39,45 @@ if [ "${DRY:-0}" = 1 ]; then  # CPU: tiny model, hf engine, a step or two
   CMP_SCHEDULE=${CMP_SCHEDULE:-execution:1,delegation:1,rubric:1}; export EVAL_EVERY=${EVAL_EVERY:-2}
   TINY_VARIANTS=${TINY_VARIANTS:-"full:--lr 1e-3|lora:--lora-rank 4 --lr 1e-2"}
   CMP=${CMP:-"--lora-rank 4 --lr 1e-2"}
+  WS_TASKS=${WS_TASKS:-2}; WS_STEPS=${WS_STEPS:-2}
+  WS_ENV=${WS_ENV:-"FORCE=1 SHIPPED=none"}  # no shipped adapter for the tiny model: the base model stands in
 else
   export PYTHONPATH=/tmp/site:$SNAP VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
     SERA_CACHE=/tmp/keep/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ENGINE=vllm PARALLEL=1
   TINY_STEPS=${TINY_STEPS:-60}; CMP_STEPS=${CMP_STEPS:-40}; SEEDS=${SEEDS:-"0 1"}
   TINY_VARIANTS=${TINY_VARIANTS:-"full_clip:--lr 1e-5 --grad-clip 0.05|lora4_1e-4:--lora-rank 4 --lr 1e-4|lora4_1e-3:--lora-rank 4 --lr 1e-3"}
   CMP=${CMP:-"--lora-rank 4 --lr 1e-4"}
+  if [ "$WITH" = warmstart ]; then  # #51.3: the recipes the first window did not try (rank, lr, temperature, rollouts)
+    big=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import gpu_fit; print(int(gpu_fit.card_total_gib() >= 120))")
+    TINY_VARIANTS=${TINY_VARIANTS:-"lora16_3e-4:--lora-rank 16 --lr 3e-4|lora16_3e-4_t07:--lora-rank 16 --lr 3e-4 --temperature 0.7|lora16_3e-4_k16:--lora-rank 16 --lr 3e-4 --rollouts-per-task 16$([ "$big" = 1 ] && echo "|full_3e-5_clip:--lr 3e-5 --grad-clip 0.05")"}
+  fi
+  WS_ENV=${WS_ENV:-}
   export KV_GIB=${KV_GIB:-4}  # each run: --gpu-share from bench/gpu_fit.py (as many at once as fit the card)
   export EVAL_EVERY=${EVAL_EVERY:-40}  # fixed, so a later window may raise CMP_STEPS and still --resume
 fi
+NAME=${NAME:-${MODEL:-smollm2}-textcraft}  # the warm start's adapter name (WITH=warmstart)
 
 start() {  # both drivers in the background, each in its own session (they outlive this job)
   rm -rf "$SNAP" && mkdir -p "$SNAP" \
     && tar --exclude=./.whl --exclude=./runs --exclude=./.git --exclude=./.venv -cf - . | (cd "$SNAP" && tar -xf -)
-  (cd "$SNAP" && VARIANTS="$TINY_VARIANTS" STEPS="$TINY_STEPS" PYTHON="$PY" \
+  reserved=""  # with the warm start beside it: the tiny set sized to the card less WS_GIB (bench/gpu_fit.py)
+  [ "$WITH" = warmstart ] && [ "${DRY:-0}" != 1 ] && reserved=${WS_GIB:-20}
+  (cd "$SNAP" && VARIANTS="$TINY_VARIANTS" STEPS="$TINY_STEPS" PYTHON="$PY" GPU_RESERVED_GIB="$reserved" \
      setsid nohup bash bench/tiny_set.sh "$K/tiny" > "$K/tiny.log" 2>&1 < /dev/null &)
+  if [ "$WITH" = warmstart ]; then warmstart; sleep 5; tail -n 3 "$K/tiny.log" "$K/warmstart.log"; return; fi
   (cd "$SNAP" && SEEDS="$SEEDS" RL_STEPS="$CMP_STEPS" SCHEDULE="${CMP_SCHEDULE:-execution:16,delegation:2,rubric:2}" RL_EXTRA="${RL_EXTRA:-} $CMP --save-every 5" PYTHON="$PY" \
      setsid nohup bash bench/learning.sh "$K/cmp" > "$K/cmp.log" 2>&1 < /dev/null &)
   sleep 5; tail -n 3 "$K/tiny.log" "$K/cmp.log"
+}
+
+ws() {  # bench/h200_warmstart_call.sh with this window's settings (#51.2): extra environment, then its arguments
+  (cd "$SNAP" && env RUN="$K/warmstart" NAME="$NAME" PYTHON="$PY" TASKS="${WS_TASKS:-256}" STEPS="${WS_STEPS:-260}" \
+     QUICKSTART=0 N_EVAL="${N_EVAL:-147}" EVAL_BATCH="${N_EVAL:-147}" SAMPLED_SEEDS="0 1" COMPARE_SHIPPED=1 \
+     SHIPPED_BESIDE=1 EVAL_BASE=0 EVAL_EXTRA="$([ "${DRY:-0}" = 1 ] || echo --kv-cache-gib 4)" $WS_ENV "$@")
+}
+
+warmstart() {  # the warm start in the background, in its own session (it outlives this job)
+  ws setsid nohup bash bench/h200_warmstart_call.sh > "$K/warmstart.log" 2>&1 < /dev/null &
 }
 
 summary() {  # each run's last rounds, the drivers' own tables
@@ -58,6 +88,9 @@ K = Path(sys.argv[1])
 for m in sorted(K.glob("**/metrics.jsonl")):
     rows = [json.loads(x) for x in m.read_text().splitlines() if x.strip()]
     tr = [r for r in rows if "reward/root_success" in r]
+    if not tr and rows and "loss/sft" in rows[-1]:  # the warm start's SFT (WITH=warmstart)
+        print(f"{m.parent.relative_to(K)}: SFT step {rows[-1].get('step')} loss {rows[-1]['loss/sft']:.4f}")
+        continue
     ev = [(r["step"], round(r["eval/success"], 3), round(r.get("eval/sampled_success", float("nan")), 3))
           for r in rows if "eval/success" in r]
     rs = [r["reward/root_success"] for r in tr]
@@ -69,6 +102,7 @@ for m in sorted(K.glob("**/metrics.jsonl")):
           + f" | round s {sum(t[-5:]) / max(1, len(t[-5:])):.0f} | |log rho| {last.get('loss/abs_log_ratio', 0):.3g}"
           + f" | eval (step, greedy, sampled) {ev}")
 EOF
+  [ -f "$K/warmstart/times.txt" ] && tail -n 4 "$K/warmstart/times.txt"
   for f in "$K"/*.log "$K"/*/*.log; do  # a run that failed: its last lines
     [ -f "$f" ] && grep -q -E "Traceback|Error|^error:|rc=[12]" "$f" && { echo "== $f"; grep -E "Error|error:|rc=" "$f" | tail -n 3 | cut -c1-300; }
   done
@@ -84,7 +118,8 @@ from pathlib import Path
 K, S = Path(sys.argv[1]), Path(sys.argv[2])
 keep = ("index", "task_id", "tier", "success", "error", "nodes", "seconds")
 for f in K.rglob("*"):
-    if not f.is_file() or "checkpoints" in f.parts or "vllm_cache" in f.parts or f.name == "trees.jsonl":
+    if not f.is_file() or {"checkpoints", "vllm_cache", "model", "adapter", "out"} & set(f.relative_to(K).parts) \
+            or f.name in ("trees.jsonl", "sft_data.jsonl"):
         continue
     to = S / f.relative_to(K)
     to.parent.mkdir(parents=True, exist_ok=True)
@@ -95,6 +130,10 @@ for f in K.rglob("*"):
         shutil.copy(f, to)
 EOF
   (cd "$K.slim" && tar -czf "$OUT/L.tgz" .)
+  if [ -d "$K/warmstart" ]; then  # its record so far and, once trained, the adapter: $OUT/$NAME (no phase runs)
+    ws BUDGET_S=0 OUT="$OUT" bash bench/h200_warmstart_call.sh > "$K/warmstart_pack.log" 2>&1
+    tail -n 4 "$K/warmstart/times.txt" 2>/dev/null; cat "$K/warmstart/record.log" 2>/dev/null
+  fi
   for d in "$K"/cmp/rl_*/s*; do  # LoRA checkpoints are small enough to carry back (16 MiB a file)
     last=$(ls -d "$d"/checkpoints/step_* 2>/dev/null | sort | tail -n 1)
     [ -n "$last" ] || continue

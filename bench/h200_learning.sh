@@ -73,7 +73,7 @@ start() {  # both drivers in the background, each in its own session (they outli
 ws() {  # bench/h200_warmstart_call.sh with this window's settings (#51.2): extra environment, then its arguments
   (cd "$SNAP" && env RUN="$K/warmstart" NAME="$NAME" PYTHON="$PY" TASKS="${WS_TASKS:-256}" STEPS="${WS_STEPS:-260}" \
      QUICKSTART=0 N_EVAL="${N_EVAL:-147}" EVAL_BATCH="${N_EVAL:-147}" SAMPLED_SEEDS="0 1" COMPARE_SHIPPED=1 \
-     SHIPPED_BESIDE=1 EVAL_BASE=0 EVAL_EXTRA="$([ "${DRY:-0}" = 1 ] || echo --kv-cache-gib 4)" $WS_ENV "$@")
+     SHIPPED_BESIDE=1 EVAL_BASE=0 EVAL_PARALLEL=1 EVAL_EXTRA="$([ "${DRY:-0}" = 1 ] || echo --kv-cache-gib 4)" $WS_ENV "$@")
 }
 
 warmstart() {  # the warm start in the background, in its own session (it outlives this job)

@@ -45,6 +45,7 @@
 # QS_ARGS (more `sera train` flags for the quick-start phase), FORCE, BUDGET_S, RUN, PYTHON, COMMIT,
 # SAMPLED_SEEDS (one sampled evaluation per seed, default "0"), COMPARE_SHIPPED (1: the adapter shipped now,
 # common/assets/warmstart/$NAME, evaluated on the same tasks greedy and per sampled seed, beside the new one),
+# EVAL_PARALLEL (1: the new adapter's greedy and sampled evaluations side by side, each its own engine),
 # SHIPPED (the adapter compared against instead of the shipped one; none: the base model), SHIPPED_BESIDE (1: those evaluations of the shipped adapter run in the background from the start, beside
 # the SFT, instead of after it), EVAL_BASE (0: skip the base model's evaluation), EVAL_EXTRA (more `sera
 # eval` flags, e.g. "--kv-cache-gib 4" so each evaluation's vLLM engine takes 4 GiB of KV cache instead of
@@ -62,7 +63,7 @@ MODEL=${MODEL:-smollm2}; NAME=${NAME:-$MODEL-textcraft}
 RANK=${RANK:-8}; ALPHA=${ALPHA:-16}; LR=${LR:-5e-4}; STEPS=${STEPS:-200}; TASKS=${TASKS:-64}; BATCH=${BATCH:-8}
 NOISE=${NOISE:-0.5}; N_EVAL=${N_EVAL:-32}; ENGINE=${ENGINE:-hf}; EVAL_BATCH=${EVAL_BATCH:-64}
 SAMPLED_SEEDS=${SAMPLED_SEEDS:-0}; COMPARE_SHIPPED=${COMPARE_SHIPPED:-0}; SHIPPED_BESIDE=${SHIPPED_BESIDE:-0}
-EVAL_BASE=${EVAL_BASE:-1}; export QUICKSTART=${QUICKSTART:-1} EVAL_BASE
+EVAL_BASE=${EVAL_BASE:-1}; EVAL_PARALLEL=${EVAL_PARALLEL:-0}; export QUICKSTART=${QUICKSTART:-1} EVAL_BASE
 T0=$(date +%s); BUDGET_S=${BUDGET_S:-100000}
 el() { echo $(( $(date +%s) - T0 )); }
 log() { echo "[$(el) s] $*" | tee -a "$RUN/times.txt"; }
@@ -148,12 +149,15 @@ print(f['over_cap'], f['act_cap'], f['longest'], f['act_replies'])")
   fi
   phase sft $SFT --steps "$STEPS" || return
   if [ "$EVAL_BASE" != 0 ]; then phase eval_base $EVAL --init-adapter none --out "$RUN/eval_base" || return; fi
-  phase eval_adapter $EVAL --init-adapter "$RUN/sft/adapter" --out "$RUN/eval_adapter" || return
+  pids=""  # the adapter's evaluations one after another, or side by side (EVAL_PARALLEL=1)
+  each() { if [ "$EVAL_PARALLEL" = 1 ]; then "$@" & pids="$pids $!"; else "$@"; fi; }
+  each phase eval_adapter $EVAL --init-adapter "$RUN/sft/adapter" --out "$RUN/eval_adapter" || return
   for seed in $SAMPLED_SEEDS; do  # one sampled evaluation per seed (seed 0 keeps the first one's name)
     sfx=$([ "$seed" = 0 ] || echo "_s$seed")
-    phase eval_adapter_sampled$sfx $EVAL --init-adapter "$RUN/sft/adapter" --temperature "$QS_TEMP" --seed "$seed" \
+    each phase eval_adapter_sampled$sfx $EVAL --init-adapter "$RUN/sft/adapter" --temperature "$QS_TEMP" --seed "$seed" \
       --out "$RUN/eval_adapter_sampled$sfx" || return
   done
+  for pid in $pids; do wait "$pid" || return; done
   if [ -n "$beside" ]; then wait "$beside" || return
   elif [ "$COMPARE_SHIPPED" = 1 ]; then shipped_evals || return; fi
   # the quick start itself (its defaults), from the adapter; float32 as on a CPU

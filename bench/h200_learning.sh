@@ -9,6 +9,7 @@
 # `tail`: a job stopped at its limit loses the whole pipeline's output):
 #   bash bench/h200_learning.sh start                 # snapshot this tree, start both drivers; returns in ~10 s
 #   bash bench/h200_learning.sh watch 540             # a summary every 60 s, then pack into $OUT, the job's results directory (one job each)
+#   bash bench/h200_learning.sh stop-tiny             # stop the tiny set (e.g. to give the card to the rest)
 #   bash bench/h200_learning.sh resume DIR            # a later machine: comparison checkpoints carried in DIR
 #                                                       (rl_<method>_s<seed>_step_NNNNNN.pt) continue there
 # Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, CMP (the comparison's extra flags, e.g. the LoRA
@@ -62,8 +63,8 @@ start() {  # both drivers in the background, each in its own session (they outli
     && tar --exclude=./.whl --exclude=./runs --exclude=./.git --exclude=./.venv -cf - . | (cd "$SNAP" && tar -xf -)
   reserved=""  # with the warm start beside it: the tiny set sized to the card less WS_GIB (bench/gpu_fit.py)
   [ "$WITH" = warmstart ] && [ "${DRY:-0}" != 1 ] && reserved=${WS_GIB:-20}
-  (cd "$SNAP" && VARIANTS="$TINY_VARIANTS" STEPS="$TINY_STEPS" PYTHON="$PY" GPU_RESERVED_GIB="$reserved" \
-     setsid nohup bash bench/tiny_set.sh "$K/tiny" > "$K/tiny.log" 2>&1 < /dev/null &)
+  (cd "$SNAP" || exit 2; VARIANTS="$TINY_VARIANTS" STEPS="$TINY_STEPS" PYTHON="$PY" GPU_RESERVED_GIB="$reserved" \
+     setsid nohup bash bench/tiny_set.sh "$K/tiny" > "$K/tiny.log" 2>&1 < /dev/null & echo $! > "$K/tiny.pid")
   if [ "$WITH" = warmstart ]; then warmstart; sleep 5; tail -n 3 "$K/tiny.log" "$K/warmstart.log"; return; fi
   (cd "$SNAP" && SEEDS="$SEEDS" RL_STEPS="$CMP_STEPS" SCHEDULE="${CMP_SCHEDULE:-execution:16,delegation:2,rubric:2}" RL_EXTRA="${RL_EXTRA:-} $CMP --save-every 5" PYTHON="$PY" \
      setsid nohup bash bench/learning.sh "$K/cmp" > "$K/cmp.log" 2>&1 < /dev/null &)
@@ -156,5 +157,7 @@ watch)
   S=${2:-540}; T0=$(date +%s)
   while [ $(( $(date +%s) - T0 + 75 )) -le "$S" ]; do sleep 60; echo "--- $(( $(date +%s) - T0 )) s"; summary; done
   summary; pack ;;
-*) echo "usage: $0 start | watch S | resume DIR" >&2; exit 2 ;;
+stop-tiny)  # the tiny set's whole session (its runs resume from their last checkpoint on the next start)
+  kill -TERM -- "-$(cat "$K/tiny.pid")" && echo "stopped the tiny set (session $(cat "$K/tiny.pid"))" ;;
+*) echo "usage: $0 start | watch S | resume DIR | stop-tiny" >&2; exit 2 ;;
 esac

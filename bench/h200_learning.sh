@@ -12,7 +12,7 @@
 #   bash bench/h200_learning.sh stop-tiny             # stop the tiny set (e.g. to give the card to the rest)
 #   bash bench/h200_learning.sh resume DIR            # a later machine: comparison checkpoints carried in DIR
 #                                                       (rl_<method>_s<seed>_step_NNNNNN.pt) continue there
-# Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, CMP (the comparison's extra flags, e.g. the LoRA
+# Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, TINY (0: no tiny set), CMP (the comparison's extra flags, e.g. the LoRA
 # rank and lr whose checkpoints, ~15 MB at rank 4, fit a job system that hands back files of at most 16 MiB), CMP_STEPS, SEEDS,
 # N_EVAL, EVAL_SAMPLES; K (where runs live, default /tmp/keep/L), SNAP (the tree the runs use).
 # WITH=warmstart (issue #51.2-3, one window): instead of the comparison, bench/h200_warmstart_call.sh runs
@@ -63,9 +63,9 @@ start() {  # both drivers in the background, each in its own session (they outli
     && tar --exclude=./.whl --exclude=./runs --exclude=./.git --exclude=./.venv -cf - . | (cd "$SNAP" && tar -xf -)
   reserved=""  # with the warm start beside it: the tiny set sized to the card less WS_GIB (bench/gpu_fit.py)
   [ "$WITH" = warmstart ] && [ "${DRY:-0}" != 1 ] && reserved=${WS_GIB:-20}
-  (cd "$SNAP" || exit 2; VARIANTS="$TINY_VARIANTS" STEPS="$TINY_STEPS" PYTHON="$PY" GPU_RESERVED_GIB="$reserved" \
+  [ "${TINY:-1}" = 0 ] || (cd "$SNAP" || exit 2; VARIANTS="$TINY_VARIANTS" STEPS="$TINY_STEPS" PYTHON="$PY" GPU_RESERVED_GIB="$reserved" \
      setsid nohup bash bench/tiny_set.sh "$K/tiny" > "$K/tiny.log" 2>&1 < /dev/null & echo $! > "$K/tiny.pid")
-  if [ "$WITH" = warmstart ]; then warmstart; sleep 5; tail -n 3 "$K/tiny.log" "$K/warmstart.log"; return; fi
+  if [ "$WITH" = warmstart ]; then warmstart; sleep 5; tail -n 3 "$K"/tiny.log "$K/warmstart.log" 2>/dev/null; return; fi
   (cd "$SNAP" && SEEDS="$SEEDS" RL_STEPS="$CMP_STEPS" SCHEDULE="${CMP_SCHEDULE:-execution:16,delegation:2,rubric:2}" RL_EXTRA="${RL_EXTRA:-} $CMP --save-every 5" PYTHON="$PY" \
      setsid nohup bash bench/learning.sh "$K/cmp" > "$K/cmp.log" 2>&1 < /dev/null &)
   sleep 5; tail -n 3 "$K/tiny.log" "$K/cmp.log"

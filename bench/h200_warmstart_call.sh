@@ -45,7 +45,9 @@
 # QS_ARGS (more `sera train` flags for the quick-start phase), FORCE, BUDGET_S, RUN, PYTHON, COMMIT,
 # SAMPLED_SEEDS (one sampled evaluation per seed, default "0"), COMPARE_SHIPPED (1: the adapter shipped now,
 # common/assets/warmstart/$NAME, evaluated on the same tasks greedy and per sampled seed, beside the new one),
-# EVAL_PARALLEL (1: the new adapter's greedy and sampled evaluations side by side, each its own engine),
+# SFT_DATA (a gzipped sft_data.jsonl made elsewhere by the sft_data phase's command at this commit, with
+# sft_data_summary.json beside it: the SFT reads it instead of building the oracle trees, ~100 s on the GPU
+# machine; `sera sft --resume` reads an existing OUT/sft_data.jsonl), EVAL_PARALLEL (1: the new adapter's greedy and sampled evaluations side by side, each its own engine),
 # SHIPPED (the adapter compared against instead of the shipped one; none: the base model), SHIPPED_BESIDE (1: those evaluations of the shipped adapter run in the background from the start, beside
 # the SFT, instead of after it), EVAL_BASE (0: skip the base model's evaluation), EVAL_EXTRA (more `sera
 # eval` flags, e.g. "--kv-cache-gib 4" so each evaluation's vLLM engine takes 4 GiB of KV cache instead of
@@ -124,6 +126,11 @@ shipped_evals() {  # the adapter shipped now, the same tasks and settings (ship 
   done
 }
 run_all() {
+  if [ -n "${SFT_DATA:-}" ] && [ ! -e "$RUN/sft/sft_data.jsonl" ]; then  # the oracle data, built elsewhere
+    mkdir -p "$RUN/sft" && gunzip -c "$SFT_DATA" > "$RUN/sft/sft_data.jsonl" \
+      && cp "$(dirname "$SFT_DATA")/sft_data_summary.json" "$RUN/sft/" || { log "could not unpack $SFT_DATA"; return 2; }
+    log "sft data: $SFT_DATA (carried; \`sera sft --resume\` reads it instead of building it)"
+  fi
   phase data $SERA data textcraft --split val --n "$N_EVAL" --seed 0 --difficulty easy --out "$EVAL_TASKS" || return
   beside=""
   if [ "$COMPARE_SHIPPED" = 1 ] && [ "$SHIPPED_BESIDE" = 1 ]; then shipped_evals & beside=$!; fi

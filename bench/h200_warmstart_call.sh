@@ -45,6 +45,7 @@
 # QS_ARGS (more `sera train` flags for the quick-start phase), FORCE, BUDGET_S, RUN, PYTHON, COMMIT,
 # SAMPLED_SEEDS (one sampled evaluation per seed, default "0"), COMPARE_SHIPPED (1: the adapter shipped now,
 # common/assets/warmstart/$NAME, evaluated on the same tasks greedy and per sampled seed, beside the new one),
+# SFT_EXTRA (more `sera sft` flags, e.g. "--dtype bfloat16": bf16 compute, fp32 master weights and adapter),
 # SFT_DATA (a gzipped sft_data.jsonl made elsewhere by the sft_data phase's command at this commit, with
 # sft_data_summary.json beside it: the SFT reads it instead of building the oracle trees, ~100 s on the GPU
 # machine; `sera sft --resume` reads an existing OUT/sft_data.jsonl), EVAL_PARALLEL (1: the new adapter's greedy and sampled evaluations side by side, each its own engine),
@@ -113,7 +114,7 @@ phase() {
 }
 
 SFT="$SERA sft --model $MODEL --lora-rank $RANK --lora-alpha $ALPHA --lr $LR --n-tasks $TASKS --difficulty easy \
- --child-noise $NOISE --batch-size $BATCH $SFT_AGENT --save-every 20 --resume --out $RUN/sft"
+ --child-noise $NOISE --batch-size $BATCH $SFT_AGENT --save-every 20 --resume --out $RUN/sft ${SFT_EXTRA:-}"
 EVAL="$SERA eval --env textcraft --tasks $EVAL_TASKS --limit $N_EVAL --concurrency $N_EVAL --batch-size $EVAL_BATCH \
  --engine $ENGINE $EVAL_AGENT --policy hf:$MODEL ${EVAL_EXTRA:-}"
 shipped_evals() {  # the adapter shipped now, the same tasks and settings (ship the new one only if it is at

@@ -20,6 +20,7 @@
 # then evaluated on all N_EVAL=147 easy val tasks greedy and at 2 sampling seeds, the shipped adapter
 # evaluated the same way beside the SFT (SHIPPED_BESIDE), each evaluation's vLLM engine with a 4-GiB KV
 # cache; the tiny-set runs are sized to the card less WS_GIB [20] GiB kept for the SFT and one evaluation.
+# SFT_EXTRA and SFT_DATA reach it (see its header: e.g. --dtype bfloat16, oracle data built elsewhere).
 # `watch` packs the warm start's record and (once trained) its adapter into $OUT/$NAME as well.
 #   WITH=warmstart bash bench/h200_learning.sh start; WITH=warmstart bash bench/h200_learning.sh watch 540
 # CPU dry run of the same flow (tiny model, hf engine, 1-2 steps, no GPU):
@@ -74,7 +75,8 @@ start() {  # both drivers in the background, each in its own session (they outli
 ws() {  # bench/h200_warmstart_call.sh with this window's settings (#51.2): extra environment, then its arguments
   (cd "$SNAP" && env RUN="$K/warmstart" NAME="$NAME" PYTHON="$PY" TASKS="${WS_TASKS:-256}" STEPS="${WS_STEPS:-260}" \
      QUICKSTART=0 N_EVAL="${N_EVAL:-147}" EVAL_BATCH="${N_EVAL:-147}" SAMPLED_SEEDS="0 1" COMPARE_SHIPPED=1 \
-     SHIPPED_BESIDE=1 EVAL_BASE=0 EVAL_PARALLEL=1 EVAL_EXTRA="$([ "${DRY:-0}" = 1 ] || echo --kv-cache-gib 4)" $WS_ENV "$@")
+     SHIPPED_BESIDE=1 EVAL_BASE=0 EVAL_PARALLEL=1 EVAL_EXTRA="$([ "${DRY:-0}" = 1 ] || echo --kv-cache-gib 4)" \
+     SFT_EXTRA="${SFT_EXTRA:-}" SFT_DATA="${SFT_DATA:-}" $WS_ENV "$@")
 }
 
 warmstart() {  # the warm start in the background, in its own session (it outlives this job)

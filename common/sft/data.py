@@ -268,6 +268,27 @@ def batch_at(n: int, batch_size: int, step: int, seed: int) -> list[int]:
     return out
 
 
+def prompt_fingerprint(tokenizer: Any, n_tasks: int = 4) -> str:
+    """The texts an SFT adapter learns, as one hash: sha256 (first 16 hex digits) of every act, rubric and
+    score example (prompt and reply token ids) of oracle trees on the first ``n_tasks`` easy TextCraft
+    ``train`` tasks (seed 0, child noise 0.5, look-up on) with the quick start's agent sizes
+    (``common.train_config.laptop_rollout``), rendered by the code that calls it. Any change to the prompt
+    templates, the observation layout, the chat format or the agent sizes changes it. The shipped adapter
+    records the fingerprint of the code it was made with (``record.json``: ``prompt_fingerprint``), and a
+    test compares it with today's: a change that leaves the adapter trained on other texts fails until the
+    adapter is re-made (the 2026-12-06 re-audit found the adapter of 2026-12-03 trained on an old layout).
+    ``tiny`` shares SmolLM2's tokenizer, so either gives SmolLM2's fingerprint."""
+    from common.run.data import task_pool
+    from common.train_config import laptop_rollout
+
+    tasks = task_pool("textcraft", None, n_tasks, 0, "easy")
+    trees = oracle_trees("textcraft", tasks, tokenizer, 8192, laptop_rollout(), seed=0, child_noise=0.5, look_up=True)
+    h = hashlib.sha256()
+    for e in (e for t in trees for e in tree_examples(t)):
+        h.update(json.dumps([e.role, e.prompt_ids, e.output_ids]).encode())
+    return h.hexdigest()[:16]
+
+
 __all__ = [
     "NOISE",
     "FlawedOracle",
@@ -276,6 +297,7 @@ __all__ = [
     "SFTExample",
     "batch_at",
     "oracle_trees",
+    "prompt_fingerprint",
     "read_examples",
     "reply_ids",
     "summary",

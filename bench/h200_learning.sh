@@ -20,15 +20,17 @@
 # then evaluated on all N_EVAL=147 easy val tasks greedy and at 2 sampling seeds, the shipped adapter
 # evaluated the same way beside the SFT (SHIPPED_BESIDE), each evaluation's vLLM engine with a 4-GiB KV
 # cache; the tiny-set runs are sized to the card less WS_GIB [20] GiB kept for the SFT and one evaluation.
-# SFT_EXTRA and SFT_DATA reach it (see its header: e.g. --dtype bfloat16, oracle data built elsewhere).
+# SFT_EXTRA, SFT_DATA and COMMIT reach it (see its header: e.g. --dtype bfloat16, oracle data built elsewhere;
+# COMMIT=$(git rev-parse HEAD) typed here, since the GPU job's copy of the tree has no .git: its record says so).
 # `watch` packs the warm start's record and (once trained) its adapter into $OUT/$NAME as well.
 #   WITH=warmstart bash bench/h200_learning.sh start; WITH=warmstart bash bench/h200_learning.sh watch 540
+# WITH=tiny: the tiny set alone (its variants as many at once as fit the card).
 # CPU dry run of the same flow (tiny model, hf engine, 1-2 steps, no GPU):
 #   DRY=1 K=/tmp/dryL SNAP=/tmp/dry_snap PY=.venv/bin/python bash bench/h200_learning.sh start
 #   DRY=1 K=/tmp/dryL SNAP=/tmp/dry_snap PY=.venv/bin/python OUT=/tmp/o bash bench/h200_learning.sh watch 120
 #   (add WITH=warmstart to both for the warm-start flow)
 set -u
-WITH=${WITH:-cmp}; case "$WITH" in cmp|warmstart) ;; *) echo "WITH must be cmp or warmstart, got '$WITH'" >&2; exit 2 ;; esac
+WITH=${WITH:-cmp}; case "$WITH" in cmp|warmstart|tiny) ;; *) echo "WITH must be cmp, warmstart or tiny, got '$WITH'" >&2; exit 2 ;; esac
 K=${K:-/tmp/keep/L}; mkdir -p "$K"
 SNAP=${SNAP:-/tmp/keep/snap39}
 PY=${PY:-python3}
@@ -66,6 +68,7 @@ start() {  # both drivers in the background, each in its own session (they outli
   [ "$WITH" = warmstart ] && [ "${DRY:-0}" != 1 ] && reserved=${WS_GIB:-20}
   [ "${TINY:-1}" = 0 ] || (cd "$SNAP" || exit 2; VARIANTS="$TINY_VARIANTS" STEPS="$TINY_STEPS" PYTHON="$PY" GPU_RESERVED_GIB="$reserved" \
      setsid nohup bash bench/tiny_set.sh "$K/tiny" > "$K/tiny.log" 2>&1 < /dev/null & echo $! > "$K/tiny.pid")
+  [ "$WITH" = tiny ] && { sleep 5; tail -n 3 "$K/tiny.log"; return; }  # the tiny set alone
   if [ "$WITH" = warmstart ]; then warmstart; sleep 5; tail -n 3 "$K"/tiny.log "$K/warmstart.log" 2>/dev/null; return; fi
   (cd "$SNAP" && SEEDS="$SEEDS" RL_STEPS="$CMP_STEPS" SCHEDULE="${CMP_SCHEDULE:-execution:16,delegation:2,rubric:2}" RL_EXTRA="${RL_EXTRA:-} $CMP --save-every 5" PYTHON="$PY" \
      setsid nohup bash bench/learning.sh "$K/cmp" > "$K/cmp.log" 2>&1 < /dev/null &)
@@ -76,7 +79,7 @@ ws() {  # bench/h200_warmstart_call.sh with this window's settings (#51.2): extr
   (cd "$SNAP" && env RUN="$K/warmstart" NAME="$NAME" PYTHON="$PY" TASKS="${WS_TASKS:-256}" STEPS="${WS_STEPS:-260}" \
      QUICKSTART=0 N_EVAL="${N_EVAL:-147}" EVAL_BATCH="${N_EVAL:-147}" SAMPLED_SEEDS="0 1" COMPARE_SHIPPED=1 \
      SHIPPED_BESIDE=1 EVAL_BASE=0 EVAL_PARALLEL=1 EVAL_EXTRA="$([ "${DRY:-0}" = 1 ] || echo --kv-cache-gib 4)" \
-     SFT_EXTRA="${SFT_EXTRA:-}" SFT_DATA="${SFT_DATA:-}" $WS_ENV "$@")
+     SFT_EXTRA="${SFT_EXTRA:-}" SFT_DATA="${SFT_DATA:-}" COMMIT="${COMMIT:-}" $WS_ENV "$@")
 }
 
 warmstart() {  # the warm start in the background, in its own session (it outlives this job)

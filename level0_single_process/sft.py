@@ -23,8 +23,9 @@ hold the adapter only, and the run ends with ``out/adapter/`` (peft's format + `
 
 The examples are the REAL runtime's calls (agent steps with delegations, rubrics, scores) with the prompt
 ids an HFPolicy would send (``RecordingTeacher``), so what is learned is exactly what RL will sample.
-Simplifications: one example per forward pass by default (``--forward-tokens N``: right-padded groups of up to
-N tokens, for a GPU; no packing), a constant learning rate after the warm-up, the dataset built once at the start (written to ``out/sft_data.jsonl``; ``--resume`` reads it).
+Simplifications: one example per forward pass by default (``--forward-tokens N``: right-padded groups of up
+to N tokens, for a GPU; no packing), a constant learning rate after the warm-up, the dataset built once at
+the start (written to ``out/sft_data.jsonl``; ``--resume`` reads it).
 """
 
 from __future__ import annotations
@@ -106,23 +107,21 @@ def padded_losses(model, examples) -> list[tuple[torch.Tensor, int, int]]:
     B, L = len(examples), max(len(e.input_ids) for e in examples)
     ids = torch.zeros((B, L), dtype=torch.long)
     mask = torch.zeros((B, L), dtype=torch.long)
-    rows, cols, owner = [], [], []
+    rows, cols = [], []  # reply token t of example i is predicted at position P-1+t of row i
     for i, e in enumerate(examples):
         n, T = len(e.input_ids), len(e.output_ids)
         ids[i, :n], mask[i, :n] = torch.tensor(e.input_ids), 1
         rows += [i] * T
-        cols += range(n - T - 1, n - 1)  # position P-1+t predicts reply token t
-        owner += [i] * T
+        cols += range(n - T - 1, n - 1)
     ids, mask = ids.to(model.device), mask.to(model.device)
+    r, c = torch.tensor(rows, device=ids.device), torch.tensor(cols, device=ids.device)
     hidden = base.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, H]
-    picked = hidden[torch.tensor(rows, device=ids.device), torch.tensor(cols, device=ids.device)]  # [N, H]
-    logits = base.get_output_embeddings()(picked).float()  # [N, V]
-    target = ids[torch.tensor(rows, device=ids.device), torch.tensor(cols, device=ids.device) + 1]  # [N]
+    logits = base.get_output_embeddings()(hidden[r, c]).float()  # [N, V]: reply positions only
+    target = ids[r, c + 1]  # [N]
     nll = torch.nn.functional.cross_entropy(logits, target, reduction="none")  # [N]
     hits = (logits.argmax(-1) == target).long()
-    who = torch.tensor(owner, device=ids.device)
-    sums = torch.zeros(B, device=ids.device, dtype=nll.dtype).index_add(0, who, nll)
-    right = torch.zeros(B, device=ids.device, dtype=torch.long).index_add(0, who, hits).tolist()
+    sums = torch.zeros(B, device=ids.device, dtype=nll.dtype).index_add(0, r, nll)
+    right = torch.zeros(B, device=ids.device, dtype=torch.long).index_add(0, r, hits).tolist()
     return [(sums[i], len(e.output_ids), right[i]) for i, e in enumerate(examples)]
 
 

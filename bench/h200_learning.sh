@@ -125,11 +125,20 @@ K, S = Path(sys.argv[1]), Path(sys.argv[2])
 keep = ("index", "task_id", "tier", "success", "error", "nodes", "seconds")
 for f in K.rglob("*"):
     if not f.is_file() or {"checkpoints", "vllm_cache", "model", "adapter", "out"} & set(f.relative_to(K).parts) \
-            or f.name in ("trees.jsonl", "sft_data.jsonl"):
+            or f.name == "sft_data.jsonl":
         continue
     to = S / f.relative_to(K)
     to.parent.mkdir(parents=True, exist_ok=True)
-    if f.parent.name == "results" and f.suffix == ".json":  # one eval task: its outcome, not its tree
+    if f.name == "trees.jsonl":  # a rollout's task, outcome and round, not its tree (plot_learning.tasks_by_round)
+        with open(f) as src, open(to, "w") as dst:
+            for line in src:
+                try:
+                    t = json.loads(line)
+                except ValueError:  # a line cut by a kill mid-write
+                    continue
+                meta = {k: (t.get("meta") or {}).get(k) for k in ("round", "step")}
+                dst.write(json.dumps({"task_id": t.get("task_id"), "success": t.get("success"), "meta": meta}) + "\n")
+    elif f.parent.name == "results" and f.suffix == ".json":  # one eval task: its outcome, not its tree
         r = json.loads(f.read_text())
         to.write_text(json.dumps({k: r.get(k) for k in keep}))
     elif f.suffix in (".jsonl", ".json", ".log", ".txt", ".md", ".png") and f.stat().st_size < 8_000_000:

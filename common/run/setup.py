@@ -192,9 +192,9 @@ def _flat_value(cfg: TrainConfig, key: str) -> Any:
 
 def paper_departures(cfg: TrainConfig) -> list[str]:
     """Every setting of this run that differs from the paper's, one ``--option: VALUE (paper: P)`` each: the
-    stability knobs (``--stage-grad-clip``, ``--depth-weight-cap``, ``--lora-rank``), the optimizer's
-    values, the model and warm start, the stage schedule, the paper's sizes, deadlines and (absent) launch
-    bounds (:func:`paper_profile`).
+    stability knobs (``--stage-grad-clip``, ``--depth-weight-cap``, ``--lora-rank``), the rollout temperature,
+    the optimizer's values, the model and warm start, the stage schedule, the paper's sizes, deadlines and
+    (absent) launch bounds (:func:`paper_profile`).
     Written to ``config.json`` ("departures") and printed when a run starts, so a result is always read
     beside what it departs from.
 
@@ -206,6 +206,8 @@ def paper_departures(cfg: TrainConfig) -> list[str]:
     ['--lr: 1e-05 (paper: 3e-06)', '--lora-rank: 8 (paper: 0, every weight trains)', '--steps: 60 (paper: 250)']
     >>> [d for d in paper_departures(TrainConfig.make(model="tiny")) if "timeout" in d or "bound" in d]
     ['--max-launches-per-step: 10 (paper: 0, no bound: ours, against runaway launch loops)', '--max-agents-per-tree: 200 (paper: 0, no bound: ours, against trees that delegate at every step)']
+    >>> paper_departures(TrainConfig.make(**{**paper, "temperature": 0.7}))
+    ['--temperature: 0.7 (paper: 1.0, rollouts sampled at 1.0)']
     >>> paper_departures(TrainConfig.make(**{**paper, "step_timeout_s": 300.0}))
     ['--step-timeout-s: 300.0 (paper: 1800.0, public step_timeout)']
     """
@@ -226,6 +228,7 @@ def paper_departures(cfg: TrainConfig) -> list[str]:
     differ("stage_grad_clip", "", ", --grad-clip in every stage")
     differ("lora_rank", 0, ", every weight trains")
     differ("depth_weight_cap", 0.0, ", w_d = Z / T_d uncapped")
+    differ("temperature", 1.0, ", rollouts sampled at 1.0")
     differ("model", PAPER_MODEL.get(cfg.env, PAPER_MODEL["textcraft"]))
     differ("init_adapter", "none", ", RL from the instruct model")
     preset = get_preset(cfg.method)
@@ -247,8 +250,8 @@ def paper_departures(cfg: TrainConfig) -> list[str]:
 
 
 KNOBS = ("--lr", "--weight-decay", "--beta1", "--beta2", "--grad-clip", "--stage-grad-clip", "--lora-rank",
-         "--depth-weight-cap")  # fmt: skip
-"""The optimizer and stability settings :func:`departures_line` names one by one."""
+         "--depth-weight-cap", "--temperature")  # fmt: skip
+"""The optimizer, stability and sampling settings :func:`departures_line` names one by one."""
 
 
 def departures_line(departures: list[str], out: Any) -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #39 on one H200 across short time-limited GPU jobs on a machine that stays up between them
+# Issues #39 and #51 on one GPU (H100 or H200) across short time-limited GPU jobs on a machine that stays up between them
 # (docs/gpu_jobs.md): bench/tiny_set.sh (the tiny-set check) and bench/learning.sh (SERA vs RAO from the
 # shipped warm start) run in the BACKGROUND (setsid) side by side, so their vLLM engines start once and keep
 # running while one short job after another watches them. Every run's command is those scripts'; this file
@@ -7,13 +7,15 @@
 #
 # The job plan (vLLM 0.24, SmolLM2 and peft installed, docs/gpu_jobs.md; never pipe a job's command into
 # `tail`: a job stopped at its limit loses the whole pipeline's output):
-#   bash bench/h200_learning.sh start                 # snapshot this tree, start both drivers; returns in ~10 s
+#   bash bench/h200_learning.sh start                 # snapshot this tree, start the comparison (TINY=1: and the tiny set); ~10 s
 #   bash bench/h200_learning.sh watch 540             # a summary every 60 s, then pack into $OUT, the job's results directory (one job each)
 #   bash bench/h200_learning.sh stop-tiny             # stop the tiny set (e.g. to give the card to the rest)
 #   bash bench/h200_learning.sh resume DIR            # a later machine: comparison checkpoints carried in DIR
 #                                                       (rl_<method>_s<seed>_step_NNNNNN.pt) continue there
-# Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, TINY (0: no tiny set), CMP (the comparison's extra flags, e.g. the LoRA
-# rank and lr whose checkpoints, ~15 MB at rank 4, fit a job system that hands back files of at most 16 MiB), CMP_STEPS, SEEDS,
+# Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, TINY (0: no tiny set; the default with WITH=cmp), CMP (the
+# comparison's extra flags; default the recipe that fit the tiny set on 2026-12-07: --lora-rank 16 --lr 3e-4 --temperature 0.7;
+# its checkpoints, ~59 MB with the AdamW state, are over the 16 MiB a job hands back, so the comparison runs in ONE window),
+# CMP_STEPS [20: one SERA cycle 16:2:2; evaluated at step 0 and the last step, EVAL_EVERY = CMP_STEPS], SEEDS,
 # N_EVAL, EVAL_SAMPLES; K (where runs live, default /tmp/keep/L), SNAP (the tree the runs use).
 # WITH=warmstart (issue #51.2-3, one window): instead of the comparison, bench/h200_warmstart_call.sh runs
 # beside the tiny set: the warm start re-made on today's prompts (WS_TASKS oracle trees, WS_STEPS SFT steps),
@@ -26,11 +28,12 @@
 #   WITH=warmstart bash bench/h200_learning.sh start; WITH=warmstart bash bench/h200_learning.sh watch 540
 # WITH=tiny: the tiny set alone (its variants as many at once as fit the card).
 # CPU dry run of the same flow (tiny model, hf engine, 1-2 steps, no GPU):
-#   DRY=1 K=/tmp/dryL SNAP=/tmp/dry_snap PY=.venv/bin/python bash bench/h200_learning.sh start
-#   DRY=1 K=/tmp/dryL SNAP=/tmp/dry_snap PY=.venv/bin/python OUT=/tmp/o bash bench/h200_learning.sh watch 120
+#   DRY=1 K=/tmp/dryL SNAP=/tmp/dry_snap PY=$PWD/.venv/bin/python bash bench/h200_learning.sh start
+#   DRY=1 K=/tmp/dryL SNAP=/tmp/dry_snap PY=$PWD/.venv/bin/python OUT=/tmp/o bash bench/h200_learning.sh watch 120
 #   (add WITH=warmstart to both for the warm-start flow)
 set -u
 WITH=${WITH:-cmp}; case "$WITH" in cmp|warmstart|tiny) ;; *) echo "WITH must be cmp, warmstart or tiny, got '$WITH'" >&2; exit 2 ;; esac
+if [ "$WITH" = cmp ]; then TINY=${TINY:-0}; else TINY=${TINY:-1}; fi  # the tiny set beside the comparison only when asked
 K=${K:-/tmp/keep/L}; mkdir -p "$K"
 SNAP=${SNAP:-/tmp/keep/snap39}
 PY=${PY:-python3}
@@ -48,16 +51,17 @@ if [ "${DRY:-0}" = 1 ]; then  # CPU: tiny model, hf engine, a step or two
 else
   export PYTHONPATH=/tmp/site:$SNAP VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
     SERA_CACHE=/tmp/keep/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ENGINE=vllm PARALLEL=1
-  TINY_STEPS=${TINY_STEPS:-60}; CMP_STEPS=${CMP_STEPS:-40}; SEEDS=${SEEDS:-"0 1"}
-  TINY_VARIANTS=${TINY_VARIANTS:-"full_clip:--lr 1e-5 --grad-clip 0.05|lora4_1e-4:--lora-rank 4 --lr 1e-4|lora4_1e-3:--lora-rank 4 --lr 1e-3"}
-  CMP=${CMP:-"--lora-rank 4 --lr 1e-4"}
+  TINY_STEPS=${TINY_STEPS:-60}; CMP_STEPS=${CMP_STEPS:-20}; SEEDS=${SEEDS:-"0 1"}
+  T07="--temperature 0.7"  # the four recipes of 2026-12-07 (bench/runs/tiny_set_2026-12-07); the first one won
+  TINY_VARIANTS=${TINY_VARIANTS:-"lora16_3e-4_t07:--lora-rank 16 --lr 3e-4 $T07|lora16_1e-3_t07:--lora-rank 16 --lr 1e-3 $T07|lora16_3e-4_t07_k16:--lora-rank 16 --lr 3e-4 $T07 --rollouts-per-task 16|full_3e-5_clip_t07:--lr 3e-5 --grad-clip 0.05 $T07"}
+  CMP=${CMP:-"--lora-rank 16 --lr 3e-4 $T07"}
   if [ "$WITH" = warmstart ]; then  # #51.3: the recipes the first window did not try (rank, lr, temperature, rollouts)
     big=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import gpu_fit; print(int(gpu_fit.card_total_gib() >= 120))")
     TINY_VARIANTS=${TINY_VARIANTS:-"lora16_3e-4:--lora-rank 16 --lr 3e-4|lora16_3e-4_t07:--lora-rank 16 --lr 3e-4 --temperature 0.7|lora16_3e-4_k16:--lora-rank 16 --lr 3e-4 --rollouts-per-task 16$([ "$big" = 1 ] && echo "|full_3e-5_clip:--lr 3e-5 --grad-clip 0.05")"}
   fi
   WS_ENV=${WS_ENV:-}
   export KV_GIB=${KV_GIB:-4}  # each run: --gpu-share from bench/gpu_fit.py (as many at once as fit the card)
-  export EVAL_EVERY=${EVAL_EVERY:-40}  # fixed, so a later window may raise CMP_STEPS and still --resume
+  export EVAL_EVERY=${EVAL_EVERY:-$CMP_STEPS}  # step 0 and the last step
 fi
 NAME=${NAME:-${MODEL:-smollm2}-textcraft}  # the warm start's adapter name (WITH=warmstart)
 
@@ -66,13 +70,13 @@ start() {  # both drivers in the background, each in its own session (they outli
     && tar --exclude=./.whl --exclude=./runs --exclude=./.git --exclude=./.venv -cf - . | (cd "$SNAP" && tar -xf -)
   reserved=""  # with the warm start beside it: the tiny set sized to the card less WS_GIB (bench/gpu_fit.py)
   [ "$WITH" = warmstart ] && [ "${DRY:-0}" != 1 ] && reserved=${WS_GIB:-20}
-  [ "${TINY:-1}" = 0 ] || (cd "$SNAP" || exit 2; VARIANTS="$TINY_VARIANTS" STEPS="$TINY_STEPS" PYTHON="$PY" GPU_RESERVED_GIB="$reserved" \
+  [ "$TINY" = 0 ] || (cd "$SNAP" || exit 2; VARIANTS="$TINY_VARIANTS" STEPS="$TINY_STEPS" PYTHON="$PY" GPU_RESERVED_GIB="$reserved" \
      setsid nohup bash bench/tiny_set.sh "$K/tiny" > "$K/tiny.log" 2>&1 < /dev/null & echo $! > "$K/tiny.pid")
   [ "$WITH" = tiny ] && { sleep 5; tail -n 3 "$K/tiny.log"; return; }  # the tiny set alone
   if [ "$WITH" = warmstart ]; then warmstart; sleep 5; tail -n 3 "$K"/tiny.log "$K/warmstart.log" 2>/dev/null; return; fi
   (cd "$SNAP" && SEEDS="$SEEDS" RL_STEPS="$CMP_STEPS" SCHEDULE="${CMP_SCHEDULE:-execution:16,delegation:2,rubric:2}" RL_EXTRA="${RL_EXTRA:-} $CMP --save-every 5" PYTHON="$PY" \
      setsid nohup bash bench/learning.sh "$K/cmp" > "$K/cmp.log" 2>&1 < /dev/null &)
-  sleep 5; tail -n 3 "$K/tiny.log" "$K/cmp.log"
+  sleep 5; tail -n 3 "$K"/tiny.log "$K/cmp.log" 2>/dev/null
 }
 
 ws() {  # bench/h200_warmstart_call.sh with this window's settings (#51.2): extra environment, then its arguments

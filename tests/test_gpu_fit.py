@@ -99,7 +99,7 @@ def test_gpu_fit_examples_and_its_command_line():
     assert ok.returncode == 0 and ok.stdout.strip() == "SLOTS=4 SHARE=0.202 RUN_GIB=16 CARD_GIB=79.2"
     bad = subprocess.run([sys.executable, "bench/gpu_fit.py", "--runs", "1", "--train", "full"], cwd=ROOT,
                          env={"GPU_TOTAL_GIB": "16", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True)  # fmt: skip
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "one run needs 20 GiB" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "one run needs 16 GiB" in bad.stderr
     kept = subprocess.run([sys.executable, "bench/gpu_fit.py", "--runs", "4", "--train", "lora"], cwd=ROOT,
                           env={"GPU_TOTAL_GIB": "79.2", "GPU_RESERVED_GIB": "20", "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True)  # fmt: skip

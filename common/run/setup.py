@@ -256,11 +256,12 @@ KNOBS = ("--lr", "--weight-decay", "--beta1", "--beta2", "--grad-clip", "--stage
 
 def departures_line(departures: list[str], out: Any) -> str:
     """The run's one start-up line about :func:`paper_departures`: how many settings differ from the paper
-    (all of them listed in ``OUT/config.json``), naming the optimizer and stability knobs among them.
+    (all of them listed in ``OUT/config.json``), naming the recipe among them (:data:`KNOBS`: the optimizer,
+    stability and sampling settings).
 
     >>> departures_line(["--lr: 1e-05 (paper: 3e-06)", "--steps: 2 (paper: 250)"], "runs/x")
-    '[departures] 2 settings differ from the paper (all in runs/x/config.json); optimizer: --lr: 1e-05 (paper: 3e-06)'
+    '[departures] 2 settings differ from the paper (all in runs/x/config.json); recipe: --lr: 1e-05 (paper: 3e-06)'
     """
     knobs = [d for d in departures if d.split(":")[0] in KNOBS]
     line = f"[departures] {len(departures)} settings differ from the paper (all in {out}/config.json)"
-    return line + (f"; optimizer: {', '.join(knobs)}" if knobs else "")
+    return line + (f"; recipe: {', '.join(knobs)}" if knobs else "")

@@ -15,7 +15,8 @@
 # Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, TINY (0: no tiny set; the default with WITH=cmp), CMP (the
 # comparison's extra flags; default the recipe that fit the tiny set on 2026-12-07: --lora-rank 16 --lr 3e-4 --temperature 0.7;
 # its checkpoints, ~59 MB with the AdamW state, are over the 16 MiB a job hands back, so the comparison runs in ONE window),
-# CMP_STEPS [20: one SERA cycle 16:2:2; evaluated at step 0 and the last step, EVAL_EVERY = CMP_STEPS], SEEDS,
+# CMP_STEPS [20: one SERA cycle 16:2:2; evaluated at step 0 and the last step, EVAL_EVERY = CMP_STEPS], CMP_TIME_LIMIT
+# [1100: `sera train --time-limit-s`, so a run the window cannot finish stops at a step and is evaluated there], SEEDS,
 # N_EVAL, EVAL_SAMPLES; K (where runs live, default /tmp/keep/L), SNAP (the tree the runs use).
 # WITH=warmstart (issue #51.2-3, one window): instead of the comparison, bench/h200_warmstart_call.sh runs
 # beside the tiny set: the warm start re-made on today's prompts (WS_TASKS oracle trees, WS_STEPS SFT steps),
@@ -55,6 +56,7 @@ else
   T07="--temperature 0.7"  # the four recipes of 2026-12-07 (bench/runs/tiny_set_2026-12-07); the first one won
   TINY_VARIANTS=${TINY_VARIANTS:-"lora16_3e-4_t07:--lora-rank 16 --lr 3e-4 $T07|lora16_1e-3_t07:--lora-rank 16 --lr 1e-3 $T07|lora16_3e-4_t07_k16:--lora-rank 16 --lr 3e-4 $T07 --rollouts-per-task 16|full_3e-5_clip_t07:--lr 3e-5 --grad-clip 0.05 $T07"}
   CMP=${CMP:-"--lora-rank 16 --lr 3e-4 $T07"}
+  CMP_TIME_LIMIT=${CMP_TIME_LIMIT-1100}  # seconds of rounds; the last evaluation and the start-up come on top
   if [ "$WITH" = warmstart ]; then  # #51.3: the recipes the first window did not try (rank, lr, temperature, rollouts)
     big=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import gpu_fit; print(int(gpu_fit.card_total_gib() >= 120))")
     TINY_VARIANTS=${TINY_VARIANTS:-"lora16_3e-4:--lora-rank 16 --lr 3e-4|lora16_3e-4_t07:--lora-rank 16 --lr 3e-4 --temperature 0.7|lora16_3e-4_k16:--lora-rank 16 --lr 3e-4 --rollouts-per-task 16$([ "$big" = 1 ] && echo "|full_3e-5_clip:--lr 3e-5 --grad-clip 0.05")"}
@@ -74,7 +76,7 @@ start() {  # both drivers in the background, each in its own session (they outli
      setsid nohup bash bench/tiny_set.sh "$K/tiny" > "$K/tiny.log" 2>&1 < /dev/null & echo $! > "$K/tiny.pid")
   [ "$WITH" = tiny ] && { sleep 5; tail -n 3 "$K/tiny.log"; return; }  # the tiny set alone
   if [ "$WITH" = warmstart ]; then warmstart; sleep 5; tail -n 3 "$K"/tiny.log "$K/warmstart.log" 2>/dev/null; return; fi
-  (cd "$SNAP" && SEEDS="$SEEDS" RL_STEPS="$CMP_STEPS" SCHEDULE="${CMP_SCHEDULE:-execution:16,delegation:2,rubric:2}" RL_EXTRA="${RL_EXTRA:-} $CMP --save-every 5" PYTHON="$PY" \
+  (cd "$SNAP" && SEEDS="$SEEDS" RL_STEPS="$CMP_STEPS" SCHEDULE="${CMP_SCHEDULE:-execution:16,delegation:2,rubric:2}" RL_EXTRA="${RL_EXTRA:-} $CMP --save-every 5 ${CMP_TIME_LIMIT:+--time-limit-s $CMP_TIME_LIMIT}" PYTHON="$PY" \
      setsid nohup bash bench/learning.sh "$K/cmp" > "$K/cmp.log" 2>&1 < /dev/null &)
   sleep 5; tail -n 3 "$K"/tiny.log "$K/cmp.log" 2>/dev/null
 }

@@ -220,6 +220,12 @@ class TrainConfig:
     """Rollout rounds in a row without an optimizer step (no trained token, or fewer trainable datums than
     --min-trainable-datums; the clock does not move) before the run stops and says why; such a round is
     logged, not counted as an optimizer step."""
+    time_limit_s: float = 0.0
+    """Wall-clock seconds this process may spend on its rounds, counted from the start of the first (the
+    step-0 held-out evaluation included); 0 = no limit. Once a round ends past it, that round's step is the
+    last: its checkpoint is saved, the held-out evaluation of the last step runs (with --eval-tasks), and
+    `sera train` exits 3 saying so (--resume goes on). For a GPU window of fixed length: leave room for the
+    last evaluation and the start-up."""
     min_trainable_datums: int = 1
     """Fewest datums with a trained token for a round to take its optimizer step; below it the round is
     logged (train/skipped = 1), the clock does not move and the stage repeats with new tasks. The paper's
@@ -290,6 +296,7 @@ class TrainConfig:
                 ("keep_checkpoints", self.keep_checkpoints, 0),
                 ("max_batch_size", self.max_batch_size, 1),
                 ("max_idle_rounds", self.max_idle_rounds, 1),
+                ("time_limit_s", self.time_limit_s, 0),
                 ("min_trainable_datums", self.min_trainable_datums, 1),
                 ("max_task_replacements", self.max_task_replacements, 0),
                 ("spare_groups", self.spare_groups, 0),

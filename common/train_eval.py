@@ -42,19 +42,19 @@ from typing import Any
 from common.train_config import TrainConfig
 
 
-def eval_due(cfg: TrainConfig, step: int) -> bool:
+def eval_due(cfg: TrainConfig, step: int, last: bool = False) -> bool:
     """Whether the policy at optimizer step ``step`` is evaluated: step 0, every ``eval_every`` steps, the
-    last step.
+    last step (``--steps``, or with ``last`` the step a run stops at before it: ``--time-limit-s``).
 
     >>> cfg = TrainConfig(steps=12, eval_every=5, eval_tasks="held_out.jsonl")
-    >>> [s for s in range(13) if eval_due(cfg, s)]
-    [0, 5, 10, 12]
+    >>> [s for s in range(13) if eval_due(cfg, s)], eval_due(cfg, 7, last=True)
+    ([0, 5, 10, 12], True)
     >>> eval_due(TrainConfig(steps=12), 0)  # no --eval-tasks: never
     False
     """
     if not cfg.eval_tasks or cfg.eval_every < 1:
         return False
-    return step % cfg.eval_every == 0 or step == cfg.steps
+    return step % cfg.eval_every == 0 or step == cfg.steps or last
 
 
 def eval_policy(policy: Any) -> Any:
@@ -244,10 +244,11 @@ class InRunEval:
     said: bool = False
     """Whether :func:`settings_line` was logged."""
 
-    def __call__(self, policy: Any, rnd: int, step: int) -> dict[str, Any] | None:
-        """Evaluate ``policy`` (the run's engine, holding the weights of ``step``) if due; returns the row to
-        log, or None. Call it where no rollout is in flight (it runs its own asyncio loop)."""
-        if step in self.done or not eval_due(self.cfg, step):
+    def __call__(self, policy: Any, rnd: int, step: int, last: bool = False) -> dict[str, Any] | None:
+        """Evaluate ``policy`` (the run's engine, holding the weights of ``step``) if due (``last``: the run
+        stops at this step, :func:`eval_due`); returns the row to log, or None. Call it where no rollout is
+        in flight (it runs its own asyncio loop)."""
+        if step in self.done or not eval_due(self.cfg, step, last):
             return None
         from common.eval import ManifestMismatch, evaluate
 
@@ -278,13 +279,13 @@ class InRunEval:
             row.update(sampled_row([Path(c.out) for c in configs[1:]]))
         return row
 
-    def log_if_due(self, policy: Any, rnd: int, step: int, writer: Any, log: Any) -> None:
-        """Evaluate if due; write the row with ``writer`` (a MetricsWriter) and one line with ``log`` (before
-        the first evaluation, :func:`settings_line` too)."""
-        if not self.said and eval_due(self.cfg, step) and step not in self.done:
+    def log_if_due(self, policy: Any, rnd: int, step: int, writer: Any, log: Any, last: bool = False) -> None:
+        """Evaluate if due (``last``: the run stops at this step); write the row with ``writer`` (a
+        MetricsWriter) and one line with ``log`` (before the first evaluation, :func:`settings_line` too)."""
+        if not self.said and eval_due(self.cfg, step, last) and step not in self.done:
             log(settings_line(self.cfg))
             self.said = True
-        if (row := self(policy, rnd, step)) is not None:
+        if (row := self(policy, rnd, step, last)) is not None:
             writer.write(row)
             log(eval_line(row))
 

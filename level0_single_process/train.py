@@ -71,6 +71,7 @@ from common.run.setup import (
     departures_line,
     idle_hint,
     method_and_schedule,
+    out_of_time,
     paper_departures,
     stages_note,
     train_policy,
@@ -269,6 +270,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
         writer.close()
         optimizer.close()
         return oom
+    started, late = time.monotonic(), None  # --time-limit-s counts from here; late: why it stopped the run
     while state.step < cfg.steps:
         held_out.log_if_due(policy, state.round, state.step, writer, lambda line: bar.log(line, state.step))
         stage = schedule.stage_at(state.step)  # the clock is the policy version
@@ -320,17 +322,20 @@ def train(cfg: TrainConfig, progress: bool = True) -> RunHistory:
         history.append(metrics)
         state.round, state.cursor = state.round + 1, sampler.cursor
         state.step += int(updated)
-        if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps):
+        late = out_of_time(cfg, started) if state.step < cfg.steps else None  # --time-limit-s: the last round
+        if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps or late):
             ckpt.save(state, trained, optimizer, saved_config)
         bar.log(log_line(metrics), state.step)
         idle = 0 if updated else idle + 1
         if not updated:
             bar.log(idle_hint(cfg, stage, batch, groups))
-        if idle >= cfg.max_idle_rounds:
-            stopped = f"{idle} rounds in a row without an optimizer step (--max-idle-rounds)"
+        if idle >= cfg.max_idle_rounds or late:
+            stopped = late or f"{idle} rounds in a row without an optimizer step (--max-idle-rounds)"
             bar.log(f"stopping: {stopped}")
             break
-    held_out.log_if_due(policy, state.round, state.step, writer, lambda line: bar.log(line, state.step))
+    held_out.log_if_due(  # the last step's policy (also the step --time-limit-s stopped at)
+        policy, state.round, state.step, writer, lambda line: bar.log(line, state.step), last=late is not None
+    )
     if oom := engine_out_of_memory(policy, cfg, device):
         raise out_of_memory(oom)
     bar.close()

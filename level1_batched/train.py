@@ -86,7 +86,14 @@ from common.run.metrics import (
 from common.run.optim import make_optimizer, place_optimizer_state
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import make_env_with_prompts
-from common.run.setup import departures_line, idle_hint, method_and_schedule, paper_departures, train_policy
+from common.run.setup import (
+    departures_line,
+    idle_hint,
+    method_and_schedule,
+    out_of_time,
+    paper_departures,
+    train_policy,
+)
 from common.run.trainer_memory import gpu_memory_metrics
 from common.train_config import TrainConfig
 from common.train_eval import InRunEval
@@ -346,10 +353,10 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     )
     held_out = InRunEval(cfg)  # --eval-tasks: the current policy, on this engine, at step 0 and every N
 
-    def evaluate_now() -> None:
+    def evaluate_now(last: bool = False) -> None:
         if rank == 0:
             held_out.log_if_due(
-                policy, state.round, state.step, writer, lambda line: bar.log(line, state.step)
+                policy, state.round, state.step, writer, lambda line: bar.log(line, state.step), last=last
             )
 
     def roll_round(rnd: int, stage: str) -> Rollouts:  # --max-staleness 1: on RoundAhead's thread, mostly
@@ -367,6 +374,13 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
     history: list[dict[str, Any]] = []
     idle = 0
     stopped: str | None = None  # why the run ends before --steps, if it does (sera train exits 3)
+    started, late = time.monotonic(), None  # --time-limit-s counts from here; late: why it stops the run
+
+    def past_limit(step: int) -> str | None:  # the slowest rank's clock, so every rank stops at one round
+        if not cfg.time_limit_s or step >= cfg.steps:
+            return None
+        return out_of_time(cfg, 0.0, now=all_reduce_max(time.monotonic() - started, device))
+
     while state.step < cfg.steps:
         stage = schedule.stage_at(state.step)  # the clock is the policy version
         if ahead is None:  # --max-staleness 0 (the paper): this round rolls out now, with this policy
@@ -404,7 +418,8 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         updated = batch.takes_step(cfg.min_trainable_datums)  # public decide_sync_action (paper: 8)
         if ahead is not None:
             versions = tag_datums(batch, groups)
-            goes_on = state.step + updated < cfg.steps and (updated or idle + 1 < cfg.max_idle_rounds)
+            late = past_limit(state.step + int(updated))  # decided before the next round starts ahead
+            goes_on = state.step + updated < cfg.steps and (updated or idle + 1 < cfg.max_idle_rounds) and not late
             if goes_on:  # the next round's stage is known now: this batch's takes_step moves the clock
                 ahead.start(state.round + 1, schedule.stage_at(state.step + int(updated)))
         train_metrics = (
@@ -442,24 +457,26 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         state.round, state.cursor = state.round + 1, cursor  # never past an in-flight round's draws
         state.step += int(updated)
         idle = 0 if updated else idle + 1
+        if ahead is None:
+            late = past_limit(state.step)
         if rank == 0:
             for t in trees:
                 t.meta.update(step=metrics["step"], round=metrics["round"])
                 append_tree(out / "trees.jsonl", t)
             log_deadline_groups(out, dropped, metrics["step"], metrics["round"])
             writer.write(metrics)  # logs first, checkpoint second (as level 0)
-            if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps):
+            if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps or late):
                 ckpt.save(state, trained, optimizer, saved_config)
             bar.log(f"{log_line(metrics)} train_tokens_per_s={metrics['train/tokens_per_s']:.4g}", state.step)
             if not updated:
                 bar.log(idle_hint(cfg, stage, batch, groups))
-        if idle >= cfg.max_idle_rounds:
-            stopped = f"{idle} rounds in a row without an optimizer step (--max-idle-rounds)"
+        if idle >= cfg.max_idle_rounds or late:
+            stopped = late or f"{idle} rounds in a row without an optimizer step (--max-idle-rounds)"
             bar.log(f"stopping: {stopped}")
             break
     if ahead is not None:
         ahead.close()  # nothing should be running (no round starts past the last): a safety net
-    evaluate_now()  # the last step's policy
+    evaluate_now(last=late is not None)  # the last step's policy (also the step --time-limit-s stopped at)
     bar.close()
     optimizer.close()  # --optimizer-state disk: the working files go (the checkpoint has its own)
     if rank == 0:

@@ -57,7 +57,7 @@ from common.run.metrics import (
 )
 from common.run.progress import CountingPolicy, LiveStats, RunProgress
 from common.run.rollout import make_env_with_prompts
-from common.run.setup import idle_hint, method_and_schedule
+from common.run.setup import idle_hint, method_and_schedule, out_of_time
 from common.train_config import TrainConfig
 from level1_batched.packing import pack_microbatches
 from level1_batched.rollouts import collect_groups_in_flight
@@ -472,6 +472,7 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
     history: list[dict[str, Any]] = []
     stopped: str | None = None  # why the run ends before --steps, if it does (sera train exits 3)
     served, idle = -(10**9), 0  # the version the servers hold (none yet: sync before the first rollout)
+    started = time.monotonic()  # --time-limit-s counts from here
     while state.step < cfg.steps:
         stage = schedule.stage_at(state.step)  # the clock is the policy version
         t_start = time.perf_counter()
@@ -536,14 +537,15 @@ def train(cfg: TrainConfig, l2: Level2Config | None = None, progress: bool = Tru
             append_tree(out / "trees.jsonl", t)
         log_deadline_groups(out, dropped, metrics["step"], metrics["round"])
         writer.write(metrics)  # logs first, checkpoint second (as levels 0 and 1)
-        if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps):
+        late = out_of_time(cfg, started) if state.step < cfg.steps else None  # --time-limit-s: the last round
+        if updated and (state.step % cfg.save_every == 0 or state.step == cfg.steps or late):
             system.save(state, out)
         bar.log(f"{log_line(metrics)} sync_s={metrics['time/sync_s']:.3g} "
                 f"offpolicy_gap={metrics['offpolicy/gap_mean']:.3g}", state.step)  # fmt: skip
         if not updated:
             bar.log(idle_hint(cfg, stage, batch, groups))
-        if idle >= cfg.max_idle_rounds:
-            stopped = f"{idle} rounds in a row without an optimizer step (--max-idle-rounds)"
+        if idle >= cfg.max_idle_rounds or late:
+            stopped = late or f"{idle} rounds in a row without an optimizer step (--max-idle-rounds)"
             bar.log(f"stopping: {stopped}")
             break
     bar.close()

@@ -817,6 +817,7 @@ TRAIN_PANELS: dict[str, tuple[str, ...]] = {
         "dtype",
         "optimizer_state",
         "max_idle_rounds",
+        "time_limit_s",
         "min_trainable_datums",
     ),
     LOG_PANEL: ("save_every", "tensorboard", "eval_tasks", "eval_every", "eval_limit"),

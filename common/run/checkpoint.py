@@ -215,9 +215,9 @@ def prepare_out(out: Path, resume: bool, overwrite: bool = False) -> None:
 
 RESUMABLE_CHANGES = (
     "steps", "resume", "max_idle_rounds", "init_adapter", "keep_checkpoints", "optimizer_state", "out",
-    "resolved_base", "forward_tokens",
+    "resolved_base", "forward_tokens", "time_limit_s",
 )  # fmt: skip
-"""Settings a --resume may change: the step target, the resume flag, the idle limit, --init-adapter (the
+"""Settings a --resume may change: the step target, the resume flag, the idle and time limits, --init-adapter (the
 starting weights of a resumed full-weight run are its checkpoint's; a LoRA run's base is checked on its own,
 :func:`base_mismatch`), how many checkpoints are kept, where the optimizer's state lives (either checkpoint
 form loads into either), `sera sft`'s --forward-tokens (how examples share a forward pass: the same

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,6 +147,23 @@ def delegation_idle_reason(batch: Any) -> str:
         f"{launches} launch points, but the rollouts of each task earned the same launch reward (leaf "
         f"credit), so every advantage was 0{unaligned}"
     )
+
+
+def out_of_time(cfg: TrainConfig, started: float, now: float | None = None) -> str | None:
+    """Why the run stops at ``--time-limit-s`` (None while time is left, and always without a limit): its
+    rounds began at ``started`` (``time.monotonic()``). Every tier asks after each round; the round that
+    ends past the limit is the last (its step is checkpointed and, at levels 0 and 1, evaluated).
+
+    >>> cfg = TrainConfig.make(model="tiny", time_limit_s=600)
+    >>> out_of_time(cfg, 0.0, now=599.0) is None, out_of_time(cfg, 0.0, now=601.4)
+    (True, '601 s of rounds, past --time-limit-s 600')
+    >>> out_of_time(TrainConfig.make(model="tiny"), 0.0, now=1e9) is None   # 0: no limit
+    True
+    """
+    if not cfg.time_limit_s:
+        return None
+    spent = (time.monotonic() if now is None else now) - started
+    return f"{spent:.0f} s of rounds, past --time-limit-s {cfg.time_limit_s:g}" if spent >= cfg.time_limit_s else None
 
 
 def idle_hint(

@@ -261,6 +261,7 @@ INTEGRATION = (
     "tests/test_level2.py::test_killed_trainer_rank_mid_step_resumes_without_loss_or_duplication",
     "tests/test_level2.py::test_fsdp2_world_1_and_2_match_the_golden_fixture",
     "tests/test_level2.py::test_two_step_run_writes_the_fixed_metrics",
+    "tests/test_level2.py::test_time_limit_makes_the_round_past_it_the_last",
     "tests/test_level1.py::test_level1_resume_after_kill_matches_uninterrupted_run",
     "tests/test_level1.py::test_two_step_run_writes_the_fixed_metrics",
     "tests/test_engine_efficiency.py::test_cuda_default_trainer_equals_the_reference_on_the_fixture[execution]",

@@ -280,6 +280,22 @@ def test_two_step_run_writes_the_fixed_metrics(reference_run, capsys):
 
 
 @pytest.mark.slow
+def test_time_limit_makes_the_round_past_it_the_last(local_ray, tmp_path):
+    """``--time-limit-s`` at level 2 (tests/test_time_limit.py has levels 0 and 1): a microsecond, so the first
+    round is the last; its step is checkpointed and the run says why it stopped (sera train: exit 3)."""
+    from level2_distributed.config import Level2Config
+    from level2_distributed.train import train
+
+    out = tmp_path / "run"
+    history = train(TrainConfig.make(**{**BASE, "steps": 3}, out=str(out), time_limit_s=1e-6),
+                    Level2Config(trainers=1, servers=1, server_batch_size=1), progress=False)  # fmt: skip
+    assert history.stopped is not None and "past --time-limit-s 1e-06" in history.stopped, history.stopped
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [0] and not rows[0]["train/skipped"]
+    assert (out / "checkpoints" / "step_000001" / "run.json").exists()
+
+
+@pytest.mark.slow
 def test_checkpoint_loads_at_another_world_size(reference_run):
     """Written by 2 FSDP ranks, read by 1: the full weights are those of the checkpoint."""
     out, _ = reference_run

@@ -121,6 +121,13 @@ EOF
   nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null || true
 }
 
+all_done() {  # every driver this window started wrote its last line (a driver not started counts as done)
+  [ -f "$K/cmp.log" ] && ! grep -q "job finished" "$K/cmp.log" && return 1
+  [ -f "$K/tiny.log" ] && ! grep -q "job finished" "$K/tiny.log" && return 1
+  [ -d "$K/warmstart" ] && ! grep -q "all done" "$K/warmstart/times.txt" 2>/dev/null && return 1
+  return 0
+}
+
 pack() {  # metrics, configs, logs, reports, slim per-task results (no trees) in one tgz; the comparison's checkpoints
   [ -n "${OUT:-}" ] || return 0
   rm -rf "$K.slim" && mkdir -p "$K.slim"
@@ -173,9 +180,12 @@ resume)  # a later window: put carried checkpoints in place, then start (both dr
     cp "$f" "$K/cmp/rl_$m/$s/checkpoints/step_$step/state.pt"
   done
   start ;;
-watch)
+watch)  # ends early once every driver started here has finished (device time is counted while held)
   S=${2:-540}; T0=$(date +%s)
-  while [ $(( $(date +%s) - T0 + 75 )) -le "$S" ]; do sleep 60; echo "--- $(( $(date +%s) - T0 )) s"; summary; done
+  while [ $(( $(date +%s) - T0 + 75 )) -le "$S" ]; do
+    sleep 60; echo "--- $(( $(date +%s) - T0 )) s"; summary
+    all_done && { echo "--- every driver has finished"; break; }
+  done
   summary; pack ;;
 stop-tiny)  # the tiny set's whole session (its runs resume from their last checkpoint on the next start)
   kill -TERM -- "-$(cat "$K/tiny.pid")" && echo "stopped the tiny set (session $(cat "$K/tiny.pid"))" ;;

@@ -50,7 +50,7 @@ def test_tiny_set_commands(tmp_path: Path):
     out = tmp_path / "tiny"
     done, lines = fake_call(tmp_path, out, ENGINE="vllm", GPU_TOTAL_GIB="80")
     assert done.returncode == 0, done.stderr
-    assert "SLOTS=3 SHARE=0.25 RUN_GIB=20" in done.stdout  # full fine-tuning variants: 20 GiB each
+    assert "SLOTS=3 SHARE=0.2 RUN_GIB=16" in done.stdout  # full fine-tuning variants: 16 GiB each (gpu_fit.tsv)
     assert any("data textcraft --split train --n 8 --seed 0 --difficulty easy" in x and f"--out {out}/train8.jsonl" in x
                for x in lines)  # fmt: skip
     r = runs(lines)
@@ -58,7 +58,7 @@ def test_tiny_set_commands(tmp_path: Path):
     for name, line in r.items():
         for flag in ("--level 1", "--model smollm2", "--init-adapter auto", "--method rao", f"--tasks {out}/train8.jsonl",
                      "--tasks-per-step 8", "--rollouts-per-task 8", "--steps 60", "--resume", "--engine vllm",
-                     "--gpu-share 0.25", "--kv-cache-gib 4", f"--out {out}/{name}"):  # fmt: skip
+                     "--gpu-share 0.2", "--kv-cache-gib 4", f"--out {out}/{name}"):  # fmt: skip
             assert f" {flag} " in f"{line} ", f"{flag} not in {line}"
         assert line.startswith(f"VLLM_CACHE_ROOT={out}/vllm_cache/{name} ")
         assert "--eval-tasks" not in line  # no held-out evaluation

@@ -10,6 +10,7 @@
 #   bash bench/h200_learning.sh start                 # snapshot this tree, start the comparison (TINY=1: and the tiny set); ~10 s
 #   bash bench/h200_learning.sh watch 540             # a summary every 60 s, then pack into $OUT, the job's results directory (one job each)
 #   bash bench/h200_learning.sh stop-tiny             # stop the tiny set (e.g. to give the card to the rest)
+#   PY=.venv/bin/python bash bench/h200_learning.sh import L.tgz bench/runs/learning_DATE   # back here: unpack, redraw
 #   bash bench/h200_learning.sh resume DIR            # a later machine: comparison checkpoints carried in DIR
 #                                                       (rl_<method>_s<seed>_step_NNNNNN.pt) continue there
 # Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, TINY (0: no tiny set; the default with WITH=cmp), CMP (the
@@ -187,7 +188,17 @@ watch)  # ends early once every driver started here has finished (device time is
     all_done && { echo "--- every driver has finished"; break; }
   done
   summary; pack ;;
+import)  # here, after the window: the L.tgz a `watch` packed -> DIR, its reports redrawn (plot_learning, plot_tiny_set)
+  T=${2:?usage: import L.tgz DIR}; D=${3:?usage: import L.tgz DIR}; X=$(mktemp -d)
+  tar -xzf "$T" -C "$X" || exit 2
+  mkdir -p "$D"; cp "$X"/*.log "$D/" 2>/dev/null  # the drivers' own logs
+  tiny="$D"; [ -d "$X/cmp" ] && tiny="$D/tiny_set"  # the comparison in DIR, a tiny set beside it in DIR/tiny_set
+  if [ -d "$X/cmp" ]; then cp -r "$X/cmp/." "$D/" && $PY bench/plot_learning.py "$D" > "$D/plot.log" 2>&1; echo "$D/learning.md (rc $?)"; fi
+  if [ -d "$X/tiny" ]; then mkdir -p "$tiny" && cp -r "$X/tiny/." "$tiny/" \
+    && $PY bench/plot_tiny_set.py "$tiny" --target 0.5 --window 5 > "$tiny/plot.log" 2>&1; echo "$tiny/tiny_set.md (rc $?)"; fi
+  [ -d "$X/warmstart" ] && cp -r "$X/warmstart" "$D/" && echo "$D/warmstart"
+  rm -rf "$X" ;;
 stop-tiny)  # the tiny set's whole session (its runs resume from their last checkpoint on the next start)
   kill -TERM -- "-$(cat "$K/tiny.pid")" && echo "stopped the tiny set (session $(cat "$K/tiny.pid"))" ;;
-*) echo "usage: $0 start | watch S | resume DIR | stop-tiny" >&2; exit 2 ;;
+*) echo "usage: $0 start | watch S | resume DIR | stop-tiny | import L.tgz DIR" >&2; exit 2 ;;
 esac

@@ -58,10 +58,6 @@ else
   TINY_VARIANTS=${TINY_VARIANTS:-"lora16_3e-4_t07:--lora-rank 16 --lr 3e-4 $T07|lora16_1e-3_t07:--lora-rank 16 --lr 1e-3 $T07|lora16_3e-4_t07_k16:--lora-rank 16 --lr 3e-4 $T07 --rollouts-per-task 16|full_3e-5_clip_t07:--lr 3e-5 --grad-clip 0.05 $T07"}
   CMP=${CMP:-"--lora-rank 16 --lr 3e-4 $T07"}
   CMP_TIME_LIMIT=${CMP_TIME_LIMIT-1100}  # seconds of rounds; the last evaluation and the start-up come on top
-  if [ "$WITH" = warmstart ]; then  # #51.3: the recipes the first window did not try (rank, lr, temperature, rollouts)
-    big=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import gpu_fit; print(int(gpu_fit.card_total_gib() >= 120))")
-    TINY_VARIANTS=${TINY_VARIANTS:-"lora16_3e-4:--lora-rank 16 --lr 3e-4|lora16_3e-4_t07:--lora-rank 16 --lr 3e-4 --temperature 0.7|lora16_3e-4_k16:--lora-rank 16 --lr 3e-4 --rollouts-per-task 16$([ "$big" = 1 ] && echo "|full_3e-5_clip:--lr 3e-5 --grad-clip 0.05")"}
-  fi
   WS_ENV=${WS_ENV:-}
   export KV_GIB=${KV_GIB:-4}  # each run: --gpu-share from bench/gpu_fit.py (as many at once as fit the card)
   export EVAL_EVERY=${EVAL_EVERY:-$CMP_STEPS}  # step 0 and the last step

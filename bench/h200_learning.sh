@@ -180,7 +180,8 @@ resume)  # a later window: put carried checkpoints in place, then start (both dr
 watch)  # ends early once every driver started here has finished (device time is counted while held)
   S=${2:-540}; T0=$(date +%s)
   while [ $(( $(date +%s) - T0 + 75 )) -le "$S" ]; do
-    sleep 60; echo "--- $(( $(date +%s) - T0 )) s"; summary
+    for _ in 1 2 3 4; do sleep 15; all_done && break; done  # a summary a minute; the end seen within 15 s
+    echo "--- $(( $(date +%s) - T0 )) s"; summary
     all_done && { echo "--- every driver has finished"; break; }
   done
   summary; pack ;;

@@ -16,7 +16,7 @@
 # Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, TINY (0: no tiny set; the default with WITH=cmp), CMP (the
 # comparison's extra flags; default the recipe that fit the tiny set on 2026-12-07: --lora-rank 16 --lr 3e-4 --temperature 0.7;
 # its checkpoints, ~59 MB with the AdamW state, are over the 16 MiB a job hands back, so the comparison runs in ONE window),
-# CMP_STEPS [20: one SERA cycle 16:2:2; evaluated at step 0 and the last step, EVAL_EVERY = CMP_STEPS], CMP_TIME_LIMIT
+# CMP_STEPS [20: one SERA cycle 16:2:2; evaluated at step 0 and the last step: learning.sh's EVAL_EVERY default], CMP_TIME_LIMIT
 # [1100: `sera train --time-limit-s`, so a run the window cannot finish stops at a step and is evaluated there], SEEDS,
 # N_EVAL, EVAL_SAMPLES; K (where runs live, default /tmp/keep/L), SNAP (the tree the runs use).
 # WITH=warmstart (issue #51.2-3, one window): instead of the comparison, bench/h200_warmstart_call.sh runs
@@ -45,7 +45,7 @@ if [ "${DRY:-0}" = 1 ]; then  # CPU: tiny model, hf engine, a step or two
     AGENT="--max-steps 2 --max-new-tokens 12" CALLS="--rubric-max-new-tokens 16 --score-max-new-tokens 16" \
     RL_EXTRA="--codeact-executor worker-ordered --oracle-mix 0.7 --score-noise 0.3"
   TINY_STEPS=${TINY_STEPS:-2}; CMP_STEPS=${CMP_STEPS:-2}; SEEDS=${SEEDS:-0}
-  CMP_SCHEDULE=${CMP_SCHEDULE:-execution:1,delegation:1,rubric:1}; export EVAL_EVERY=${EVAL_EVERY:-2}
+  CMP_SCHEDULE=${CMP_SCHEDULE:-execution:1,delegation:1,rubric:1}
   TINY_VARIANTS=${TINY_VARIANTS:-"full:--lr 1e-3|lora:--lora-rank 4 --lr 1e-2"}
   CMP=${CMP:-"--lora-rank 4 --lr 1e-2"}
   WS_TASKS=${WS_TASKS:-2}; WS_STEPS=${WS_STEPS:-2}
@@ -60,7 +60,6 @@ else
   CMP_TIME_LIMIT=${CMP_TIME_LIMIT-1100}  # seconds of rounds; the last evaluation and the start-up come on top
   WS_ENV=${WS_ENV:-}
   export KV_GIB=${KV_GIB:-4}  # each run: --gpu-share from bench/gpu_fit.py (as many at once as fit the card)
-  export EVAL_EVERY=${EVAL_EVERY:-$CMP_STEPS}  # step 0 and the last step
 fi
 NAME=${NAME:-${MODEL:-smollm2}-textcraft}  # the warm start's adapter name (WITH=warmstart)
 

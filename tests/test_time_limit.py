@@ -13,16 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_level1_async import SMALL as LEVEL1_SMALL
 
 from common.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = dict(
-    env="textcraft", model="tiny", schedule="execution:5", tasks_per_step=1, rollouts_per_task=2, max_steps=3,
-    max_new_tokens=16, rubric_max_new_tokens=16, oracle_mix=0.7, score_noise=0.3, difficulty="medium",
-    n_tasks=16, max_task_replacements=3, max_idle_rounds=4, codeact_executor="worker-ordered",
-)  # fmt: skip
-"""tests/test_level1_async.py's small config (teacher-forced oracle replies give mixed groups, so rounds train)."""
+SMALL = {**LEVEL1_SMALL, "schedule": "execution:5"}
+"""tests/test_level1_async.py's small config (teacher-forced oracle replies give mixed groups, so rounds train),
+Execution steps only."""
 
 
 def _rows(run: Path) -> list[dict]:

@@ -11,6 +11,8 @@
 #   bash bench/h200_learning.sh watch 540             # a summary every 60 s, then pack into $OUT, the job's results directory (one job each)
 #   bash bench/h200_learning.sh stop-tiny             # stop the tiny set (e.g. to give the card to the rest)
 #   PY=.venv/bin/python bash bench/h200_learning.sh import L.tgz bench/runs/learning_DATE   # back here: unpack, redraw
+#   SEEDS=0 bash bench/h200_learning.sh start         # a short window: one seed's SERA and RAO (the next window SEEDS=1,
+#                                                       imported into the same DIR: seeds pool there, nothing to carry)
 #   bash bench/h200_learning.sh resume DIR            # a later machine: comparison checkpoints carried in DIR
 #                                                       (rl_<method>_s<seed>_step_NNNNNN.pt) continue there
 # Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, TINY (0: no tiny set; the default with WITH=cmp), CMP (the
@@ -187,7 +189,13 @@ watch)  # ends early once every driver started here has finished (device time is
 import)  # here, after the window: the L.tgz a `watch` packed -> DIR, its reports redrawn (plot_learning, plot_tiny_set)
   T=${2:?usage: import L.tgz DIR}; D=${3:?usage: import L.tgz DIR}; X=$(mktemp -d)
   tar -xzf "$T" -C "$X" || exit 2
-  mkdir -p "$D"; cp "$X"/*.log "$D/" 2>/dev/null  # the drivers' own logs
+  mkdir -p "$D"
+  # a second window's seeds (SEEDS=1 after SEEDS=0) join the first's in DIR: the drivers' logs and times are appended
+  for f in "$X"/*.log "$X"/cmp/times.txt; do
+    [ -f "$f" ] || continue; to="$D/$(basename "$f")"
+    if [ -f "$to" ]; then { echo "=== import of $(basename "$T") ==="; cat "$f"; } >> "$to"; rm -f "$f"; fi
+  done
+  cp "$X"/*.log "$D/" 2>/dev/null  # the drivers' own logs
   tiny="$D"; [ -d "$X/cmp" ] && tiny="$D/tiny_set"  # the comparison in DIR, a tiny set beside it in DIR/tiny_set
   if [ -d "$X/cmp" ]; then cp -r "$X/cmp/." "$D/" && $PY bench/plot_learning.py "$D" > "$D/plot.log" 2>&1; echo "$D/learning.md (rc $?)"; fi
   if [ -d "$X/tiny" ]; then mkdir -p "$tiny" && cp -r "$X/tiny/." "$tiny/" \

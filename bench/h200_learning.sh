@@ -190,9 +190,11 @@ import)  # here, after the window: the L.tgz a `watch` packed -> DIR, its report
   T=${2:?usage: import L.tgz DIR}; D=${3:?usage: import L.tgz DIR}; X=$(mktemp -d)
   tar -xzf "$T" -C "$X" || exit 2
   mkdir -p "$D"
-  # a second window's seeds (SEEDS=1 after SEEDS=0) join the first's in DIR: the drivers' logs and times are appended
+  # a second window's seeds (SEEDS=1 after SEEDS=0) join the first's in DIR: the drivers' logs and times are
+  # appended; a later pack of a window already in DIR (a run of it there) replaces them
+  again=0; for r in "$X"/cmp/rl_*/s*; do [ -d "$D/${r#"$X"/cmp/}" ] && again=1; done
   for f in "$X"/*.log "$X"/cmp/times.txt; do
-    [ -f "$f" ] || continue; to="$D/$(basename "$f")"
+    [ -f "$f" ] && [ "$again" = 0 ] || continue; to="$D/$(basename "$f")"
     if [ -f "$to" ]; then { echo "=== import of $(basename "$T") ==="; cat "$f"; } >> "$to"; rm -f "$f"; fi
   done
   cp "$X"/*.log "$D/" 2>/dev/null  # the drivers' own logs

@@ -251,3 +251,37 @@ def test_a_run_directory_has_one_writer(tmp_path: Path):
         holder.kill()
         holder.wait()
     prepare_out(tmp_path / "run", resume=True)  # the lock died with its process
+
+
+def test_import_joins_a_second_window_seeds_and_replaces_a_repacked_one(tmp_path: Path):
+    """bench/h200_learning.sh import: a window of SEEDS=1 after one of SEEDS=0 joins it in one directory (both
+    seeds' runs there, the drivers' log and times appended); a later pack of a window already imported
+    replaces its log instead of doubling it."""
+    import tarfile
+
+    def pack(name: str, seed: int, log: str) -> Path:
+        src = tmp_path / f"src_{name}"
+        run = src / "cmp" / "rl_sera" / f"s{seed}"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/root_success": 0.5}) + "\n")
+        (src / "cmp.log").write_text(log)
+        (src / "cmp" / "times.txt").write_text(f"times of {name}\n")
+        tgz = tmp_path / f"{name}.tgz"
+        with tarfile.open(tgz, "w:gz") as tar:
+            tar.add(src, arcname=".")
+        return tgz
+
+    def imp(tgz: Path, d: Path) -> None:
+        done = subprocess.run(["bash", "bench/h200_learning.sh", "import", str(tgz), str(d)], cwd=ROOT,
+                              capture_output=True, text=True, env={**os.environ, "PY": sys.executable}, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    d = tmp_path / "learning"
+    imp(pack("w1a", 0, "window 1, first pack\n"), d)
+    imp(pack("w1b", 0, "window 1, last pack\n"), d)  # the same window packed again: replaces
+    assert (d / "cmp.log").read_text() == "window 1, last pack\n"
+    imp(pack("w2", 1, "window 2\n"), d)  # another seed: appended
+    assert (d / "cmp.log").read_text() == "window 1, last pack\n=== import of w2.tgz ===\nwindow 2\n"
+    assert (d / "times.txt").read_text() == "times of w1b\n=== import of w2.tgz ===\ntimes of w2\n"
+    assert (d / "rl_sera" / "s0" / "metrics.jsonl").exists()
+    assert (d / "rl_sera" / "s1" / "metrics.jsonl").exists()

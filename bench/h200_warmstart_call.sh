@@ -56,6 +56,11 @@
 # Re-making the shipped adapter on today's prompts (issue #51.2): all 147 easy val tasks, greedy + 2 sampled,
 # against the shipped one: TASKS=256 STEPS=260 ENGINE=vllm QUICKSTART=0 N_EVAL=147 SAMPLED_SEEDS="0 1"
 # COMPARE_SHIPPED=1 EVAL_BATCH=147 OUT=... bash bench/h200_warmstart_call.sh
+# The shipped adapter alone at the RL recipe's rollout temperature (a window too short for anything else),
+# nothing trained: SHIPPED_ONLY=1 SAMPLED_TEMP=0.7 SHIPPED_GREEDY=0 ENGINE=vllm QUICKSTART=0 N_EVAL=147
+# EVAL_BATCH=147 SAMPLED_SEEDS="0 1" RUN=/tmp/keep/ws07 OUT=... bash bench/h200_warmstart_call.sh
+# (SHIPPED_ONLY: the data phase and the shipped adapter's evaluations only; SAMPLED_TEMP: the sampled
+# evaluations' temperature instead of the quick start's; SHIPPED_GREEDY=0: no greedy evaluation of it.)
 set -u
 export PYTHONPATH=/tmp/site:$PWD SERA_CACHE=${SERA_CACHE:-/tmp/keep/cache} HF_HUB_OFFLINE=1 \
   TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_WORKER_MULTIPROC_METHOD=spawn
@@ -90,7 +95,7 @@ print(flags(["max_steps", "max_depth", "max_new_tokens"]))  # the agent sizes `s
 print(r["temperature"])
 EOF
 )
-SFT_AGENT=${SIZES[0]:-}; EVAL_AGENT=${SIZES[1]:-}; QS_TEMP=${SIZES[2]:-}
+SFT_AGENT=${SIZES[0]:-}; EVAL_AGENT=${SIZES[1]:-}; QS_TEMP=${SAMPLED_TEMP:-${SIZES[2]:-}}
 [ -n "$QS_TEMP" ] || { log "could not read the quick start's sizes from 'sera train --print-config'"; exit 2; }
 echo "$SFT_AGENT" > "$RUN/agent_sizes.txt"
 EVAL_TASKS="$RUN/val_easy.jsonl"
@@ -119,7 +124,7 @@ EVAL="$SERA eval --env textcraft --tasks $EVAL_TASKS --limit $N_EVAL --concurren
  --engine $ENGINE $EVAL_AGENT --policy hf:$MODEL ${EVAL_EXTRA:-}"
 shipped_evals() {  # the adapter shipped now, the same tasks and settings (ship the new one only if it is at
   local shipped=${SHIPPED:-common/assets/warmstart/$NAME}  # least as good; SHIPPED: another adapter, or none)
-  phase eval_shipped $EVAL --init-adapter "$shipped" --out "$RUN/eval_shipped" || return
+  if [ "${SHIPPED_GREEDY:-1}" != 0 ]; then phase eval_shipped $EVAL --init-adapter "$shipped" --out "$RUN/eval_shipped" || return; fi
   for seed in $SAMPLED_SEEDS; do
     sfx=$([ "$seed" = 0 ] || echo "_s$seed")
     phase eval_shipped_sampled$sfx $EVAL --init-adapter "$shipped" --temperature "$QS_TEMP" --seed "$seed" \
@@ -133,6 +138,7 @@ run_all() {
     log "sft data: $SFT_DATA (carried; \`sera sft --resume\` reads it instead of building it)"
   fi
   phase data $SERA data textcraft --split val --n "$N_EVAL" --seed 0 --difficulty easy --out "$EVAL_TASKS" || return
+  if [ "${SHIPPED_ONLY:-0}" = 1 ]; then shipped_evals || return; log "all done (SHIPPED_ONLY=1: nothing trained)"; return 0; fi
   beside=""
   if [ "$COMPARE_SHIPPED" = 1 ] && [ "$SHIPPED_BESIDE" = 1 ]; then shipped_evals & beside=$!; fi
   phase sft_data $SFT --steps 1 || return  # builds the oracle data (and takes step 1): the guard reads it
@@ -223,6 +229,8 @@ if g:
     held["summary"] = f"{g['successes']}/{g['n']} greedy" + (f" (base {b['successes']}/{b['n']})" if b else "")
 phases = ("data", "sft_data", "fit", "sft") + (("eval_base",) if os.environ.get("EVAL_BASE", "1") != "0" else ()) + \
     ("eval_adapter", "eval_adapter_sampled") + (("quickstart",) if os.environ.get("QUICKSTART", "1") != "0" else ())
+if os.environ.get("SHIPPED_ONLY") == "1":  # nothing trained: the data and the shipped adapter's first sampled pass
+    phases = ("data", "eval_shipped_sampled")
 missing = [p for p in phases if not (run / f"{p}.done").exists()]
 record = {
     "name": name, "status": "complete" if not missing else f"incomplete: not done {', '.join(missing)}",

@@ -190,13 +190,15 @@ import)  # here, after the window: the L.tgz a `watch` packed -> DIR, its report
   T=${2:?usage: import L.tgz DIR}; D=${3:?usage: import L.tgz DIR}; X=$(mktemp -d)
   tar -xzf "$T" -C "$X" || exit 2
   mkdir -p "$D"
-  # a second window's seeds (SEEDS=1 after SEEDS=0) join the first's in DIR: the drivers' logs and times are
-  # appended; a later pack of a window already in DIR (a run of it there) replaces them
-  again=0; for r in "$X"/cmp/rl_*/s*; do [ -d "$D/${r#"$X"/cmp/}" ] && again=1; done
-  for f in "$X"/*.log "$X"/cmp/times.txt; do
-    [ -f "$f" ] && [ "$again" = 0 ] || continue; to="$D/$(basename "$f")"
-    if [ -f "$to" ]; then { echo "=== import of $(basename "$T") ==="; cat "$f"; } >> "$to"; rm -f "$f"; fi
-  done
+  # a comparison window of seeds DIR does not hold yet (SEEDS=1 after SEEDS=0) joins it: its driver log and times
+  # are appended; anything else (a later pack of a window already there, the tiny set) replaces
+  join=0; [ -f "$D/cmp.log" ] && ls -d "$X"/cmp/rl_*/s* > /dev/null 2>&1 && join=1
+  for r in "$X"/cmp/rl_*/s*; do [ -d "$D/${r#"$X"/cmp/}" ] && join=0; done
+  if [ "$join" = 1 ]; then
+    for f in "$X/cmp.log" "$X/cmp/times.txt"; do
+      [ -f "$f" ] && { echo "=== import of $(basename "$T") ==="; cat "$f"; } >> "$D/$(basename "$f")" && rm -f "$f"
+    done
+  fi
   cp "$X"/*.log "$D/" 2>/dev/null  # the drivers' own logs
   tiny="$D"; [ -d "$X/cmp" ] && tiny="$D/tiny_set"  # the comparison in DIR, a tiny set beside it in DIR/tiny_set
   if [ -d "$X/cmp" ]; then cp -r "$X/cmp/." "$D/" && $PY bench/plot_learning.py "$D" > "$D/plot.log" 2>&1; echo "$D/learning.md (rc $?)"; fi

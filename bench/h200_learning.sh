@@ -201,7 +201,10 @@ import)  # here, after the window: the L.tgz a `watch` packed -> DIR, its report
   fi
   cp "$X"/*.log "$D/" 2>/dev/null  # the drivers' own logs
   tiny="$D"; [ -d "$X/cmp" ] && tiny="$D/tiny_set"  # the comparison in DIR, a tiny set beside it in DIR/tiny_set
-  if [ -d "$X/cmp" ]; then cp -r "$X/cmp/." "$D/" && $PY bench/plot_learning.py "$D" > "$D/plot.log" 2>&1; echo "$D/learning.md (rc $?)"; fi
+  if [ -d "$X/cmp" ]; then  # each evaluation's per-task files folded into one results.jsonl (24 x 147 files otherwise)
+    cp -r "$X/cmp/." "$D/" && $PY -c "import sys; from pathlib import Path; from common.eval import archive_results
+for d in sys.argv[1:]: archive_results(Path(d))" "$D"/rl_*/s*/evals/step_* \
+    && $PY bench/plot_learning.py "$D" > "$D/plot.log" 2>&1; echo "$D/learning.md (rc $?)"; fi
   if [ -d "$X/tiny" ]; then mkdir -p "$tiny" && cp -r "$X/tiny/." "$tiny/" \
     && $PY bench/plot_tiny_set.py "$tiny" --target 0.5 --window 5 > "$tiny/plot.log" 2>&1; echo "$tiny/tiny_set.md (rc $?)"; fi
   [ -d "$X/warmstart" ] && cp -r "$X/warmstart" "$D/" && echo "$D/warmstart"

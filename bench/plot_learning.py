@@ -10,7 +10,8 @@ Reads, per method M (sera, rao) and seed S, OUT_DIR/rl_M/sS/:
   ``eval/success_lo``, ``eval/success_hi``, ``eval/sampled_success``, ...);
 * ``evals/step_SSSSS/results/*.json`` (greedy, one trajectory per task) and
   ``evals/step_SSSSS_sample_k/results/*.json`` (sample k at the rollout temperature): the per-task outcomes
-  the intervals are computed from;
+  the intervals are computed from (or ``results.jsonl``, the same folded into one file by
+  ``h200_learning.sh import``: ``common.eval.archive_results``);
 * ``config.json``: ``tasks_per_step`` x ``rollouts_per_task`` = the rollouts behind one round's root success;
 * ``trees.jsonl``: each training rollout's task and root success (``meta.round``), for the curves' bands.
 
@@ -145,7 +146,7 @@ def read_eval(d: Path) -> dict[str, Any] | None:
     """A finished evaluation's report, a cut-off one's partial report, or None."""
     if (d / "report.json").is_file():
         return json.loads((d / "report.json").read_text())
-    if (d / "manifest.json").is_file() and any((d / "results").glob("*.json")):
+    if (d / "manifest.json").is_file() and ((d / "results.jsonl").is_file() or any((d / "results").glob("*.json"))):
         return partial_report(d)
     return None
 
@@ -603,7 +604,7 @@ def figure(res: dict[str, dict[int, dict[str, Any]]], png: Path, title: str) -> 
             a.fill_between(
                 c["x"], [100 * v for v in c["lo"]], [100 * v for v in c["hi"]], color=f"C{i}", alpha=0.15
             )
-    a.set(title=f"training root success (%), rolling mean of {WINDOW} steps, 95 % band (by task)",
+    a.set(title=f"training root success (%), rolling mean of {WINDOW} steps\n95 % band (by task)",
           xlabel="optimizer step", ylim=(-2, 102))  # fmt: skip
     if runs:
         a.legend(fontsize=7)

@@ -613,6 +613,8 @@ def _eval_trees(directory: Path) -> list[Any]:
     from common.agent.log import read_trees
 
     files = sorted((directory / "results").glob("*.json"))
+    if not files and (directory / "results.jsonl").is_file():
+        raise FileNotFoundError(f"{directory}'s results are archived without their trees (results.jsonl)")
     if not files:
         raise FileNotFoundError(f"{directory} holds no results/*.json (is it a `sera eval` directory?)")
     trees = []

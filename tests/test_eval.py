@@ -255,3 +255,25 @@ def test_kv_cache_gib_sizes_the_vllm_engine_and_must_be_positive(
     assert "kv_cache_memory_bytes" not in seen[1]
     with pytest.raises(ValueError, match="--kv-cache-gib"):
         EvalConfig(env="textcraft", tasks=str(textcraft_tasks), policy="hf:tiny", kv_cache_gib=0.0, out="x")
+
+
+def test_archived_results_read_back_as_the_files_did(tmp_path: Path, textcraft_tasks: Path):
+    """``archive_results`` folds results/*.json into results.jsonl without trees; ``load_results``, the report
+    and a resumed evaluation see the same outcomes; a damaged line names the file and line."""
+    from common.eval import archive_results, load_results
+
+    out = tmp_path / "eval"
+    cfg = EvalConfig(env="textcraft", tasks=str(textcraft_tasks), policy="oracle", out=str(out), limit=3)
+    asyncio.run(evaluate(cfg, progress=False))
+    before = load_results(out)
+    assert len(before) == 3 and all("tree" not in r for r in before.values())
+    assert archive_results(out) == 3
+    assert not (out / "results").exists() and len((out / "results.jsonl").read_text().splitlines()) == 3
+    assert load_results(out) == before
+    assert archive_results(tmp_path / "empty") == 0  # nothing to fold: nothing written
+    report = asyncio.run(evaluate(cfg, progress=False))  # resuming finds every task done in the archive
+    assert report["success_rate"] == 1.0 and not list((out / "results").glob("*.json"))  # nothing redone
+    assert sorted(load_results(out)) == [0, 1, 2]
+    (out / "results.jsonl").write_text((out / "results.jsonl").read_text() + "{not json\n")
+    with pytest.raises(ValueError, match=r"results\.jsonl:4: not a JSON result line"):
+        load_results(out)

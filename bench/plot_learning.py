@@ -146,7 +146,9 @@ def read_eval(d: Path) -> dict[str, Any] | None:
     """A finished evaluation's report, a cut-off one's partial report, or None."""
     if (d / "report.json").is_file():
         return json.loads((d / "report.json").read_text())
-    if (d / "manifest.json").is_file() and ((d / "results.jsonl").is_file() or any((d / "results").glob("*.json"))):
+    if (d / "manifest.json").is_file() and (
+        (d / "results.jsonl").is_file() or any((d / "results").glob("*.json"))
+    ):
         return partial_report(d)
     return None
 

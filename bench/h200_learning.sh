@@ -13,11 +13,15 @@
 #   PY=.venv/bin/python bash bench/h200_learning.sh import L.tgz bench/runs/learning_DATE   # back here: unpack, redraw
 #   SEEDS=0 bash bench/h200_learning.sh start         # a short window: one seed's SERA and RAO (the next window SEEDS=1,
 #                                                       imported into the same DIR: seeds pool there, nothing to carry)
-#   bash bench/h200_learning.sh resume DIR            # a later machine: comparison checkpoints carried in DIR
-#                                                       (rl_<method>_s<seed>_step_NNNNNN.pt) continue there
+#   bash bench/h200_learning.sh ckpt [RUN...]         # after the last watch, a job of its own (repeat while it names runs
+#                                                       left): checkpoints over one file (a rank-16 run's ~59 MB with
+#                                                       its AdamW state) into $OUT in 16-MB parts + .sha256
+#   CMP_STEPS=40 bash bench/h200_learning.sh resume DIR bench/runs/learning_DATE   # a later machine: the carried
+#                                                       checkpoints (rl_<method>_s<seed>_step_NNNNNN.pt, or its parts)
+#                                                       and the imported logs in place; every run continues to step 40
 # Knobs: TINY_VARIANTS (tiny_set.sh's VARIANTS), TINY_STEPS, TINY (0: no tiny set; the default with WITH=cmp), CMP (the
 # comparison's extra flags; default the recipe that fit the tiny set on 2026-12-07: --lora-rank 16 --lr 3e-4 --temperature 0.7;
-# its checkpoints, ~59 MB with the AdamW state, are over the 16 MiB a job hands back, so the comparison runs in ONE window),
+# its checkpoints, ~59 MB with the AdamW state, come back in parts: `ckpt`, then `resume` in the next window),
 # CMP_STEPS [20: one SERA cycle 16:2:2; evaluated at step 0 and the last step: learning.sh's EVAL_EVERY default], CMP_TIME_LIMIT
 # [1100: `sera train --time-limit-s`, so a run the window cannot finish stops at a step and is evaluated there], SEEDS,
 # N_EVAL, EVAL_SAMPLES; K (where runs live, default /tmp/keep/L), SNAP (the tree the runs use).
@@ -74,6 +78,7 @@ start() {  # both drivers in the background, each in its own session (they outli
      setsid nohup bash bench/tiny_set.sh "$K/tiny" > "$K/tiny.log" 2>&1 < /dev/null & echo $! > "$K/tiny.pid")
   [ "$WITH" = tiny ] && { sleep 5; tail -n 3 "$K/tiny.log"; return; }  # the tiny set alone
   if [ "$WITH" = warmstart ]; then warmstart; sleep 5; tail -n 3 "$K"/tiny.log "$K/warmstart.log" 2>/dev/null; return; fi
+  mkdir -p "$K/cmp"; [ -f "$K/cmp/window.txt" ] || date -u +%Y-%m-%dT%H:%M:%SZ > "$K/cmp/window.txt"  # names this window's logs
   (cd "$SNAP" && SEEDS="$SEEDS" RL_STEPS="$CMP_STEPS" SCHEDULE="${CMP_SCHEDULE:-execution:16,delegation:2,rubric:2}" RL_EXTRA="${RL_EXTRA:-} $CMP --save-every 5 ${CMP_TIME_LIMIT:+--time-limit-s $CMP_TIME_LIMIT}" PYTHON="$PY" \
      setsid nohup bash bench/learning.sh "$K/cmp" > "$K/cmp.log" 2>&1 < /dev/null &)
   sleep 5; tail -n 3 "$K"/tiny.log "$K/cmp.log" 2>/dev/null
@@ -127,7 +132,7 @@ all_done() {  # every driver this window started wrote its last line (a driver n
 }
 
 pack() {  # metrics, configs, logs, reports, slim per-task results (no trees) in one tgz; the comparison's checkpoints
-  [ -n "${OUT:-}" ] || return 0
+  [ -n "${OUT:-}" ] || return 0; mkdir -p "$OUT"
   rm -rf "$K.slim" && mkdir -p "$K.slim"
   $PY - "$K" "$K.slim" <<'EOF'
 import json, shutil, sys
@@ -160,24 +165,70 @@ EOF
     ws BUDGET_S=0 OUT="$OUT" bash bench/h200_warmstart_call.sh > "$K/warmstart_pack.log" 2>&1
     tail -n 4 "$K/warmstart/times.txt" 2>/dev/null; cat "$K/warmstart/record.log" 2>/dev/null
   fi
-  for d in "$K"/cmp/rl_*/s*; do  # LoRA checkpoints are small enough to carry back (16 MiB a file)
+  for d in "$K"/cmp/rl_*/s*; do  # a checkpoint that fits one file comes back with every pack (16 MiB a file)
     last=$(ls -d "$d"/checkpoints/step_* 2>/dev/null | sort | tail -n 1)
     [ -n "$last" ] || continue
     name=$(echo "${d#"$K"/cmp/}" | tr / _)_$(basename "$last").pt
-    if [ "$(stat -c %s "$last/state.pt")" -lt 16000000 ]; then cp "$last/state.pt" "$OUT/$name"; else echo "too big to carry: $last"; fi
+    if [ "$(stat -c %s "$last/state.pt")" -lt "$PART_BYTES" ]; then cp "$last/state.pt" "$OUT/$name"
+    else echo "$last: over one file; \`ckpt ${d#"$K"/cmp/}\` hands it back in parts, a job of its own"; fi
   done
   ls -l "$OUT"
 }
 
-case "${1:-watch}" in
-start) start ;;
-resume)  # a later window: put carried checkpoints in place, then start (both drivers resume what exists)
-  for f in "${2:?DIR}"/rl_*_s*_step_*.pt; do
+PART_BYTES=${PART_BYTES:-16000000}  # the largest file a job hands back (16 MiB, with a margin)
+ckpt() {  # ckpt RUN...: each run's last checkpoint into $OUT in parts (NAME.pt.part.aa, ...) + NAME.pt.sha256,
+  # as many runs as fit one job's return (8 files, 64 MiB); the rest are named for the next job
+  [ -n "${OUT:-}" ] || { echo "ckpt: OUT must name the job's results folder"; return 2; }
+  mkdir -p "$OUT"; local files bytes r last name size n left=""
+  files=$(find "$OUT" -maxdepth 1 -type f | wc -l); bytes=$(du -cb "$OUT" | tail -n 1 | cut -f1)
+  for r in "$@"; do
+    last=$(ls -d "$K/cmp/$r"/checkpoints/step_* 2>/dev/null | sort | tail -n 1)
+    [ -n "$last" ] || { echo "$r: no checkpoint in $K/cmp/$r"; continue; }
+    size=$(stat -c %s "$last/state.pt"); n=$(( (size + PART_BYTES - 1) / PART_BYTES ))
+    if [ $((files + n + 1)) -gt 8 ] || [ $((bytes + size)) -gt 66000000 ]; then left="$left $r"; continue; fi
+    name=$(echo "$r" | tr / _)_$(basename "$last").pt
+    split -b "$PART_BYTES" "$last/state.pt" "$OUT/$name.part."
+    (cd "$last" && sha256sum state.pt) | sed "s/state.pt\$/$name/" > "$OUT/$name.sha256"
+    files=$((files + n + 1)); bytes=$((bytes + size)); echo "$r: $(basename "$last") in $n part(s), $size bytes"
+  done
+  [ -z "$left" ] || echo "left for the next job (this one's return is full):$left"
+  ls -l "$OUT"
+}
+
+place() {  # place DIR [LOGS]: carried checkpoints (whole .pt, or .pt.part.* joined and checked against .pt.sha256)
+  # into $K/cmp/rl_<method>/s<seed>/checkpoints/step_N/state.pt; with LOGS (the window's import directory, e.g.
+  # bench/runs/learning_DATE: it travels with the tree), each run's metrics.jsonl and trees.jsonl too, so the
+  # resumed run keeps one log (sera train --resume truncates them to the checkpoint)
+  local dir=${1:?place DIR [LOGS]} logs=${2:-} a f b m s step
+  for a in "$dir"/rl_*_s*_step_*.pt.part.aa; do
+    [ -e "$a" ] || continue
+    f=${a%.part.aa}; cat "$f".part.* > "$f"
+    if [ -f "$f.sha256" ]; then (cd "$(dirname "$f")" && sha256sum -c --quiet "$(basename "$f").sha256") \
+      || { echo "$f: a part is missing or damaged"; rm -f "$f"; return 2; }
+    else echo "$f: joined without a .sha256 to check it against"; fi
+  done
+  for f in "$dir"/rl_*_s*_step_*.pt; do
+    [ -e "$f" ] || continue
     b=$(basename "$f" .pt); m=$(echo "$b" | cut -d_ -f2); s=$(echo "$b" | cut -d_ -f3)
     step=$(echo "$b" | sed 's/.*_step_//'); mkdir -p "$K/cmp/rl_$m/$s/checkpoints/step_$step"
     cp "$f" "$K/cmp/rl_$m/$s/checkpoints/step_$step/state.pt"
+    if [ -n "$logs" ]; then
+      for l in metrics.jsonl trees.jsonl; do
+        [ -f "$logs/rl_$m/$s/$l" ] && cp "$logs/rl_$m/$s/$l" "$K/cmp/rl_$m/$s/$l"
+      done
+    fi
+    echo "rl_$m/$s: step_$step in place$([ -n "$logs" ] && echo ", its logs from $logs")"
   done
-  start ;;
+}
+
+case "${1:-watch}" in
+start) start ;;
+resume)  # a later window: carried checkpoints (and the imported logs) in place, then start: every run resumes
+  place "${2:?usage: resume DIR [LOGS]}" "${3:-}" && start ;;
+place) place "${2:?usage: place DIR [LOGS]}" "${3:-}" ;;
+ckpt)  # a job of its own after the last watch: checkpoints too big for one file, in parts
+  shift; [ $# -gt 0 ] || set -- $(cd "$K/cmp" 2>/dev/null && ls -d rl_*/s* 2>/dev/null)
+  ckpt "$@" ;;
 watch)  # ends early once every driver started here has finished (device time is counted while held)
   S=${2:-540}; T0=$(date +%s)
   while [ $(( $(date +%s) - T0 + 75 )) -le "$S" ]; do
@@ -190,13 +241,30 @@ import)  # here, after the window: the L.tgz a `watch` packed -> DIR, its report
   T=${2:?usage: import L.tgz DIR}; D=${3:?usage: import L.tgz DIR}; X=$(mktemp -d)
   tar -xzf "$T" -C "$X" || exit 2
   mkdir -p "$D"
-  # a comparison window of seeds DIR does not hold yet (SEEDS=1 after SEEDS=0) joins it: its driver log and times
-  # are appended; anything else (a later pack of a window already there, the tiny set) replaces
-  join=0; [ -f "$D/cmp.log" ] && ls -d "$X"/cmp/rl_*/s* > /dev/null 2>&1 && join=1
-  for r in "$X"/cmp/rl_*/s*; do [ -d "$D/${r#"$X"/cmp/}" ] && join=0; done
-  if [ "$join" = 1 ]; then
+  # the comparison's driver log and times, one section per GPU window (cmp/window.txt, written at `start`): a window
+  # not imported yet (the other seed, or a continuation from carried checkpoints) is appended, a later pack of
+  # one already there replaces its own section; a pack without a window name counts as one window, "unnamed"
+  if [ -d "$X/cmp" ]; then
+    w=$(cat "$X/cmp/window.txt" 2>/dev/null || echo unnamed); rm -f "$X/cmp/window.txt"
     for f in "$X/cmp.log" "$X/cmp/times.txt"; do
-      [ -f "$f" ] && { echo "=== import of $(basename "$T") ==="; cat "$f"; } >> "$D/$(basename "$f")" && rm -f "$f"
+      [ -f "$f" ] || continue
+      $PY - "$D/$(basename "$f")" "$f" "$w" "$(basename "$T")" <<'EOF'
+import re, sys
+from pathlib import Path
+dst, src, window, label = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+head = re.compile(r"^=== window (\S+) \(import of .*\) ===$", re.M)
+text = dst.read_text() if dst.is_file() else ""
+cuts = [m.start() for m in head.finditer(text)] + [len(text)]
+parts = [text[: cuts[0]]] + [text[a:b] for a, b in zip(cuts, cuts[1:])]  # the text before any header, then sections
+new = f"=== window {window} (import of {label}) ===\n" + src.read_text()
+hit = [i for i, t in enumerate(parts) if (m := head.match(t)) and m.group(1) == window]
+if hit:
+    parts[hit[0]] = new
+else:
+    parts.append(new if not parts[-1] or parts[-1].endswith("\n") else "\n" + new)
+dst.write_text("".join(parts))
+EOF
+      rm -f "$f"
     done
   fi
   cp "$X"/*.log "$D/" 2>/dev/null  # the drivers' own logs
@@ -211,5 +279,5 @@ for d in sys.argv[1:]: archive_results(Path(d))" "$D"/rl_*/s*/evals/step_* \
   rm -rf "$X" ;;
 stop-tiny)  # the tiny set's whole session (its runs resume from their last checkpoint on the next start)
   kill -TERM -- "-$(cat "$K/tiny.pid")" && echo "stopped the tiny set (session $(cat "$K/tiny.pid"))" ;;
-*) echo "usage: $0 start | watch S | resume DIR | stop-tiny | import L.tgz DIR" >&2; exit 2 ;;
+*) echo "usage: $0 start | watch S | ckpt [RUN...] | place DIR [LOGS] | resume DIR [LOGS] | stop-tiny | import L.tgz DIR" >&2; exit 2 ;;
 esac

@@ -253,19 +253,20 @@ def test_a_run_directory_has_one_writer(tmp_path: Path):
     prepare_out(tmp_path / "run", resume=True)  # the lock died with its process
 
 
-def test_import_joins_a_second_window_seeds_and_replaces_a_repacked_one(tmp_path: Path):
-    """bench/h200_learning.sh import: a window of SEEDS=1 after one of SEEDS=0 joins it in one directory (both
-    seeds' runs there, the drivers' log and times appended); a later pack of a window already imported
-    replaces its log instead of doubling it."""
+def test_import_keeps_one_log_section_per_window_and_replaces_a_repacked_one(tmp_path: Path):
+    """bench/h200_learning.sh import: each GPU window's driver log and times are one section, named by the
+    window (cmp/window.txt): a window of SEEDS=1 after one of SEEDS=0, or a continuation of the same seeds,
+    is appended; a later pack of a window already imported replaces its own section and no other."""
     import tarfile
 
-    def pack(name: str, seed: int, log: str) -> Path:
+    def pack(name: str, window: str, seed: int, log: str) -> Path:
         src = tmp_path / f"src_{name}"
         run = src / "cmp" / "rl_sera" / f"s{seed}"
         run.mkdir(parents=True)
         (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/root_success": 0.5}) + "\n")
         (src / "cmp.log").write_text(log)
         (src / "cmp" / "times.txt").write_text(f"times of {name}\n")
+        (src / "cmp" / "window.txt").write_text(window + "\n")
         tgz = tmp_path / f"{name}.tgz"
         with tarfile.open(tgz, "w:gz") as tar:
             tar.add(src, arcname=".")
@@ -277,11 +278,79 @@ def test_import_joins_a_second_window_seeds_and_replaces_a_repacked_one(tmp_path
         assert done.returncode == 0, done.stdout + done.stderr
 
     d = tmp_path / "learning"
-    imp(pack("w1a", 0, "window 1, first pack\n"), d)
-    imp(pack("w1b", 0, "window 1, last pack\n"), d)  # the same window packed again: replaces
-    assert (d / "cmp.log").read_text() == "window 1, last pack\n"
-    imp(pack("w2", 1, "window 2\n"), d)  # another seed: appended
-    assert (d / "cmp.log").read_text() == "window 1, last pack\n=== import of w2.tgz ===\nwindow 2\n"
-    assert (d / "times.txt").read_text() == "times of w1b\n=== import of w2.tgz ===\ntimes of w2\n"
+    imp(pack("w1a", "W1", 0, "window 1, first pack\n"), d)
+    imp(pack("w1b", "W1", 0, "window 1, last pack\n"), d)  # the same window packed again: replaces
+    assert (d / "cmp.log").read_text() == "=== window W1 (import of w1b.tgz) ===\nwindow 1, last pack\n"
+    imp(pack("w2", "W2", 1, "window 2\n"), d)  # another seed: appended
+    imp(pack("w3a", "W3", 0, "window 3, first pack\n"), d)  # seed 0 continued in a third window: appended
+    imp(pack("w3b", "W3", 0, "window 3, last pack\n"), d)  # ... and packed again: only its section changes
+    assert (d / "cmp.log").read_text() == (
+        "=== window W1 (import of w1b.tgz) ===\nwindow 1, last pack\n"
+        "=== window W2 (import of w2.tgz) ===\nwindow 2\n"
+        "=== window W3 (import of w3b.tgz) ===\nwindow 3, last pack\n"
+    )
+    assert (d / "times.txt").read_text() == (
+        "=== window W1 (import of w1b.tgz) ===\ntimes of w1b\n=== window W2 (import of w2.tgz) ===\ntimes of w2\n"
+        "=== window W3 (import of w3b.tgz) ===\ntimes of w3b\n"
+    )
+    assert not (d / "window.txt").exists()
     assert (d / "rl_sera" / "s0" / "metrics.jsonl").exists()
     assert (d / "rl_sera" / "s1" / "metrics.jsonl").exists()
+
+
+def test_a_checkpoint_over_one_file_goes_back_in_parts_and_is_put_in_place_whole(tmp_path: Path):
+    """bench/h200_learning.sh ckpt / place: a checkpoint larger than the largest file a job hands back leaves in
+    parts with its sha256, as many runs as one job's return holds (the rest named for the next job); place joins
+    the parts, checks them, puts state.pt where `sera train --resume` looks and the imported logs beside it; a
+    damaged part is refused and nothing is put in place."""
+    k = tmp_path / "K"
+    blobs = {}
+    for m, s in (("sera", "s0"), ("rao", "s0"), ("rao", "s1")):
+        c = k / "cmp" / f"rl_{m}" / s / "checkpoints"
+        (c / "step_000005").mkdir(parents=True)
+        (c / "step_000005" / "state.pt").write_bytes(b"old")
+        (c / "step_000020").mkdir()
+        blobs[(m, s)] = os.urandom(2500)
+        (c / "step_000020" / "state.pt").write_bytes(blobs[(m, s)])
+    env = {
+        **os.environ,
+        "PY": sys.executable,
+        "K": str(k),
+        "PART_BYTES": "1000",
+        "SNAP": str(tmp_path / "snap"),
+    }
+
+    def sh(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "bench/h200_learning.sh", *args], cwd=ROOT, capture_output=True, text=True,
+                              env={**env, **extra}, timeout=120)  # fmt: skip
+
+    out = tmp_path / "out"
+    done = sh("ckpt", OUT=str(out))  # 3 runs x (3 parts + 1 sha256) = 12 files: two runs fit 8
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "left for the next job (this one's return is full): rl_sera/s0" in done.stdout
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [f"rl_rao_{s}_step_000020.pt{x}" for s in ("s0", "s1")
+                     for x in (".part.aa", ".part.ab", ".part.ac", ".sha256")]  # fmt: skip
+    assert all(p.stat().st_size <= 1000 for p in out.glob("*.part.*"))
+    assert sh("ckpt", "rl_sera/s0", OUT=str(tmp_path / "out2")).returncode == 0  # the next job: the one left
+    for p in (tmp_path / "out2").iterdir():
+        (out / p.name).write_bytes(p.read_bytes())
+
+    logs = tmp_path / "imported"  # what `import` made of the first window, as committed
+    for m, s in blobs:
+        (logs / f"rl_{m}" / s).mkdir(parents=True)
+        (logs / f"rl_{m}" / s / "metrics.jsonl").write_text(f'{{"step": 19, "run": "{m}{s}"}}\n')
+    k2 = tmp_path / "K2"  # the next machine
+    done = sh("place", str(out), str(logs), K=str(k2))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for (m, s), blob in blobs.items():
+        run = k2 / "cmp" / f"rl_{m}" / s
+        assert (run / "checkpoints" / "step_000020" / "state.pt").read_bytes() == blob
+        assert json.loads((run / "metrics.jsonl").read_text())["run"] == f"{m}{s}"
+
+    part = out / "rl_rao_s1_step_000020.pt.part.ab"
+    part.write_bytes(part.read_bytes()[:-1] + b"x")  # one byte changed in transit
+    k3 = tmp_path / "K3"
+    done = sh("place", str(out), K=str(k3))
+    assert done.returncode == 2 and "rl_rao_s1_step_000020.pt: a part is missing or damaged" in done.stdout
+    assert not (k3 / "cmp" / "rl_rao" / "s1").exists()

@@ -12,8 +12,8 @@ Output directory layout (every file written atomically, so a killed run leaves n
 
     DIR/manifest.json         what was evaluated (env, task file hash, policy, protocol); pinned
     DIR/results/NNNNN.json    one per finished task: success, tier, error, seconds, the whole tree
-    DIR/results.jsonl         the same outcomes without their trees, one line a task: the archived form
-                              (``archive_results``; thousands of small files are heavy to commit and carry)
+    DIR/results.jsonl         the same records, one line a task: the archived form (``archive_results``;
+                              thousands of small files are heavy to commit and carry)
     DIR/report.json           aggregate (``success_rate``, per-tier figures, counts)
     DIR/report.md             a table like the paper's
     DIR/success_by_tier.png   a bar chart per tier
@@ -33,6 +33,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -370,47 +371,51 @@ def plot_tiers(reports: dict[str, dict[str, Any]], out_png: Path) -> None:
     plt.close(fig)
 
 
-def load_results(out: Path) -> dict[int, dict[str, Any]]:
-    """Finished per-task results by task index (summaries only; trees are not kept in memory): the archived
-    ``results.jsonl`` if there is one, then ``results/*.json`` (a task in both: the file wins)."""
-    done = {}
+def _result_records(out: Path) -> Iterator[dict[str, Any]]:
+    """Every finished per-task record of ``out`` as written (trees included): the archived ``results.jsonl``
+    first, then ``results/*.json`` (so for a task in both, the file comes last)."""
     archive = out / "results.jsonl"
     if archive.is_file():
         for n, line in enumerate(archive.read_text().splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                r = json.loads(line)
+                yield json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{archive}:{n}: not a JSON result line ({e.msg})") from None
-            done[int(r["index"])] = r
     for p in sorted((out / "results").glob("*.json")):
         try:
-            r = json.loads(p.read_text())
+            yield json.loads(p.read_text())
         except json.JSONDecodeError:
             continue  # cannot happen with atomic writes; a stray file is simply redone
+
+
+def load_results(out: Path) -> dict[int, dict[str, Any]]:
+    """Finished per-task results by task index (summaries only; trees are not kept in memory): the archived
+    ``results.jsonl`` if there is one, then ``results/*.json`` (a task in both: the file wins)."""
+    done = {}
+    for r in _result_records(out):
         r.pop("tree", None)
         done[int(r["index"])] = r
     return done
 
 
 def archive_results(out: Path) -> int:
-    """Fold ``out/results/*.json`` into ``out/results.jsonl`` without their trees (what ``load_results``
-    reads back unchanged), then remove the folded files; returns the number of tasks archived. For committing
-    or carrying finished evaluations: 147 small files an evaluation add up over a comparison's 24."""
-    done = load_results(out)
-    if not done:
+    """Fold ``out/results/*.json`` into ``out/results.jsonl``, one line a task as written (a tree stays with its
+    task), then remove the folded files; returns the number of tasks archived. ``load_results`` reads the same
+    back. For committing or carrying finished evaluations: 147 small files an evaluation add up over a
+    comparison's 24."""
+    from common.data import write_jsonl
+
+    rows = {int(r["index"]): r for r in _result_records(out)}
+    if not rows:
         return 0
-    tmp = out / ".results.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(done[i], sort_keys=True) + "\n" for i in sorted(done)))
-    os.replace(tmp, out / "results.jsonl")
-    folded = out / "results"
-    if folded.is_dir():
-        for p in folded.glob("*.json"):
-            p.unlink()
-        if not any(folded.iterdir()):
-            folded.rmdir()
-    return len(done)
+    write_jsonl(out / "results.jsonl", (rows[i] for i in sorted(rows)))  # atomic: a kill leaves the files
+    for p in (out / "results").glob("*.json"):
+        p.unlink()
+    if (out / "results").is_dir() and not any((out / "results").iterdir()):
+        (out / "results").rmdir()
+    return len(rows)
 
 
 def write_report(

@@ -614,7 +614,7 @@ def _eval_trees(directory: Path) -> list[Any]:
 
     files = sorted((directory / "results").glob("*.json"))
     if not files and (directory / "results.jsonl").is_file():
-        raise FileNotFoundError(f"{directory}'s results are archived without their trees (results.jsonl)")
+        raise FileNotFoundError(f"{directory}'s results are archived in results.jsonl (this reads results/*.json)")
     if not files:
         raise FileNotFoundError(f"{directory} holds no results/*.json (is it a `sera eval` directory?)")
     trees = []

@@ -258,7 +258,7 @@ def test_kv_cache_gib_sizes_the_vllm_engine_and_must_be_positive(
 
 
 def test_archived_results_read_back_as_the_files_did(tmp_path: Path, textcraft_tasks: Path):
-    """``archive_results`` folds results/*.json into results.jsonl without trees; ``load_results``, the report
+    """``archive_results`` folds results/*.json into results.jsonl, trees kept; ``load_results``, the report
     and a resumed evaluation see the same outcomes; a damaged line names the file and line."""
     from common.eval import archive_results, load_results
 
@@ -268,7 +268,9 @@ def test_archived_results_read_back_as_the_files_did(tmp_path: Path, textcraft_t
     before = load_results(out)
     assert len(before) == 3 and all("tree" not in r for r in before.values())
     assert archive_results(out) == 3
-    assert not (out / "results").exists() and len((out / "results.jsonl").read_text().splitlines()) == 3
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert not (out / "results").exists() and len(lines) == 3
+    assert all(json.loads(line)["tree"] for line in lines)  # lossless: each task keeps its tree
     assert load_results(out) == before
     assert archive_results(tmp_path / "empty") == 0  # nothing to fold: nothing written
     report = asyncio.run(evaluate(cfg, progress=False))  # resuming finds every task done in the archive

@@ -214,7 +214,8 @@ place() {  # place DIR [LOGS]: carried checkpoints (whole .pt, or .pt.part.* joi
     cp "$f" "$K/cmp/rl_$m/$s/checkpoints/step_$step/state.pt"
     if [ -n "$logs" ]; then
       for l in metrics.jsonl trees.jsonl; do
-        [ -f "$logs/rl_$m/$s/$l" ] && cp "$logs/rl_$m/$s/$l" "$K/cmp/rl_$m/$s/$l"
+        # never over a log the run already has here (this machine ran it): only a fresh machine gets them
+        [ -f "$logs/rl_$m/$s/$l" ] && [ ! -e "$K/cmp/rl_$m/$s/$l" ] && cp "$logs/rl_$m/$s/$l" "$K/cmp/rl_$m/$s/$l"
       done
     fi
     echo "rl_$m/$s: step_$step in place$([ -n "$logs" ] && echo ", its logs from $logs")"

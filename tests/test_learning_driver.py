@@ -348,6 +348,11 @@ def test_a_checkpoint_over_one_file_goes_back_in_parts_and_is_put_in_place_whole
         assert (run / "checkpoints" / "step_000020" / "state.pt").read_bytes() == blob
         assert json.loads((run / "metrics.jsonl").read_text())["run"] == f"{m}{s}"
 
+    (logs / "rl_sera" / "s0" / "metrics.jsonl").write_text('{"step": 25, "run": "newer"}\n')
+    done = sh("place", str(out), str(logs), K=str(k2))  # again on the same machine: its own logs stay
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((k2 / "cmp" / "rl_sera" / "s0" / "metrics.jsonl").read_text())["run"] == "seras0"
+
     part = out / "rl_rao_s1_step_000020.pt.part.ab"
     part.write_bytes(part.read_bytes()[:-1] + b"x")  # one byte changed in transit
     k3 = tmp_path / "K3"

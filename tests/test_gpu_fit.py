@@ -167,13 +167,38 @@ def test_bench_gpu_share_runs_with_their_own_kv_cache_keep_the_trainer_part(tmp_
     assert more[-1] == "--engine-log-stats"
     stale = mod.command("py", Path("o"), "rao-s1", 0, 0.2, Path("t"), "", 80.0)
     assert at(stale, "--max-staleness") == "1" and "--max-staleness" not in base
+    inproc = mod.command("py", Path("o"), "rao-s1-ip", 0, 0.2, Path("t"), "", 80.0)
+    assert "--no-engine-process" in inproc and "--no-engine-process" not in stale
     # the table's #53 line: an N=1 run's round against the N=0 run's rollout, each alone on the card (round 0,
     # which pays torch.compile, left out of both medians)
     runs = {"set0_1runs/0_rao": [(40, 36, 3), (20, 16, 3), (20, 16, 3)],
-            "set1_1runs/0_rao-s1": [(40, 36, 3), (17.6, 17, 3), (17.6, 17, 3)]}  # fmt: skip
+            "set1_1runs/0_rao-s1": [(40, 36, 3), (17.6, 17, 3), (17.6, 17, 3)],
+            "set2_1runs/0_rao-s1-ip": [(40, 36, 3), (15.2, 15, 3), (15.2, 15, 3)]}  # fmt: skip
     for run, rounds in runs.items():
         (tmp_path / run).mkdir(parents=True)
         rows = [{"time/round_s": r, "time/rollout_s": ro, "time/train_s": t} for r, ro, t in rounds]
         (tmp_path / run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = mod.table(tmp_path)
     assert "rao-s1 round / rao rollout, each alone on the card: 1.10x (17.6 s / 16.0 s" in text, text
+    assert "rao-s1-ip round / rao rollout, each alone on the card: 0.95x (15.2 s / 16.0 s" in text, text
+    assert "rao round / rao rollout" not in text  # N=0 is the baseline, not compared with itself
+
+
+def test_gil_profile_shares_per_thread_and_names_what_it_left_out(tmp_path):
+    spec = importlib.util.spec_from_file_location("gil_profile", ROOT / "bench" / "gil_profile.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert doctest.testmod(mod).failed == 0
+    raw = (
+        "thread (11): rollouts-round3;run (o.py:1);collect (r.py:5) 30\n"
+        "thread (12): rollouts-round4;run (o.py:1);collect (r.py:5) 10\n"  # rounds pooled: one rollouts thread
+        "thread (13): MainThread;train (t.py:3);step (t.py:9) 50\n"
+        "garbage line\n"
+    )
+    text = mod.summarize(raw, seconds=2, rate=50)
+    assert "| MainThread | 0.50 | 50 | step (t.py:9) 50 |" in text
+    assert "| rollouts-roundN | 0.40 | 40 | collect (r.py:5) 40 |" in text
+    assert "| (no thread) | 0.10 | 10 | |" in text and "1 line(s) not in py-spy's raw format" in text
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gil_profile.py"), str(tmp_path / "none.txt"),
+                        "--seconds", "1"], capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 2 and "ptrace" in r.stderr

@@ -124,6 +124,13 @@ print(f"TUTORIAL07 max_loss_diff {worst['loss']:.1e} max_grad_norm_rel_diff {wor
 # that round once. `offpolicy/gap_mean` in metrics.jsonl is the mean lag (1 for a round rolled out during a
 # step, 0 after a round without an update). Default 0: the paper's synchronous rounds, bit for bit today's loop.
 #
+# What it buys, measured on one H100 (bench/RESULTS.md, "Rollouts overlapping training on one H100"; RAO, 8 tasks
+# x 8 rollouts, 12 rounds each): the median round went from 17.8 s (13.5 s of rollouts + 4.3 s of training) to
+# 15.3 s, not to 13.5 s. Overlapped, the step took 9.2 s and the rollouts 15.1 s: the trainer and vLLM's engine
+# core are two processes, and a GPU runs two processes' kernels by turns (time-slicing), so each slows the other
+# (`python bench/bench_stream_share.py` shows it with plain matmuls: decode-like steps 1.45x slower beside a
+# training load in another process). The shorter the step next to the rollouts, the more of it is hidden.
+#
 # ## GPU notes
 # On a laptop GPU `sera train --level 1` batches generation on the GPU; `--engine vllm` uses an in-process
 # vLLM engine synced after every optimizer step. Measured (bench/RESULTS.md, "Level 0 vs level 1"): tiny

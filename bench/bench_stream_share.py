@@ -12,9 +12,14 @@ of a 32K-token micro-batch, a synchronize every few, as the trainer reads its lo
 * ``process``: in another process (vLLM's engine core in its own process, the CUDA default): two contexts,
   which the GPU time-slices.
 
-It prints ms per decode step and its ratio to alone, and the load's matmuls per second beside it.
+It prints ms per decode step and its ratio to alone, and the load's matmuls per second beside it. Under CUDA
+MPS (a daemon through which several processes' kernels run at once instead of by turns; start it before
+this command) the ``process`` arrangement measures that instead, and ``--load-sm-percent`` caps the load's
+share of the SMs.
 
     python bench/bench_stream_share.py [--seconds 6]
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log; nvidia-cuda-mps-control -d
+    python bench/bench_stream_share.py --load-sm-percent 50; echo quit | nvidia-cuda-mps-control
 
 Simplifications: matmuls only (no attention, no sampling), bf16, one GPU; the GIL is shared in the two
 in-process arrangements as in a level-1 process (the load thread holds it while it launches). Needs only torch.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import threading
 import time
@@ -62,7 +68,9 @@ def _train_load(stop: threading.Event | None, seconds: float, side: bool, count:
             count[0] += 8
 
 
-def _load_process(seconds: float, started) -> None:
+def _load_process(seconds: float, started, sm_percent: int = 0) -> None:
+    if sm_percent:  # under MPS: the share of the SMs this process may use (read when its CUDA context starts)
+        os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(sm_percent)
     import torch
 
     torch.zeros(1, device="cuda")
@@ -73,7 +81,11 @@ def _load_process(seconds: float, started) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=6.0, help="seconds per arrangement")
-    seconds = ap.parse_args(argv).seconds
+    ap.add_argument("--load-sm-percent", type=int, default=0,
+                    help="under CUDA MPS: the SM share of the load's process (0: no limit)")  # fmt: skip
+    ap.add_argument("--arrangements", default="same-stream,side-stream,process", help="which, comma-separated")
+    args = ap.parse_args(argv)
+    seconds = args.seconds
     import torch
 
     if not torch.cuda.is_available():
@@ -81,16 +93,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     _decode_steps(1.0)  # warm-up: cuBLAS handles, kernels
     alone = _decode_steps(seconds)
-    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    mps = "MPS on" if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") else "no MPS"
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, {mps}, load SM % {args.load_sm_percent or 100}")
     print("| arrangement | decode ms/step | vs alone | load matmuls/s beside it |")
     print("|---|---|---|---|")
     print(f"| alone | {alone:.2f} | 1.00x | - |")
-    for name in ("same-stream", "side-stream", "process"):
+    for name in args.arrangements.split(","):
         count = [0]
         if name == "process":
             ctx = mp.get_context("spawn")
             started = ctx.Event()
-            p = ctx.Process(target=_load_process, args=(seconds + 8, started))
+            p = ctx.Process(target=_load_process, args=(seconds + 8, started, args.load_sm_percent))
             p.start()
             started.wait(60)
             time.sleep(1.0)

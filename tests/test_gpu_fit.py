@@ -9,6 +9,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,42 @@ def test_gil_profile_shares_per_thread_and_names_what_it_left_out(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "gil_profile.py"), str(tmp_path / "none.txt"),
                         "--seconds", "1"], capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 2 and "ptrace" in r.stderr
+
+
+def test_bench_gpu_share_profiles_a_live_run_and_cuts_a_record_still_going(tmp_path):
+    """A stand-in for py-spy (writes one sample, then sleeps as a long record would): the profile starts on
+    the run's pid, is interrupted when the set ends, and its summary says what it recorded."""
+    spec = importlib.util.spec_from_file_location("bench_gpu_share", ROOT / "bench" / "bench_gpu_share.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec.loader.exec_module(mod)
+        fake = tmp_path / "py-spy"
+        fake.write_text(
+            "#!/usr/bin/env python3\nimport sys, time\nargs = sys.argv\n"
+            "open(args[args.index('-o') + 1], 'w').write("
+            "f'thread (1): MainThread;train (t.py:1) {50 if args[args.index(\"--pid\") + 1] == \"42\" else 0}\\n')\n"
+            "time.sleep(600)\n"
+        )
+        fake.chmod(0o755)
+        run = tmp_path / "0_rao-s1"
+        run.mkdir()
+        proc = mod.start_profile(str(fake), 42, run, 3, seconds=1.0)
+        for _ in range(600):  # until the stand-in has written its sample (it then sleeps on: the set's end cuts it)
+            if (run / "pyspy_gil_r3.txt").exists() and (run / "pyspy_gil_r3.txt").read_text().endswith("\n"):
+                break
+            time.sleep(0.1)
+        mod.finish_profiles([(proc, run / "pyspy_gil_r3.txt", time.time() - 1.0)], seconds=1.0)
+        md = (run / "pyspy_gil_r3.md").read_text()
+        assert "| MainThread | 0.50 | 50 | train (t.py:1) 50 |" in md and "1.0 s recorded" in md
+        assert proc.returncode is not None  # interrupted, not left behind
+        assert mod.start_profile(str(tmp_path / "none"), 42, run, 4, seconds=1.0) is None  # no py-spy: no profile
+        quiet = tmp_path / "quiet"
+        quiet.write_text("#!/bin/sh\nexit 1\n")
+        quiet.chmod(0o755)
+        p2 = mod.start_profile(str(quiet), 42, run, 5, seconds=1.0)
+        p2.wait()  # py-spy that could not attach exits at once
+        mod.finish_profiles([(p2, run / "pyspy_gil_r5.txt", time.time())], seconds=1.0)
+        assert "no profile: py-spy exited 1" in (run / "pyspy_gil_r5.md").read_text()
+    finally:
+        sys.path.remove(str(ROOT / "bench"))

@@ -29,12 +29,14 @@ vLLM's continuous-batching scheduler, paged KV cache and CUDA graphs instead of 
   the plain tensors after loading). ``"auto"`` picks ``load_weights`` on CUDA and ``reload`` elsewhere.
 * Memory: ``sleep()`` (vLLM sleep mode level 1: weights to host memory, KV cache freed) and ``wake()``
   around the optimizer step when the engine shares the GPU with the trainer (CUDA only).
-* Where the engine core runs: in this process by default (``engine_process=False``,
+* Where the engine core runs: in this process (``engine_process=False``, this class's default;
   ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: weight updates pass tensors by reference, ``apply_model`` ships no
   pickled function), or in a process of its own (``engine_process=True``: vLLM's scheduler and model loop
   no longer share this process's GIL with the rollouts' asyncio loop, its prompt building and CodeAct
   cells; weight updates travel as pickled CPU copies, which needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``,
-  set here). bench/RESULTS.md ("Level-1 RL rounds on one H200") measures both.
+  set here; ``sera train`` on CUDA starts it this way: ``--engine-process``). bench/RESULTS.md ("Level-1 RL
+  rounds on one H200") measures both; bench/bench_stream_share.py, with plain matmuls, what a training-like
+  load costs decode-like steps in each placement (1.45x in another process, 2.19x in the same one, one H100).
 
 Use: ``sera train --level 1 --engine vllm`` (``make_rollout_engine`` + ``sync_weights`` after every optimizer
 step) and ``sera eval --engine vllm``. Measured on one H200 (bench/RESULTS.md): 17.8K tok/s (SmolLM2) and

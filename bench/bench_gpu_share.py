@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -149,7 +148,6 @@ def run_set(args, name: str, methods: list[str], rounds: int, t_end: float, shar
             cmd, cwd=ROOT, env={**env, "VLLM_CACHE_ROOT": str(cache)}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-        (run / "pid").write_text(f"{procs[m + str(i)].pid}\n")  # for a profiler (gpu_share_call.sh profile)
         print(f"[{name}] started {run.name}: share {share}", flush=True)
     runs = [d / f"{i}_{m}" for i, m in enumerate(methods)]
     profiles: list[tuple[subprocess.Popen, Path, float]] = []
@@ -275,13 +273,13 @@ def table(out: Path) -> str:
             method = run.name.split("_", 1)[1]
             n = len([p for p in d.iterdir() if p.is_dir()])
             tokens = [median([r.get(k, float("nan")) for r in later]) for k in TOKENS]
+            roll = median([r["time/rollout_s"] for r in later])
             if n == 1:
-                alone[method] = rnd
-                alone_rollout[method] = median([r["time/rollout_s"] for r in later])
+                alone[method], alone_rollout[method] = rnd, roll
             else:
                 shared.append((d.name, method, rnd))
             lines.append(
-                f"| {d.name} | {run.name} | {len(rs)} | {rnd:.1f} | {median([r['time/rollout_s'] for r in later]):.1f} "
+                f"| {d.name} | {run.name} | {len(rs)} | {rnd:.1f} | {roll:.1f} "
                 f"| {median([r['time/train_s'] for r in later]):.1f} | {median([r.get('tokens_per_s', float('nan')) for r in later]):.0f} "
                 f"| {median([r.get('train/tokens_per_s', float('nan')) for r in later]):.0f} | {peak:.1f} "
                 f"| {plan.get('tokens', '-')} tok, ckpt {plan.get('checkpoint_fraction', '-')} "
@@ -323,13 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-at-round", type=int, default=0,
                     help="once every run of a set has logged this many rounds, py-spy each for --profile-s (0: never)")
     ap.add_argument("--profile-s", type=float, default=20.0, help="seconds of each py-spy record")
-    ap.add_argument("--py-spy", default=os.environ.get("SPY") or shutil.which("py-spy") or "/tmp/site/bin/py-spy",
-                    help="the py-spy program (bench/bundle_h200.sh installs /tmp/site/bin/py-spy)")  # fmt: skip
+    ap.add_argument("--py-spy", default=None, help="the py-spy program (default: gil_profile.find_py_spy)")
     args = ap.parse_args(argv)
     args.out = args.out.resolve()
-    if args.profile_at_round and not Path(args.py_spy).exists():
-        print(f"bench_gpu_share: no py-spy at {args.py_spy}: no profiles", file=sys.stderr)
-        args.py_spy = None
+    if args.profile_at_round:
+        from gil_profile import find_py_spy
+
+        args.py_spy = args.py_spy if args.py_spy and Path(args.py_spy).is_file() else find_py_spy()
+        if args.py_spy is None:
+            print("bench_gpu_share: no py-spy found ($SPY, PATH, /tmp/site/bin): no profiles", file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.what == "table":
         print(table(args.out))

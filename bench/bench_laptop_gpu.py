@@ -55,6 +55,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # gil_profile: the py-spy locator
+
+from gil_profile import find_py_spy  # noqa: E402
 
 GIB = float(2**30)
 SUMMARY_KEYS = ("wall_s", "optimizer_steps", "gpu_peak_gib", "host_peak_rss_gb", "tokens_per_s", "gpu")
@@ -195,13 +198,6 @@ class StackSampler(threading.Thread):
         Path(self.path).write_text("\n".join(lines) + "\n")
 
 
-def py_spy() -> str | None:
-    """The py-spy program ($SPY, e.g. /tmp/site/bin/py-spy from bench/bundle_h200.sh; PATH; beside this
-    interpreter), or None."""
-    found = os.environ.get("SPY") or shutil.which("py-spy")
-    beside = Path(sys.executable).parent / "py-spy"
-    return found or (str(beside) if beside.exists() else None)
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Part quickstart.
@@ -258,8 +254,8 @@ def quickstart(out: Path, cap_gib: float, train_args: list[str], profile: bool, 
     child = subprocess.Popen([sys.executable, "-c", CHILD], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, bufsize=1)  # fmt: skip
     spy = None
-    if profile and py_spy():
-        spy = subprocess.Popen([py_spy(), "record", "--pid", str(child.pid), "--rate", "50", "--threads",
+    if profile and (spy_bin := find_py_spy()):
+        spy = subprocess.Popen([spy_bin, "record", "--pid", str(child.pid), "--rate", "50", "--threads",
                                 "--nonblocking", "--format", "speedscope", "-o", str(out / "pyspy.json")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     timeline: list[list[float]] = []

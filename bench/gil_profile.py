@@ -10,7 +10,7 @@ its main thread and the rollouts (``rollouts-round<N>``: the asyncio loop of the
 
     py-spy record --pid PID --duration 20 --rate 100 --threads --gil --nonblocking --format raw -o gil.txt
     python bench/gil_profile.py gil.txt --seconds 20 --rate 100        # share per thread, top frames of each
-    bash bench/gpu_share_call.sh profile 20                             # the same for every run of a bench_gpu_share set
+    PROFILE_AT=3 bash bench/gpu_share_call.sh start                     # every run of each bench_gpu_share set, mid-set
 
 Simplifications: ``--nonblocking`` (the process is not paused per sample, so it runs at its own speed; a
 sample may mix frames of two instants), native frames (C++/CUDA) not unwound: a thread inside a C call that
@@ -19,13 +19,25 @@ keeps the GIL shows its last Python frame.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
 import typer
 
 LINE = re.compile(r"^thread \((?P<tid>[^)]*)\): (?P<name>[^;]*)(?P<stack>;.*)? (?P<n>\d+)$")
+
+
+def find_py_spy() -> str | None:
+    """The py-spy program: ``$SPY``, then PATH, then beside this interpreter, then where bench/bundle_h200.sh
+    installs it (``/tmp/site/bin/py-spy``); None when none exists."""
+    for c in (os.environ.get("SPY"), shutil.which("py-spy"), str(Path(sys.executable).parent / "py-spy"),
+              "/tmp/site/bin/py-spy"):  # fmt: skip
+        if c and Path(c).is_file():
+            return c
+    return None
 
 
 def summarize(text: str, seconds: float, rate: float, top: int = 6) -> str:

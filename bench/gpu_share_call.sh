@@ -5,7 +5,6 @@
 #
 #   bash bench/gpu_share_call.sh start            # snapshot, `sera setup` (the model converted once), start
 #   bash bench/gpu_share_call.sh watch 540        # progress every 60 s, then the table and the pack in $OUT
-#   bash bench/gpu_share_call.sh profile 20       # who holds the GIL in each running run (py-spy, bench/gil_profile.py)
 #
 # Assumes vLLM and the model wheel installed in /tmp/site (bench/bundle_h200.sh unpack). Knobs: SETS, ROUNDS
 # (bench_gpu_share.py's --sets / --rounds; a run may be e.g. sera-kv12: its own KV cache size, or
@@ -29,7 +28,8 @@ fi
 # RUN_GIB: each run's budget on the card (bench_gpu_share.py --run-gib; default bench/gpu_fit.tsv's, sized for
 # four runs at once). A run alone given more plans its trainer without activation checkpointing (faster steps).
 [ "${DRY:-0}" != 1 ] && [ -n "${RUN_GIB:-}" ] && EXTRA="$EXTRA --run-gib $RUN_GIB"
-# PROFILE_AT: py-spy every run of a set once all have logged this many rounds (--profile-at-round; SPY: py-spy)
+# PROFILE_AT: py-spy every run of a set once all have logged this many rounds (--profile-at-round; SPY: py-spy;
+# who held the GIL, summarized beside each run by bench/gil_profile.py)
 [ -n "${PROFILE_AT:-}" ] && EXTRA="$EXTRA --profile-at-round $PROFILE_AT ${SPY:+--py-spy $SPY}"
 if [ "${DRY:-0}" != 1 ]; then
   export PYTHONPATH=/tmp/site:$SNAP VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ALLOW_INSECURE_SERIALIZATION=1 \
@@ -63,21 +63,5 @@ case "${1:-}" in
     tar -czf "$OUT/gpu_share.tgz" -C "$G" --exclude='*.png' --exclude=trees.jsonl --exclude=checkpoints \
       --exclude=log.txt --exclude=vllm_cache --exclude=optimizer_state . 2>/dev/null
     ls -la "$OUT" ;;
-  profile)  # py-spy from the bundle (.whl/tools): each live run's GIL holders over S seconds, and one stack dump
-    S=${2:-20}; SPY=${SPY:-/tmp/site/bin/py-spy}
-    [ -x "$SPY" ] || { echo "no py-spy at $SPY (bench/bundle_h200.sh carries .whl/tools/py_spy-*.whl)"; exit 2; }
-    for f in "$G"/set*/*/pid; do
-      [ -f "$f" ] || continue; pid=$(cat "$f"); d=$(dirname "$f"); kill -0 "$pid" 2>/dev/null || continue
-      n=$(wc -l < "$d/metrics.jsonl" 2>/dev/null || echo 0)
-      "$SPY" record --pid "$pid" --duration "$S" --rate 100 --threads --gil --nonblocking --format raw \
-        -o "$d/pyspy_gil_r$n.txt" > "$d/pyspy.log" 2>&1 &
-      "$SPY" dump --pid "$pid" --nonblocking > "$d/pyspy_dump_r$n.txt" 2>&1
-    done
-    wait
-    for r in "$G"/set*/*/pyspy_gil_r*.txt; do
-      [ -f "$r" ] || continue; md=${r%.txt}.md
-      [ -f "$md" ] || (cd "$SNAP" && $PY bench/gil_profile.py "$r" --seconds "$S" --rate 100) > "$md" 2>&1
-      echo "--- $r"; cat "$md"
-    done ;;
-  *) echo "usage: $0 start | watch SECONDS | profile SECONDS"; exit 2 ;;
+  *) echo "usage: $0 start | watch SECONDS"; exit 2 ;;
 esac

@@ -185,7 +185,7 @@ def test_bench_gpu_share_runs_with_their_own_kv_cache_keep_the_trainer_part(tmp_
     assert "rao round / rao rollout" not in text  # N=0 is the baseline, not compared with itself
 
 
-def test_gil_profile_shares_per_thread_and_names_what_it_left_out(tmp_path):
+def test_gil_profile_shares_per_thread_and_names_what_it_left_out(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_file_location("gil_profile", ROOT / "bench" / "gil_profile.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -203,6 +203,10 @@ def test_gil_profile_shares_per_thread_and_names_what_it_left_out(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "gil_profile.py"), str(tmp_path / "none.txt"),
                         "--seconds", "1"], capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 2 and "ptrace" in r.stderr
+    spy = tmp_path / "py-spy"
+    spy.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("SPY", str(spy))
+    assert mod.find_py_spy() == str(spy)  # $SPY first (the bundle's, or any the user names)
 
 
 def test_bench_gpu_share_profiles_a_live_run_and_cuts_a_record_still_going(tmp_path):

@@ -28,6 +28,13 @@ fi
 # RUN_GIB: each run's budget on the card (bench_gpu_share.py --run-gib; default bench/gpu_fit.tsv's, sized for
 # four runs at once). A run alone given more plans its trainer without activation checkpointing (faster steps).
 [ "${DRY:-0}" != 1 ] && [ -n "${RUN_GIB:-}" ] && EXTRA="$EXTRA --run-gib $RUN_GIB"
+# MPS=1: the runs' processes (each trainer and its vLLM engine core) share the card through CUDA MPS, whose
+# kernels run at once instead of by turns (bench/bench_stream_share.py measures what that buys); a user-space
+# daemon started by `start` (the card's settings untouched) and stopped by `watch` once the table is out.
+if [ "${MPS:-0}" = 1 ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/mps_pipe} CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/mps_log}
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+fi
 # PROFILE_AT: py-spy every run of a set once all have logged this many rounds (--profile-at-round; SPY: py-spy;
 # who held the GIL, summarized beside each run by bench/gil_profile.py)
 [ -n "${PROFILE_AT:-}" ] && EXTRA="$EXTRA --profile-at-round $PROFILE_AT ${SPY:+--py-spy $SPY}"
@@ -41,6 +48,10 @@ case "${1:-}" in
     rm -rf "$SNAP" && mkdir -p "$SNAP" \
       && tar --exclude=./.whl --exclude=./runs --exclude=./.git --exclude=./.venv -cf - . | (cd "$SNAP" && tar -xf -)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
+    if [ "${MPS:-0}" = 1 ]; then
+      if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d; then echo "MPS daemon started" | tee "$G/mps.txt"
+      else echo "MPS=1 but no MPS daemon could start: the runs share the card by turns"; unset CUDA_MPS_PIPE_DIRECTORY; fi
+    fi
     (cd "$SNAP" && [ "${DRY:-0}" = 1 ] || $PY -m sera setup > "$G/setup.log" 2>&1; tail -n 2 "$G/setup.log" 2>/dev/null)
     (cd "$SNAP" && eval setsid nohup $PY bench/bench_gpu_share.py run "$G" --sets "'$SETS'" --rounds "'$ROUNDS'" $EXTRA \
        > "$G/bench.log" 2>&1 < /dev/null &)
@@ -59,6 +70,7 @@ case "${1:-}" in
       grep -q "^| set" "$G/bench.log" && break  # the bench printed its table: finished
     done
     (cd "$SNAP" && $PY bench/bench_gpu_share.py table "$G") | tee "$G/table.md"
+    if [ "${MPS:-0}" = 1 ] && grep -q "^| set" "$G/bench.log"; then echo quit | nvidia-cuda-mps-control 2>/dev/null && echo "MPS daemon stopped"; fi
     for l in "$G"/set*/*/log.txt; do [ -f "$l" ] && tail -n 40 "$l" > "${l%.txt}_tail.txt"; done
     tar -czf "$OUT/gpu_share.tgz" -C "$G" --exclude='*.png' --exclude=trees.jsonl --exclude=checkpoints \
       --exclude=log.txt --exclude=vllm_cache --exclude=optimizer_state . 2>/dev/null

@@ -295,6 +295,8 @@ def table(out: Path) -> str:
             lines.append(
                 f"\nSERA round / RAO round, each alone on the card{f' ({kv})' if kv else ''}: {sera / rao:.2f}x"
             )
+    if (out / "mps.txt").exists():  # gpu_share_call.sh MPS=1: the set's processes ran through a CUDA MPS daemon
+        lines.append("\nCUDA MPS on: each run's trainer and engine core ran their kernels at once, not by turns")
     for m in sorted(alone):  # issue #53: training hidden behind rollouts when the N=1 round ~ the N=0 rollout
         base, _, staleness, _ = parse_run(m)
         if staleness and base in alone_rollout:

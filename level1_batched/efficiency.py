@@ -312,32 +312,3 @@ def size_trainer(model: Any, l1: Any, longest_datum: int, engine: bool, device: 
         torch.cuda.set_per_process_memory_fraction(min(1.0, part), device)
     return replace(l1, max_tokens_per_microbatch=plan.tokens, checkpoint_fraction=plan.checkpoint_fraction), plan
 
-
-def mps_hint(l1: Any, engine: bool, device: torch.device, environ: Any = None) -> str | None:
-    """One line for an overlapped run (``--max-staleness`` >= 1) whose trainer and vLLM engine core are two
-    processes on one card without CUDA MPS: the GPU then runs the two by turns, and each training step slows
-    the next round's rollouts. Measured on one H100 (bench/RESULTS.md, "Rollouts overlapping training"): the
-    N=1 round was 1.12x the N=0 rollout by turns, 1.08x under MPS. ``None`` when none of that applies.
-
-    >>> from types import SimpleNamespace as NS
-    >>> l1 = NS(max_staleness=1, engine_process=True)
-    >>> mps_hint(l1, True, torch.device("cuda"), {}).split(":")[0]
-    '[level1] --max-staleness 1 on one card'
-    >>> mps_hint(l1, True, torch.device("cuda"), {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps"}) is None
-    True
-    >>> mps_hint(NS(max_staleness=0, engine_process=True), True, torch.device("cuda"), {}) is None
-    True
-    """
-    import os
-
-    environ = os.environ if environ is None else environ
-    if not (l1.max_staleness and engine and l1.engine_process and device.type == "cuda"):
-        return None
-    if environ.get("CUDA_MPS_PIPE_DIRECTORY"):
-        return None
-    return (
-        f"[level1] --max-staleness {l1.max_staleness} on one card: the trainer and the vLLM engine share the GPU by "
-        "turns; under CUDA MPS their kernels run at once and training slows rollouts less (start the daemon "
-        "first: `export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log; "
-        "nvidia-cuda-mps-control -d`; tutorials/07)"
-    )

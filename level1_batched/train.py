@@ -98,12 +98,13 @@ from common.run.trainer_memory import gpu_memory_metrics
 from common.train_config import TrainConfig
 from common.train_eval import InRunEval
 from level1_batched.config import Level1Config
-from level1_batched.efficiency import mps_hint, size_trainer
+from level1_batched.efficiency import size_trainer
 from level1_batched.overlap import (
     Rollouts,
     RoundAhead,
     collect_round,
     fresh_groups,
+    mps_hint,
     rollout_copy,
     round_limit_s,
     tag_datums,
@@ -337,7 +338,7 @@ def train(cfg: TrainConfig, l1: Level1Config | None = None, progress: bool = Tru
         print(departures_line(departures, out))
         if mem_plan is not None:
             print(mem_plan.line())
-        if hint := mps_hint(l1, engine is not None, device):
+        if hint := mps_hint(l1, engine is not None, device.type):
             print(hint)
         print(
             f"[level1] {cfg.method} on {cfg.env} | model {cfg.model} | schedule {schedule} | world {world} "

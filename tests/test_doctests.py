@@ -24,6 +24,7 @@ MODULES = [
     "level1_batched.vllm_engine",
     "common.run.trainer_memory",
     "level1_batched.efficiency",
+    "level1_batched.overlap",
     "level1_batched.config",
     "level2_distributed.train",
 ]

@@ -49,8 +49,10 @@ case "${1:-}" in
       && tar --exclude=./.whl --exclude=./runs --exclude=./.git --exclude=./.venv -cf - . | (cd "$SNAP" && tar -xf -)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
     if [ "${MPS:-0}" = 1 ]; then
-      if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d; then echo "MPS daemon started" | tee "$G/mps.txt"
-      else echo "MPS=1 but no MPS daemon could start: the runs share the card by turns"; unset CUDA_MPS_PIPE_DIRECTORY; fi
+      said=$(nvidia-cuda-mps-control -d 2>&1); rc=$?
+      if [ $rc = 0 ]; then echo "MPS daemon started" | tee "$G/mps.txt"
+      elif echo "$said" | grep -qi "already running"; then echo "MPS daemon already running" | tee "$G/mps.txt"
+      else echo "$said" | tail -n 1; echo "MPS=1 but no MPS daemon could start: the runs share the card by turns"; unset CUDA_MPS_PIPE_DIRECTORY; fi
     fi
     (cd "$SNAP" && [ "${DRY:-0}" = 1 ] || $PY -m sera setup > "$G/setup.log" 2>&1; tail -n 2 "$G/setup.log" 2>/dev/null)
     (cd "$SNAP" && eval setsid nohup $PY bench/bench_gpu_share.py run "$G" --sets "'$SETS'" --rounds "'$ROUNDS'" $EXTRA \

@@ -61,7 +61,7 @@ case "${1:-}" in
   watch)
     end=$(( SECONDS + ${2:-540} ))
     while [ $SECONDS -lt $end ]; do
-      sleep 60
+      left=$(( end - SECONDS )); sleep $(( left < 60 ? (left > 0 ? left : 1) : 60 ))  # ends on time, not a sleep later (a job has a time limit)
       echo "--- $SECONDS s"; tail -n 4 "$G/bench.log"
       nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
       for m in "$G"/set*/*/metrics.jsonl; do [ -f "$m" ] && echo "$m: $(wc -l < "$m") rounds"; done

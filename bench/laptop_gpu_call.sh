@@ -101,7 +101,7 @@ case "${1:-}" in
   watch)
     end=$(( SECONDS + ${2:-540} ))
     while [ $SECONDS -lt $end ]; do
-      sleep 30
+      left=$(( end - SECONDS )); sleep $(( left < 30 ? (left > 0 ? left : 1) : 30 ))  # ends on time, not a sleep later (a job has a time limit)
       echo "--- $SECONDS s"; tail -n 2 "$R/times.txt" 2>/dev/null
       nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
       grep -q "all done" "$R/times.txt" 2>/dev/null && break

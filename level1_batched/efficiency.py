@@ -311,4 +311,3 @@ def size_trainer(model: Any, l1: Any, longest_datum: int, engine: bool, device: 
         part = share if engine and not l1.engine_process else budget / total
         torch.cuda.set_per_process_memory_fraction(min(1.0, part), device)
     return replace(l1, max_tokens_per_microbatch=plan.tokens, checkpoint_fraction=plan.checkpoint_fraction), plan
-

@@ -29,7 +29,7 @@ def cell(code: str) -> str:
 
 class Scripted(Policy):
     """``act`` replies by (depth, step); rubric/score valid JSON; ``hang`` = (role, node_id) pairs whose call
-    never returns (an engine that lost the request)."""
+    never returns (an engine that lost the request), or, with ``release``, returns once ``release()`` is true."""
 
     def __init__(self, replies: dict[tuple[int, int], str], hang: set[tuple[str, str]] | None = None,
                  release=None):  # fmt: skip

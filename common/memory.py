@@ -80,6 +80,15 @@ def peak_rss_gb() -> float:
 GIB = float(2**30)
 
 
+def cuda_index(device: Any = "cuda") -> int:
+    """The card a CUDA device names: ``"cuda:1"`` -> 1, plain ``"cuda"`` -> the current one (some torch.cuda
+    calls, e.g. ``get_per_process_memory_fraction`` in torch 2.11, refuse a device without an index)."""
+    import torch
+
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
+
+
 def gpu_budget_gib(device: Any = "cuda") -> float:
     """The GPU memory this process may use (GiB): the card's, times the allocator's per-process fraction
     (``torch.cuda.set_per_process_memory_fraction``; 1 unless capped). 0 off CUDA."""
@@ -87,9 +96,10 @@ def gpu_budget_gib(device: Any = "cuda") -> float:
 
     if getattr(device, "type", str(device).split(":")[0]) != "cuda" or not torch.cuda.is_available():
         return 0.0
-    total = torch.cuda.get_device_properties(device).total_memory / GIB
+    index = cuda_index(device)
+    total = torch.cuda.get_device_properties(index).total_memory / GIB
     try:
-        fraction = float(torch.cuda.get_per_process_memory_fraction(device))
+        fraction = float(torch.cuda.get_per_process_memory_fraction(index))
     except (AttributeError, RuntimeError):  # an older torch: the fraction cannot be read
         fraction = 1.0
     return total * min(1.0, fraction)
@@ -103,5 +113,5 @@ def gpu_held_note(device: Any = "cuda") -> str:
     budget = gpu_budget_gib(device)
     if not budget:
         return ""
-    held = torch.cuda.memory_reserved(device) / GIB
+    held = torch.cuda.memory_reserved(cuda_index(device)) / GIB
     return f"; this process held {held:.1f} GiB of the {budget:.1f} GiB it may use"

@@ -121,9 +121,13 @@ def test_level0_step_on_cuda_equals_the_cpu_step(stage: str, dtype: str, cpu_ste
     )
     assert loss_gap <= tol["loss"] and norm_gap <= tol["grad_norm"], (loss_gap, norm_gap)
     assert cosine >= tol["cosine"] and worst <= tol["tensor"], (cosine, worst)
-    if dtype == "float32":  # the step itself: the same AdamW update, to float rounding
-        moved = max(float((p - q).abs().max()) for p, q in zip(ref["params"], got["params"], strict=True))
-        assert moved < 1e-2 * ref["lr"], moved
+    if dtype == "float32":  # the step itself: the same AdamW update, to float rounding of the stored weights
+        # a parameter of size |p| is stored to ~|p| * 2^-24: the update (~lr per entry) is compared to 1 %, the
+        # weight after it to 2 ulps of the tensor's largest entry (2026-12-07, H100: 2.4e-7 apart at lr 3e-6)
+        eps = torch.finfo(torch.float32).eps
+        for p, q in zip(ref["params"], got["params"], strict=True):
+            moved, allowed = float((p - q).abs().max()), 1e-2 * ref["lr"] + 2 * eps * float(p.abs().max())
+            assert moved <= allowed, (moved, allowed)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -127,6 +127,19 @@ def test_sera_train_prints_the_line_and_exits_2(tmp_path, monkeypatch):
     assert "loading the model and its optimizer state" in lines[0] and "--lora-rank 8" in lines[0]
 
 
+def test_a_cuda_device_without_an_index_names_the_current_card():
+    """``"cuda"`` -> the current card (torch 2.11's ``get_per_process_memory_fraction`` refuses it: on 2026-12-07
+    every CUDA run stopped there), ``"cuda:1"`` -> 1; on a GPU the budget of plain ``"cuda"`` is the card's."""
+    from common.memory import cuda_index, gpu_budget_gib
+
+    assert cuda_index("cuda:1") == 1 and cuda_index(torch.device("cuda", 0)) == 0
+    assert gpu_budget_gib("cpu") == 0.0
+    if torch.cuda.is_available():
+        assert cuda_index("cuda") == torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        assert 0 < gpu_budget_gib("cuda") <= total + 1e-6
+
+
 def test_weights_and_optimizer_state_over_the_card_are_refused_before_they_are_made(monkeypatch):
     """The planner's arithmetic (``static_bytes``: weights, and per trainable weight its gradient, fp32 master
     and AdamW moments; plus the CUDA context) against what the process may use: over it, one line at once."""

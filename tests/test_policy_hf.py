@@ -137,7 +137,8 @@ def test_slots_grow_keep_their_rows_and_are_released(tiny):
 
 
 def test_a_step_that_cannot_be_captured_decodes_eagerly_and_says_so(tiny, capsys):
-    """A graph capture that fails (here: no CUDA at all; on a GPU an op a graph cannot hold) leaves the engine
+    """A graph capture that fails (here: a model on the CPU, also on a GPU machine, where capturing it would
+    record an empty graph; on a GPU an op a graph cannot hold) leaves the engine
     decoding eagerly, with one ``[decode]`` line on stderr, and the same tokens."""
     policy = HFPolicy(tiny.model, tiny.tokenizer, max_batch_size=8, decode="slots")
     policy._slots.graphs = True  # as decode="graphs" would on a GPU

@@ -124,8 +124,10 @@ print(f"TUTORIAL05 max_param_diff {diff:.2e} (the step moved parameters by up to
       f"on {device} in {time.perf_counter() - t_start:.0f} s")  # fmt: skip
 assert abs(loss_hand - lib["loss/cispo"]) <= 1e-6 * max(1.0, abs(loss_hand))
 assert abs(grad_norm - lib["grad_norm"]) <= 1e-5 * grad_norm
-# ~1e-7 is float32's resolution on weights of size ~1: the two steps differ only in summation order
-assert moved > 1e-4 and diff <= 1e-3 * moved
+# ~1e-7 is float32's resolution on weights of size ~1: the two steps differ only in summation order. On a GPU
+# the kernels' summation order differs more, and AdamW's first step, g / (|g| + eps), magnifies it where |g| is
+# near eps (H100, 2026-12-07: 3.8e-06 of 1.0e-03, 0.4 %)
+assert moved > 1e-4 and diff <= (1e-3 if device == "cpu" else 1e-2) * moved
 
 # %% [markdown]
 # ## GPU notes

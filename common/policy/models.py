@@ -26,6 +26,7 @@ Run ``python -m common.policy.models [NAME]`` to convert/load a model and print 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -121,17 +122,38 @@ def ensure_chat_template(tokenizer: Any) -> Any:
     return tokenizer
 
 
+SMOLLM2_PAD = "<|im_end|>"
+"""SmolLM2-Instruct's EOS and pad token (its tokenizer_config.json on the Hugging Face Hub)."""
+
+
+def _smollm2_pad_ok(target: Path) -> bool:
+    """A converted directory whose tokenizer pads with :data:`SMOLLM2_PAD` (one written by an older converter
+    that chose another pad token is converted again)."""
+    try:
+        pad = json.loads((target / "tokenizer_config.json").read_text()).get("pad_token")
+    except (OSError, ValueError):
+        return False
+    return (pad.get("content") if isinstance(pad, dict) else pad) == SMOLLM2_PAD
+
+
 def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     """Convert the shipped GGUF to a safetensors directory once; return that directory."""
     target = Path(cache_dir) if cache_dir is not None else cache_root() / "models" / SMOLLM2_CACHE_NAME
     if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
-        return target
+        if _smollm2_pad_ok(target):
+            return target
+        stale = target.with_name(f".{target.name}.stale-{os.getpid()}")  # moved aside, then converted again
+        target.rename(stale)
+        shutil.rmtree(stale, ignore_errors=True)
     gguf = smollm2_gguf_path()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name))
-    tokenizer.eos_token = "<|im_end|>"  # SmolLM2-Instruct's EOS (the GGUF's eos_token_id 2), whatever the converter says
+    # SmolLM2-Instruct's EOS and PAD (the GGUF's eos_token_id 2, the HF tokenizer_config's pad_token), whatever
+    # the converter says: transformers 5.17 made <|im_start|> the pad token, 5.25 none (the tiny test model zeroes
+    # the pad row of its embedding, so the two gave different seed-0 models and the golden numbers moved)
+    tokenizer.eos_token = tokenizer.pad_token = SMOLLM2_PAD
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # The GGUF loader leaves a gguf quantization_config on the config; the saved weights are plain fp32.
     # The weights are plain float32 tensors by now, so drop the quantizer so save_pretrained works.

@@ -250,6 +250,9 @@ class SlotDecoder:
     def _capture(self, b: int) -> tuple[Any, torch.Tensor]:
         """Capture bucket ``b``'s step (after two warm-up runs on a side stream, as torch asks). The warm-up
         runs do this step's writes already; the replay that follows writes the same values again."""
+        assert self._inputs is not None
+        if self._inputs.device.type != "cuda":  # a graph captures only CUDA work: it would replay as a no-op
+            raise RuntimeError(f"the model is on {self._inputs.device}, not on a CUDA device")
         current = torch.cuda.current_stream()
         side = torch.cuda.Stream()
         side.wait_stream(current)

@@ -122,11 +122,13 @@ def test_level0_step_on_cuda_equals_the_cpu_step(stage: str, dtype: str, cpu_ste
     assert loss_gap <= tol["loss"] and norm_gap <= tol["grad_norm"], (loss_gap, norm_gap)
     assert cosine >= tol["cosine"] and worst <= tol["tensor"], (cosine, worst)
     if dtype == "float32":  # the step itself: the same AdamW update, to float rounding of the stored weights
-        # a parameter of size |p| is stored to ~|p| * 2^-24: the update (~lr per entry) is compared to 1 %, the
-        # weight after it to 2 ulps of the tensor's largest entry (2026-12-07, H100: 2.4e-7 apart at lr 3e-6)
+        # AdamW's first step moves each entry by lr * g / (|g| + 1e-8): ~lr, but where |g| is near 1e-8 the
+        # gradients' last-bit differences move it by a visible part of lr (H100, 2026-12-07: 2.4 % of lr on the
+        # delegation stage); a parameter of size |p| is stored to ~|p| * 2^-24 (2.4e-7 apart at |p| ~ 2). So:
+        # 10 % of lr (a wrong lr, bias correction or clip moves entries by ~lr) + 2 ulps of the largest entry
         eps = torch.finfo(torch.float32).eps
         for p, q in zip(ref["params"], got["params"], strict=True):
-            moved, allowed = float((p - q).abs().max()), 1e-2 * ref["lr"] + 2 * eps * float(p.abs().max())
+            moved, allowed = float((p - q).abs().max()), 0.1 * ref["lr"] + 2 * eps * float(p.abs().max())
             assert moved <= allowed, (moved, allowed)
 
 

@@ -13,7 +13,7 @@
 #     python tutorials/06_level0_training.py     # 39 s on the 2-core CPU (2026-12-06; up to a minute when shared)
 #
 # On a GPU it runs there by itself: level 0 puts the model on CUDA when torch sees one (and decodes
-# through CUDA graphs, `common/policy/slots.py`); its time there is measured by
+# through CUDA graphs, `common/policy/slots.py`): 48 s on one H100 (2026-12-07, launch to exit), measured by
 # `python bench/bench_laptop_gpu.py --part tutorials` (bench/RESULTS.md, "On a laptop GPU").
 
 # %%

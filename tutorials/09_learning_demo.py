@@ -22,7 +22,8 @@
 #     python tutorials/09_learning_demo.py         # 105 s on the 2-core CPU (2026-12-06; 2-4 min when shared)
 #
 # On a GPU it runs there by itself (the engine, `sera sft`'s trainer and level 0 each put the model on CUDA
-# when torch sees one); its time there is measured by `python bench/bench_laptop_gpu.py --part tutorials`
+# when torch sees one): 68 s on one H100 (2026-12-07, launch to exit), measured by
+# `python bench/bench_laptop_gpu.py --part tutorials`
 # (bench/RESULTS.md, "On a laptop GPU").
 
 # %%

@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Any
 
 
+def cache_root() -> Path:
+    """``$SERA_CACHE`` or ``~/.cache/sera``: the converted model, merged warm starts, the paper's task splits."""
+    return Path(os.environ.get("SERA_CACHE") or Path.home() / ".cache" / "sera")
+
+
 class TaskFileError(ValueError):
     """A task file could not be read; the message names the file and the line."""
 

@@ -399,3 +399,20 @@ def test_the_learning_driver_counts_exit_3_as_stopped_early_not_failed():
         assert "[ $rc -eq 3 ]" in text and "stopped before --steps" in text, script
     for script in ("bench/learning.sh", "bench/tiny_set.sh"):
         assert 'source "$(dirname "$0")/phase.sh"' in (ROOT / script).read_text(), script
+
+
+def test_a_range_error_is_said_before_torch_is_imported():
+    """``sera train --steps 0`` checks its input without importing torch (or transformers): the line comes in
+    about a second, not after torch's ~3-s import (``common.rl``'s torch module is imported on first use)."""
+    code = (
+        "import sys; sys.argv = ['sera', 'train', '--steps', '0']\n"
+        "from sera.cli import app\n"
+        "try:\n    app()\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('EXIT', code, 'torch' in sys.modules, 'transformers' in sys.modules)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == "EXIT 2 False False", (r.stdout, r.stderr[-2000:])
+    assert r.stderr.strip().splitlines() == ["error: --steps must be >= 1 (got 0)"], r.stderr
+    from common.rl import cispo_loss, token_logprobs  # the lazily imported names still resolve
+
+    assert callable(cispo_loss) and callable(token_logprobs)

@@ -281,3 +281,36 @@ def test_world_resolution_and_wrong_world_errors(tmp_path, val):
     save_tasks(path, [sera_row])
     with pytest.raises(TaskFileError, match=r":1: .*paper's world"):
         load_tasks(path)
+
+
+def test_the_splits_are_kept_on_disk_and_redrawn_when_the_file_is_damaged(tmp_path, monkeypatch):
+    """``_splits`` keeps one generation in ``$SERA_CACHE/textcraft/`` (each process that asks for a task would
+    otherwise spend ~3 s drawing 3,154): the file's content is the drawing, a later call reads it back (the
+    drawing is not repeated), a damaged file is drawn again and rewritten, an unwritable cache changes nothing."""
+    import common.envs.textcraft.paper as paper
+
+    monkeypatch.setenv("SERA_CACHE", str(tmp_path / "cache"))
+    args = (paper.PAPER_SEED, paper.ITEMS_PER_DOMAIN_TIER, None, False)  # gold=False: the quicker drawing
+    drawn = paper._make_splits(*args)
+    paper._splits.cache_clear()
+    assert paper._splits(*args) == drawn
+    path = paper._splits_cache_file(*args)
+    assert path.is_file() and path.parent == tmp_path / "cache" / "textcraft"
+    paper._splits.cache_clear()
+    draws = []
+    monkeypatch.setattr(paper, "_make_splits", lambda *a: draws.append(a) or drawn)
+    assert paper._splits(*args) == drawn and draws == []  # read back, not drawn
+    for damage in (path.read_bytes()[:1000], b"not gzip", __import__("gzip").compress(b"[1, 2]")):
+        path.write_bytes(damage)
+        paper._splits.cache_clear()
+        assert paper._splits(*args) == drawn and len(draws) == 1
+        assert paper._splits_cache_file(*args).read_bytes() != damage  # rewritten whole
+        draws.clear()
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("SERA_CACHE", str(tmp_path / "a_file"))  # no cache can be made there (even as root)
+    try:
+        paper._splits.cache_clear()
+        assert paper._splits(*args) == drawn and len(draws) == 1
+    finally:
+        paper._splits.cache_clear()
+    assert paper._splits_cache_file(*args) != paper._splits_cache_file(paper.PAPER_SEED + 1, *args[1:])

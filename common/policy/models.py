@@ -34,6 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.data import cache_root
+
 if TYPE_CHECKING:  # torch is imported inside the functions, so the name checks below stay instant
     import torch
 
@@ -72,11 +74,6 @@ class ModelNotAvailableError(RuntimeError):
 class ModelNotFoundError(ModelNotAvailableError, FileNotFoundError):
     """A model name matched none of the local places (alias list, path, HF cache). A FileNotFoundError,
     so the CLI shows it as one line with exit code 2."""
-
-
-def cache_root() -> Path:
-    """``$SERA_CACHE`` or ``~/.cache/sera``."""
-    return Path(os.environ.get("SERA_CACHE") or Path.home() / ".cache" / "sera")
 
 
 def smollm2_gguf_path() -> Path:

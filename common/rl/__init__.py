@@ -10,8 +10,9 @@
 | datums.py   | ``CallTokens`` -> ``Datum`` builders for the three stages (scoring is never trained) |
 | filters.py  | TextCraft's error-step filter: a successful agent's failed cells give no Execution datum |
 
-Nothing here imports torch.distributed, Ray or SGLang; only ``loss.py`` imports torch (and importing
-this package therefore does too).
+Nothing here imports torch.distributed, Ray or SGLang; only ``loss.py`` imports torch, and only when one of
+its names is first used (``from common.rl import cispo_loss``): the CLI checks its input, through
+``common.rl.schedule``, without paying torch's import (~2-3 s).
 """
 
 from common.rl.datums import (
@@ -22,7 +23,6 @@ from common.rl.datums import (
     execution_datums,
     rubric_datum,
 )
-from common.rl.loss import cispo_loss, token_logprobs
 from common.rl.rewards import (
     ExecutionGroup,
     TreeNode,
@@ -89,3 +89,12 @@ __all__ = [
     "token_char_offsets",
     "token_logprobs",
 ]
+
+
+def __getattr__(name: str):
+    """``cispo_loss`` and ``token_logprobs`` from ``loss.py``, imported (with torch) on first use."""
+    if name in ("cispo_loss", "token_logprobs"):
+        from common.rl import loss
+
+        return getattr(loss, name)
+    raise AttributeError(f"module 'common.rl' has no attribute {name!r}")

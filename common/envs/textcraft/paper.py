@@ -49,13 +49,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import gzip
+import hashlib
 import json
 import os
 import random
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
+
+from common.data import cache_root, file_mode
 
 from .recipes import Recipe, RecipeBook
 
@@ -508,10 +514,51 @@ def world_ref(world: PaperWorld, items_per_domain_tier: int = ITEMS_PER_DOMAIN_T
     }
 
 
+SPLITS_CACHE_VERSION = 1
+"""Part of the disk cache's key (with the generator's source): bump it when the stored layout changes."""
+
+
+def _splits_cache_file(seed: int, items_per_domain_tier: int, base_order: tuple[str, ...] | None, with_gold: bool):
+    """Where :func:`_splits` keeps one generation on disk: ``$SERA_CACHE/textcraft/paper_splits-<key>.json.gz``,
+    the key a hash of the arguments and of this module's and recipes.py's source (an edit re-generates)."""
+    here = Path(__file__).resolve()
+    h = hashlib.sha256(repr((SPLITS_CACHE_VERSION, seed, items_per_domain_tier, base_order, with_gold)).encode())
+    for source in (here, here.with_name("recipes.py")):
+        h.update(source.read_bytes())
+    return cache_root() / "textcraft" / f"paper_splits-{h.hexdigest()[:16]}.json.gz"
+
+
 @functools.lru_cache(maxsize=4)
 def _splits(
     seed: int, items_per_domain_tier: int, base_order: tuple[str, ...] | None, with_gold: bool = True
 ) -> dict[str, tuple[str, ...]]:
+    """:func:`_make_splits`, kept on disk: drawing the 3,154 tasks (some 330,000 draws) takes ~3 s of one core
+    in every process that asks for a task (each ``sera train`` and ``sera data``); reading them back ~0.2 s. A
+    missing, unreadable or damaged file is drawn again (and rewritten when the cache is writable; nothing is
+    lost when it is not)."""
+    path = _splits_cache_file(seed, items_per_domain_tier, base_order, with_gold)
+    try:
+        stored = json.loads(gzip.decompress(path.read_bytes()))
+        return {k: tuple(v) for k, v in stored.items()}
+    except (OSError, EOFError, ValueError, AttributeError):
+        pass
+    out = _make_splits(seed, items_per_domain_tier, base_order, with_gold)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(gzip.compress(json.dumps(out).encode(), compresslevel=1))
+        os.chmod(tmp, file_mode())
+        os.replace(tmp, path)  # atomic: a reader sees the old file, none, or the whole new one
+    except OSError:
+        pass
+    return out
+
+
+def _make_splits(
+    seed: int, items_per_domain_tier: int, base_order: tuple[str, ...] | None, with_gold: bool = True
+) -> dict[str, tuple[str, ...]]:
+    """Draw the paper's train and val tasks (the public generator's procedure, see the module docstring)."""
     world = paper_world(seed, items_per_domain_tier)
     if base_order is not None:
         if sorted(base_order) != sorted(world.base_items):

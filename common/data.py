@@ -111,6 +111,25 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> i
     return n
 
 
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file beside it + rename, fsynced (a reader sees the old file, none,
+    or the whole new one; never a torn one), with the mode a plain write would give; no temp file is left."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, file_mode())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def append_jsonl(path: str | os.PathLike, record: dict[str, Any]) -> None:
     """Append one record as a single ``write`` of one full line, then fsync: a killed process leaves
     either the whole line or none of it (readers drop a final line without a newline)."""

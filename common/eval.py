@@ -30,8 +30,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -143,21 +141,9 @@ class ManifestMismatch(RuntimeError):
 # ---- files -------------------------------------------------------------------------------------------
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON to ``path`` through a temp file + rename (never a torn file; mode as for a plain write)."""
-    from common.data import file_mode
+    from common.data import write_bytes_atomic
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, file_mode())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_bytes_atomic(path, json.dumps(obj).encode("utf-8"))
 
 
 def file_sha256(path: str | Path) -> str:

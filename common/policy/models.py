@@ -140,7 +140,10 @@ def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
         if _smollm2_pad_ok(target):
             return target
         stale = target.with_name(f".{target.name}.stale-{os.getpid()}")  # moved aside, then converted again
-        target.rename(stale)
+        try:
+            target.rename(stale)
+        except FileNotFoundError:  # another process moved it first
+            pass
         shutil.rmtree(stale, ignore_errors=True)
     gguf = smollm2_gguf_path()
     import torch

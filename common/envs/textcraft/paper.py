@@ -56,12 +56,11 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from common.data import cache_root, file_mode
+from common.data import cache_root, write_bytes_atomic
 
 from .recipes import Recipe, RecipeBook
 
@@ -544,12 +543,7 @@ def _splits(
         pass
     out = _make_splits(seed, items_per_domain_tier, base_order, with_gold)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(gzip.compress(json.dumps(out).encode(), compresslevel=1))
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, path)  # atomic: a reader sees the old file, none, or the whole new one
+        write_bytes_atomic(path, gzip.compress(json.dumps(out).encode(), compresslevel=1))
     except OSError:
         pass
     return out
